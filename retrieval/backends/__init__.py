@@ -1,0 +1,48 @@
+"""Backend registry: `build_backend(settings)` picks the implementation named by `settings.backend`.
+
+Implementations are imported lazily so a BM25-only server never imports torch or faiss.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from retrieval.backends.base import Backend
+from searchrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from retrieval.settings import RetrievalSettings
+
+# name -> "module:Class"; each class has `from_settings(settings) -> Backend`
+_REGISTRY: dict[str, str] = {
+    "dense": "retrieval.backends.dense:DenseBackend",
+    "bm25": "retrieval.backends.bm25:BM25Backend",
+    "hybrid": "retrieval.backends.hybrid:HybridBackend",
+    "google": "retrieval.backends.web:GoogleBackend",
+    "serper": "retrieval.backends.web:SerperBackend",
+    "searxng": "retrieval.backends.web:SearxngBackend",
+}
+
+
+def build_backend(settings: RetrievalSettings) -> Backend:
+    """Construct (not start) the backend the settings name."""
+    try:
+        target = _REGISTRY[settings.backend]
+    except KeyError:
+        raise ConfigError(
+            f"unknown backend {settings.backend!r}; choose one of {', '.join(sorted(_REGISTRY))}"
+        ) from None
+    module_name, _, cls_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"backend {settings.backend!r} needs extra packages ({exc.name}): pip install -e '.[retrieval]'"
+        ) from exc
+    cls = getattr(module, cls_name)
+    backend: Backend = cls.from_settings(settings)
+    return backend
+
+
+__all__ = ["Backend", "build_backend"]

@@ -1,0 +1,67 @@
+"""`searchrl serve`: run the retrieval service in the foreground.
+
+    searchrl serve --backend bm25 --port 8000          # loopback, no key needed
+    RETRIEVAL_API_KEY=... searchrl serve --host 0.0.0.0   # public bind needs a key (or --insecure)
+
+The API key is read from the environment (RETRIEVAL_API_KEY) only: a flag would put it in argv and `ps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from searchrl.cli import given
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="run the retrieval service (POST /retrieve)",
+        description="Run the retrieval service in the foreground; builds the index on first use.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--backend", help="dense | bm25 | hybrid | google | serper | searxng (default: dense)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1; public needs RETRIEVAL_API_KEY)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--corpus", help="bundled | wiki18-100k | wiki18 | path to Search-R1 JSONL(.gz)")
+    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    p.add_argument("--index-dir", dest="index_dir", help="explicit index directory")
+    p.add_argument("--encoder", help="bundled-minilm | intfloat/e5-base-v2 | BAAI/bge-base-en-v1.5 | folder")
+    p.add_argument("--index-type", dest="index_type", help="FAISS factory string (default Flat)")
+    p.add_argument("--topk", type=int, help="default results per query (default 3)")
+    p.add_argument("--insecure", action="store_true", help="allow a public bind without an API key")
+    p.add_argument(
+        "--no-build",
+        dest="build_if_missing",
+        action="store_false",
+        help="fail instead of building a missing index",
+    )
+    p.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from retrieval.server import run_server
+    from retrieval.settings import RetrievalSettings
+    from searchrl.config import load_settings
+    from searchrl.logs import setup_logging
+
+    setup_logging()
+    settings = load_settings(
+        RetrievalSettings,
+        **given(
+            args,
+            "backend",
+            "host",
+            "port",
+            "corpus",
+            "data_dir",
+            "index_dir",
+            "encoder",
+            "index_type",
+            "topk",
+            "insecure",
+            "build_if_missing",
+        ),
+    )
+    run_server(settings)
+    return 0

@@ -1,0 +1,95 @@
+"""The one exception hierarchy of searchrl.
+
+    SearchRLError
+    ├── ConfigError(ValueError)        bad settings, flags or environment; the message names the knob
+    ├── CorpusError                    unreadable or malformed corpus file (message gives path:line)
+    ├── IndexLoadError                 index directory missing, corrupt, or not matching corpus/encoder
+    ├── BackendError                   a retrieval backend failed to answer (upstream error, quota, ...)
+    │   └── QuotaExceededError         a web backend's request budget is spent
+    ├── RetrievalUnavailableError      /retrieve unreachable, timed out, or answered with an error
+    ├── OverloadedError                the service is past its queue bound (HTTP 503 + Retry-After)
+    ├── DataError                      QA data or training data that cannot be prepared
+    ├── CheckpointError                checkpoint missing or merge output not loadable
+    ├── DeployError                    SkyPilot task invalid, endpoint not ready, launch failed
+    └── InferenceError                 the LLM server (or local model) cannot be reached, loaded or parsed
+
+`searchrl.cli.main()` catches `SearchRLError` only: it prints `error: <message>` as one line on stderr and exits
+with code 2. Anything else is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and
+never contain a secret.
+"""
+
+from __future__ import annotations
+
+
+class SearchRLError(Exception):
+    """Base class of every error searchrl raises on purpose."""
+
+
+class ConfigError(SearchRLError, ValueError):
+    """A setting, flag or environment variable has a bad value or combination."""
+
+
+class CorpusError(SearchRLError):
+    """A corpus file cannot be read, or a row is not Search-R1 JSONL."""
+
+
+class IndexLoadError(SearchRLError):
+    """An index directory is missing, corrupt, or does not match the corpus or encoder."""
+
+
+class BackendError(SearchRLError):
+    """A retrieval backend failed to produce results."""
+
+
+class QuotaExceededError(BackendError):
+    """A web backend's configured request budget is spent."""
+
+
+class RetrievalUnavailableError(SearchRLError):
+    """The retrieval service could not be reached or answered with an error."""
+
+    def __init__(self, message: str, *, kind: str = "error", status: int | None = None) -> None:
+        super().__init__(message)
+        # kind is a short machine-readable label ("timeout", "connect", "http_401", ...) used for metrics.
+        self.kind = kind
+        self.status = status
+
+
+class OverloadedError(SearchRLError):
+    """The service's queue is full; the client should retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class DataError(SearchRLError):
+    """QA or training data that cannot be prepared."""
+
+
+class CheckpointError(SearchRLError):
+    """A checkpoint is missing, or a merged model does not load."""
+
+
+class DeployError(SearchRLError):
+    """A SkyPilot task is invalid, an endpoint never became ready, or a launch failed."""
+
+
+class InferenceError(SearchRLError):
+    """The LLM server could not be reached or answered with an error, or a local model failed to load."""
+
+
+__all__ = [
+    "BackendError",
+    "CheckpointError",
+    "ConfigError",
+    "CorpusError",
+    "DataError",
+    "DeployError",
+    "IndexLoadError",
+    "InferenceError",
+    "OverloadedError",
+    "QuotaExceededError",
+    "RetrievalUnavailableError",
+    "SearchRLError",
+]

@@ -1,0 +1,193 @@
+"""The prompt, the `search` tool schema, hermes tool-call parsing and observation formatting.
+
+One module, used by data prep (trainer), the verl tool (trainer) and the agent loop (infer), so the model is
+taught exactly the format that verl's hermes parser reads and that the reward scores:
+
+    <tool_call>{"name": "search", "arguments": {"query_list": ["..."]}}</tool_call>   -> a search
+    <answer> ... </answer>                                                            -> the final answer
+
+The old verl search example told the model to write `<tool_call> query </tool_call>`, which the hermes parser
+rejects ("Failed to decode tool call"), so a model trained on it never searched (../shared/DESIGN.md section 3).
+Bump PROMPT_VERSION whenever the wording changes: it is recorded with every evaluation result.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PROMPT_VERSION = "searchrl-v1"
+TOOL_NAME = "search"
+
+SEARCH_TOOL_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "Searches an encyclopedia for passages relevant to each query and returns the top results.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query_list": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "One or more search queries, each a short phrase or question.",
+                }
+            },
+            "required": ["query_list"],
+        },
+    },
+}
+
+_SEARCH_INSTRUCTIONS = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
+    "new information. After reasoning, if you find you lack some knowledge, you can call the search tool by "
+    'writing <tool_call>{{"name": "search", "arguments": {{"query_list": ["your query"]}}}}</tool_call>, and it '
+    "will return the top searched results between <tool_response> and </tool_response>. You can search as many "
+    "times as you want. If you find no further external knowledge needed, you can directly provide the answer "
+    "inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+
+_NO_SEARCH_INSTRUCTIONS = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first. Then provide the "
+    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing "
+    "</answer>. Question: {question}\n"
+)
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def build_user_prompt(question: str, *, search: bool = True) -> str:
+    """The user turn for a question; `search=False` gives the no-search baseline's instructions."""
+    question = question.strip()
+    if question and question[-1] not in "?.!":
+        question += "?"
+    template = _SEARCH_INSTRUCTIONS if search else _NO_SEARCH_INSTRUCTIONS
+    return template.format(question=question)
+
+
+def build_messages(question: str, *, search: bool = True) -> list[dict[str, str]]:
+    """Chat messages for a question (the chat template adds the tool schema when tools are passed)."""
+    return [{"role": "user", "content": build_user_prompt(question, search=search)}]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed hermes tool call."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """What a model turn asked for: tool calls, plus one message per call that failed to parse."""
+
+    calls: list[ToolCall]
+    errors: list[str]
+    content: str  # the text outside the tool-call tags
+
+
+def parse_tool_calls(text: str) -> ParsedTurn:
+    """Parse `<tool_call>{json}</tool_call>` spans the way verl's HermesToolParser does.
+
+    A span that is not a JSON object with a string `name` and object `arguments` becomes an error message
+    instead of a call, so the caller can tell the model what was wrong instead of silently doing nothing.
+    """
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for raw in _TOOL_CALL_RE.findall(text):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            errors.append(f"tool call is not valid JSON ({exc.msg}): {raw.strip()[:200]}")
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            errors.append(f'tool call needs {{"name": ..., "arguments": {{...}}}}: {raw.strip()[:200]}')
+            continue
+        args = obj.get("arguments", {})
+        if isinstance(args, str):  # some models emit arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                args = None
+        if not isinstance(args, dict):
+            errors.append(f"tool call arguments must be a JSON object: {raw.strip()[:200]}")
+            continue
+        calls.append(ToolCall(name=obj["name"], arguments=args))
+    content = _TOOL_CALL_RE.sub("", text).strip()
+    return ParsedTurn(calls=calls, errors=errors, content=content)
+
+
+def queries_from_arguments(arguments: dict[str, Any]) -> list[str]:
+    """The non-empty queries of a `search` call; accepts `query_list` (schema) or a bare `query` string.
+
+    Raises ValueError with a message meant for the model when no usable query is present.
+    """
+    raw: Any = arguments.get("query_list", arguments.get("query"))
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise ValueError('search needs "query_list": a list of query strings')
+    queries = [q.strip() for q in raw if isinstance(q, str) and q.strip()]
+    if not queries:
+        raise ValueError('search needs at least one non-empty string in "query_list"')
+    return queries
+
+
+def split_title(contents: str) -> tuple[str, str]:
+    """Split Search-R1 `contents` ("\\"Title\\"\\ntext") into (title, text)."""
+    first, _, rest = contents.partition("\n")
+    return first.strip().strip('"'), rest.strip()
+
+
+def format_passages(contents: Sequence[str], *, max_chars_per_doc: int | None = None) -> str:
+    """One query's results the way Search-R1-trained models read them: `Doc i (Title: T) text` lines."""
+    lines = []
+    for i, c in enumerate(contents, start=1):
+        title, text = split_title(c)
+        if max_chars_per_doc is not None and len(text) > max_chars_per_doc:
+            text = text[:max_chars_per_doc].rstrip() + "..."
+        lines.append(f"Doc {i} (Title: {title}) {text}")
+    return "\n".join(lines)
+
+
+def format_observation(
+    queries: Sequence[str],
+    results: Sequence[Sequence[str]],
+    *,
+    max_chars_per_doc: int | None = None,
+    max_chars: int | None = None,
+) -> str:
+    """One block per query (prefixed by the query when there are several), capped at `max_chars`."""
+    if len(queries) == 1:
+        text = format_passages(results[0], max_chars_per_doc=max_chars_per_doc)
+    else:
+        text = "\n\n".join(
+            f"Query: {q}\n{format_passages(r, max_chars_per_doc=max_chars_per_doc)}"
+            for q, r in zip(queries, results, strict=True)
+        )
+    if not text.strip():
+        text = "search returned no results"
+    if max_chars is not None and len(text) > max_chars:
+        text = text[:max_chars].rstrip() + "..."
+    return text
+
+
+__all__ = [
+    "PROMPT_VERSION",
+    "SEARCH_TOOL_SCHEMA",
+    "TOOL_NAME",
+    "ParsedTurn",
+    "ToolCall",
+    "build_messages",
+    "build_user_prompt",
+    "format_observation",
+    "format_passages",
+    "parse_tool_calls",
+    "queries_from_arguments",
+    "split_title",
+]

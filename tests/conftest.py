@@ -1,0 +1,60 @@
+"""Shared fixtures: a clean environment, the fixture corpus, and live retrieval servers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TINY_CORPUS = FIXTURES / "tiny_corpus.jsonl"
+DEV_QA = FIXTURES / "dev_qa.jsonl"
+TINY_QA = FIXTURES / "tiny_qa.jsonl"
+
+# Secrets and knobs a developer's shell may carry; tests must never see them.
+_LEAKY = (
+    "RETRIEVAL_API_KEY",
+    "RETRIEVAL_SERVICE_URL",
+    "GOOGLE_API_KEY",
+    "GOOGLE_CSE_ID",
+    "SERPER_API_KEY",
+    "WANDB_API_KEY",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("SEARCHRL_") or name in _LEAKY:
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus() -> Path:
+    return TINY_CORPUS
+
+
+@pytest.fixture(scope="session")
+def session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data dir per test session for indexes over the tiny corpus."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def bm25_settings(session_data_dir: Path):  # -> RetrievalSettings
+    from retrieval.settings import RetrievalSettings
+
+    return RetrievalSettings(backend="bm25", corpus=str(TINY_CORPUS), data_dir=session_data_dir)
+
+
+@pytest.fixture(scope="session")
+def live_bm25_url(bm25_settings) -> Iterator[str]:
+    """A real retrieval service (BM25 over the 20-passage fixture corpus) on a free loopback port."""
+    from retrieval.app import create_app
+    from tests.live import serve_in_thread
+
+    with serve_in_thread(create_app(bm25_settings)) as url:
+        yield url

@@ -1,0 +1,202 @@
+"""RetrievalClient retries, failover and error kinds, against real loopback servers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from retrieval.client import RetrievalClient, check_health
+from searchrl.errors import ConfigError, RetrievalUnavailableError
+from tests.live import free_port, serve_in_thread
+
+pytestmark = pytest.mark.live
+
+GOOD = {"result": [[{"document": {"id": "7", "contents": '"The Seventh Seal"\nA 1957 film.'}, "score": 1.5}]]}
+
+
+class Script:
+    """A scripted upstream: each request pops the next (status, body, headers, delay)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, Any, dict[str, str], float]] = []
+        self.requests: list[dict[str, Any]] = []
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @app.post("/retrieve")
+        async def retrieve(request: Request) -> Any:
+            self.requests.append({"body": await request.json(), "auth": request.headers.get("authorization")})
+            status, body, headers, delay = self.steps.pop(0) if self.steps else (200, GOOD, {}, 0.0)
+            if delay:
+                await asyncio.sleep(delay)
+            return JSONResponse(body, status_code=status, headers=headers)
+
+        return app
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[tuple[Script, str]]:
+    script = Script()
+    with serve_in_thread(script.app()) as url:
+        yield script, url
+
+
+@pytest.fixture()
+def script(upstream: tuple[Script, str]) -> Iterator[Script]:
+    s, _ = upstream
+    s.steps.clear()
+    s.requests.clear()
+    yield s
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _search(urls: Any, **kw: Any) -> Any:
+    async with RetrievalClient(urls, **{"backoff_base_s": 0.01, "backoff_max_s": 0.05, **kw}) as client:
+        return await client.search(["q"], 1)
+
+
+def test_success_parses_hits_and_sends_bearer(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    hits = run(_search(url, api_key="sekrit"))
+    assert (
+        hits[0][0].title == "The Seventh Seal"
+        and hits[0][0].text == "A 1957 film."
+        and hits[0][0].score == 1.5
+    )
+    assert script.requests[0]["auth"] == "Bearer sekrit"
+    assert script.requests[0]["body"] == {"queries": ["q"], "topk": 1, "return_scores": True}
+
+
+def test_failover_to_second_url(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    dead = f"http://127.0.0.1:{free_port()}"
+    hits = run(_search([dead, url]))
+    assert hits[0][0].id == "7"
+    assert len(script.requests) == 1
+
+
+def test_all_dead_raises_connect_error() -> None:
+    dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    with pytest.raises(RetrievalUnavailableError) as info:
+        run(_search(dead, max_retries=2))
+    assert info.value.kind == "connect"
+    assert "3 attempts over 2 URL(s)" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503])
+def test_retryable_statuses_are_retried(upstream: tuple[Script, str], script: Script, status: int) -> None:
+    _, url = upstream
+    script.steps += [(status, {"detail": "busy"}, {}, 0.0)] * 2
+    hits = run(_search(url, max_retries=3))
+    assert hits[0][0].id == "7"
+    assert len(script.requests) == 3
+
+
+def test_retry_after_is_honoured(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    script.steps.append((503, {"detail": "queue full"}, {"Retry-After": "1"}, 0.0))
+    started = time.monotonic()
+    run(_search(url))
+    assert time.monotonic() - started >= 0.95
+    assert len(script.requests) == 2
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+def test_other_4xx_are_not_retried(upstream: tuple[Script, str], script: Script, status: int) -> None:
+    _, url = upstream
+    script.steps.append((status, {"detail": "nope"}, {}, 0.0))
+    with pytest.raises(RetrievalUnavailableError) as info:
+        run(_search(url, api_key="sekrit", max_retries=3))
+    assert info.value.kind == f"http_{status}" and info.value.status == status
+    assert "nope" in str(info.value) and "sekrit" not in str(info.value)
+    assert len(script.requests) == 1
+
+
+def test_exhausted_retries_report_the_last_error(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    script.steps += [(503, {"detail": "busy"}, {}, 0.0)] * 3
+    with pytest.raises(RetrievalUnavailableError) as info:
+        run(_search(url, max_retries=2))
+    assert info.value.kind == "http_503"
+    assert len(script.requests) == 3
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"nope": 1}, {"result": []}, {"result": [[{"document": {"id": "1"}, "score": 1}]]}, {"result": ["x"]}],
+)
+def test_malformed_response(upstream: tuple[Script, str], script: Script, body: Any) -> None:
+    _, url = upstream
+    script.steps.append((200, body, {}, 0.0))
+    with pytest.raises(RetrievalUnavailableError) as info:
+        run(_search(url))
+    assert info.value.kind == "malformed"
+
+
+def test_timeout_kind(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    script.steps += [(200, GOOD, {}, 1.0)] * 2
+    with pytest.raises(RetrievalUnavailableError) as info:
+        run(_search(url, timeout_s=0.2, max_retries=1))
+    assert info.value.kind == "timeout"
+
+
+def test_bad_urls_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="RETRIEVAL_SERVICE_URL"):
+        RetrievalClient([])
+    with pytest.raises(ConfigError, match="http://"):
+        RetrievalClient("localhost:8000")
+
+
+def test_client_reusable_across_event_loops(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    client = RetrievalClient(url)
+    for _ in range(
+        2
+    ):  # verl runs tools in whatever loop its worker has; a new loop must not break the client
+        assert run(client.search(["q"], 1))[0][0].id == "7"
+
+
+def test_check_health_live(live_bm25_url: str) -> None:
+    res = check_health(live_bm25_url, deadline_s=10)
+    assert res.ok, res.reason
+    assert res.hits[0].title == "The Seventh Seal"
+
+
+def test_check_health_stopped_fails_fast() -> None:
+    started = time.monotonic()
+    res = check_health(f"http://127.0.0.1:{free_port()}", deadline_s=1.0)
+    assert not res.ok and res.reason.startswith("unreachable")
+    assert time.monotonic() - started < 5
+
+
+def test_check_health_wrong_shape(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    script.steps.append((200, {"result": [[]]}, {}, 0.0))
+    res = check_health(url, deadline_s=2)
+    assert not res.ok and "no passages" in res.reason
+    script.steps.append((200, {"hits": []}, {}, 0.0))
+    res = check_health(url, deadline_s=2)
+    assert not res.ok and res.reason.startswith("malformed")
+
+
+def test_check_health_unauthorized(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    script.steps.append((401, {"detail": "invalid bearer token"}, {}, 0.0))
+    res = check_health(url, api_key="wrong-key", deadline_s=5)
+    assert not res.ok and "401" in res.reason and "wrong-key" not in res.reason
+    assert len(script.requests) == 1
