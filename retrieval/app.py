@@ -6,6 +6,7 @@ the backend is built and loaded in the lifespan, so tests and the CLI pass their
 Routes:
     POST /retrieve   Search-R1 batch body or SkyRL single-query body -> {"result": [[...], ...]}
     GET  /health     liveness only, no work, never needs auth (load balancers and probes poll it)
+    GET  /metrics    Prometheus text format (retrieval/metrics.py); needs the bearer token like /retrieve
     GET  /           JSON description: backend, corpus size, index type, encoder, version
 """
 
@@ -13,16 +14,19 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from retrieval.backends import build_backend
 from retrieval.backends.base import Backend
+from retrieval.metrics import CONTENT_TYPE, RetrievalMetrics
 from retrieval.schemas import RetrieveRequest, hits_to_payload
 from retrieval.settings import RetrievalSettings
 from searchrl import __version__
@@ -36,6 +40,17 @@ from searchrl.errors import (
 log = logging.getLogger(__name__)
 
 _OPEN_PATHS = frozenset({"/health"})
+
+
+def _error_kind(exc: BaseException) -> tuple[int, str]:
+    """HTTP status and metrics label for an exception escaping the backend (mirrors the handlers below)."""
+    if isinstance(exc, OverloadedError):
+        return 503, "overloaded"
+    if isinstance(exc, QuotaExceededError):
+        return 429, "quota"
+    if isinstance(exc, BackendError):
+        return 502, "backend"
+    return 500, "internal"
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -63,12 +78,54 @@ def _describe_validation_error(exc: RequestValidationError) -> tuple[int, str]:
     return 422, f"{where}: {msg}" if where else msg
 
 
+class BearerAuth:
+    """Require `Authorization: Bearer <key>` on every path but /health.
+
+    A plain ASGI middleware rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware wraps each
+    request in extra tasks and streams, which measurably cuts requests/s under RL burst load (issue 4); and
+    without an API key it is not installed at all.
+    """
+
+    def __init__(self, app: ASGIApp, *, api_key: str, metrics: RetrievalMetrics) -> None:
+        self.app = app
+        self.api_key = api_key.encode()
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = ""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                header = value.decode("latin-1")
+                break
+        scheme, _, token = header.partition(" ")
+        # compare_digest: the time taken must not reveal how much of the key matched.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key):
+            reason = "missing Authorization header" if not header else "invalid bearer token"
+            if scope["path"] == "/retrieve":
+                self.metrics.observe_request(401, 0, 0.0, "auth")
+            response = _error(
+                401,
+                f"{reason}: send 'Authorization: Bearer <RETRIEVAL_API_KEY>'",
+                {"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> FastAPI:
     """Build the app; `backend` may be passed in (tests), otherwise `settings.backend` names it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         be = backend or build_backend(settings)
+        # Backends that batch (dense) report batch sizes, queue depth and cache hits to this app's registry.
+        attach = getattr(be, "attach_metrics", None)
+        if callable(attach):
+            attach(metrics)
         await be.start()
         app.state.backend = be
         log.info("retrieval service ready: %s", be.info())
@@ -79,26 +136,17 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
 
     app = FastAPI(title="searchrl retrieval", version=__version__, lifespan=lifespan)
     api_key = settings.api_key_value()
+    metrics = RetrievalMetrics()
+    app.state.metrics = metrics
 
-    @app.middleware("http")
-    async def bearer_auth(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if api_key is None or request.url.path in _OPEN_PATHS:
-            return await call_next(request)
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        # compare_digest: the time taken must not reveal how much of the key matched.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            reason = "missing Authorization header" if not header else "invalid bearer token"
-            return _error(
-                401,
-                f"{reason}: send 'Authorization: Bearer <RETRIEVAL_API_KEY>'",
-                {"WWW-Authenticate": "Bearer"},
-            )
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(BearerAuth, api_key=api_key, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         status, detail = _describe_validation_error(exc)
+        if request.url.path == "/retrieve":
+            metrics.observe_request(status, 0, 0.0, "invalid")
         return _error(status, detail)
 
     @app.exception_handler(OverloadedError)
@@ -128,6 +176,10 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
     @app.get("/")
     async def describe(request: Request) -> dict[str, Any]:
         be: Backend = request.app.state.backend
@@ -143,25 +195,36 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
 
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest, request: Request) -> JSONResponse:
+        started = time.perf_counter()
         queries = body.query_list
         topk = body.topk if body.topk is not None else settings.topk
+        problem = _check_limits(queries, topk)
+        if problem is not None:
+            metrics.observe_request(422, len(queries), time.perf_counter() - started, "invalid")
+            return _error(422, problem)
+        be: Backend = request.app.state.backend
+        try:
+            hits = await be.search(queries, topk)
+        except Exception as exc:  # counted here, answered by the exception handlers above
+            status, kind = _error_kind(exc)
+            metrics.observe_request(status, len(queries), time.perf_counter() - started, kind)
+            raise
+        response = JSONResponse(hits_to_payload(hits, return_scores=body.return_scores))
+        metrics.observe_request(200, len(queries), time.perf_counter() - started)
+        return response
+
+    def _check_limits(queries: list[str], topk: int) -> str | None:
+        """The first server-side limit a request breaks, as a 422 message, or None."""
         if topk > settings.max_topk:
-            return _error(422, f"topk: {topk} is above this server's maximum of {settings.max_topk}")
+            return f"topk: {topk} is above this server's maximum of {settings.max_topk}"
         if len(queries) > settings.max_queries:
-            return _error(
-                422,
-                f"queries: {len(queries)} queries in one request; this server takes at most {settings.max_queries}",
-            )
+            return f"queries: {len(queries)} queries in one request; this server takes at most {settings.max_queries}"
         for i, q in enumerate(queries):
             if len(q) > settings.max_query_chars:
-                return _error(
-                    422, f"queries.{i}: {len(q)} characters; the maximum is {settings.max_query_chars}"
-                )
+                return f"queries.{i}: {len(q)} characters; the maximum is {settings.max_query_chars}"
             if not q.strip():
-                return _error(422, f"queries.{i}: empty query string")
-        be: Backend = request.app.state.backend
-        hits = await be.search(queries, topk)
-        return JSONResponse(hits_to_payload(hits, return_scores=body.return_scores))
+                return f"queries.{i}: empty query string"
+        return None
 
     return app
 

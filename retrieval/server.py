@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from retrieval.settings import RetrievalSettings
 from searchrl.errors import ConfigError
@@ -21,6 +22,8 @@ def check_bind(settings: RetrievalSettings) -> None:
 
 def run_server(settings: RetrievalSettings) -> None:
     """Prepare the index (build on first use), then serve until SIGINT/SIGTERM."""
+    # Before torch/faiss load their OpenMP runtime: spinning OpenMP threads starve the event loop (issue 4).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import uvicorn
 
     from retrieval.app import create_app

@@ -25,7 +25,7 @@ class RetrievalSettings(BaseSettings):
     )
 
     # --- what to serve -------------------------------------------------------------------------------------
-    backend: BackendName = "dense"  # dense (FAISS) | bm25 | hybrid | google | serper | searxng
+    backend: BackendName = "bm25"  # bm25 | dense (FAISS) | hybrid | google | serper | searxng
     data_dir: Path = Path("data")  # corpora and index directories live under here
     corpus: str = "bundled"  # bundled | wiki18-100k | wiki18 | path to a Search-R1 JSONL(.gz)
     index_dir: Path | None = None  # explicit index directory; default derived from corpus+encoder+index type
@@ -53,17 +53,21 @@ class RetrievalSettings(BaseSettings):
     device: str = "auto"  # auto | cpu | cuda
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: fp32 on CPU, fp16 on GPU
     threads: int = Field(default=0, ge=0)  # torch/faiss threads; 0 = library default
-    batch_size: int = Field(default=64, ge=1)  # most queries encoded in one forward pass
+    batch_size: int = Field(default=128, ge=1)  # most queries the batcher takes into one encode+search call
+    # queries per encoder forward pass: a batch is sorted by length and split into passes this big, which cuts
+    # padding (measured on 2 cores: 128 queries as 4 passes of 32 ran ~2.5x faster than as one pass of 128)
+    forward_batch_size: int = Field(default=32, ge=1)
     batch_wait_ms: float = Field(default=2.0, ge=0)  # how long the batcher waits to fill a batch
     queue_size: int = Field(default=4096, ge=1)  # queued queries past which requests get 503
     request_timeout_s: float = Field(default=30.0, gt=0)  # per-request deadline
     cache_size: int = Field(default=100_000, ge=0)  # LRU result cache entries; 0 disables
     nprobe: int = Field(default=32, ge=1)  # IVF lists probed per query
     ef_search: int = Field(default=128, ge=1)  # HNSW search depth
+    train_sample: int = Field(default=262_144, ge=1)  # vectors that train IVF/PQ index types (>= 39 per list)
 
     # --- index building (issue 2) -----------------------------------------------------------------------
     encoder_max_length: int = Field(default=256, ge=8)  # tokens per query/passage; longer text is truncated
-    encode_batch_size: int = Field(default=128, ge=1)  # passages per forward pass when building an index
+    encode_batch_size: int = Field(default=64, ge=1)  # passages per forward pass when building an index
 
     # --- web backends (issue 6): google | serper | searxng ------------------------------------------------
     google_api_key: SecretStr | None = Field(
@@ -96,14 +100,14 @@ class RetrievalSettings(BaseSettings):
     # off | on (read-through) | record (always ask upstream, store) | replay (cache only; a miss is an error)
     cache_mode: Literal["off", "on", "record", "replay"] = "off"
     cache_path: Path | None = None  # SQLite file; default <data_dir>/query_cache.sqlite
-    cache_ttl_s: float = Field(default=0.0, ge=0)  # entries older than this are misses in `on` mode; 0 = never
+    cache_ttl_s: float = Field(default=0.0, ge=0)  # older entries are misses in `on` mode; 0 = never stale
 
     @model_validator(mode="after")
     def _check(self) -> RetrievalSettings:
         if self.topk > self.max_topk:
             raise ValueError(f"topk ({self.topk}) must not exceed max_topk ({self.max_topk})")
         if self.hybrid_dense_weight == 0 and self.hybrid_bm25_weight == 0:
-            raise ValueError("hybrid_dense_weight and hybrid_bm25_weight are both 0: give one a positive weight")
+            raise ValueError("hybrid_dense_weight and hybrid_bm25_weight are both 0: give one a weight > 0")
         return self
 
     @property

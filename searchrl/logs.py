@@ -7,6 +7,18 @@ import os
 import sys
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is at emit time (pytest and tools swap it after set-up)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def setup_logging(level: str | None = None) -> None:
     """Send log records to stderr (stdout carries results only), at SEARCHRL_LOG_LEVEL or INFO."""
     level_name = (level or os.environ.get("SEARCHRL_LOG_LEVEL") or "INFO").upper()
@@ -14,7 +26,7 @@ def setup_logging(level: str | None = None) -> None:
     if any(getattr(h, "_searchrl", False) for h in root.handlers):
         root.setLevel(level_name)
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     handler._searchrl = True  # type: ignore[attr-defined]
     root.addHandler(handler)

@@ -155,6 +155,20 @@ def format_passages(contents: Sequence[str], *, max_chars_per_doc: int | None = 
     return "\n".join(lines)
 
 
+# Characters of "Doc i (Title: ...) " framing per passage, plus a per-query header, when sizing the observation
+# budget in characters (verl truncates tool responses by characters, not tokens).
+DOC_OVERHEAD_CHARS = 96
+
+
+def observation_budget(topk: int, passage_max_chars: int) -> int:
+    """The observation cap in characters: top-k passages of `passage_max_chars` plus their framing.
+
+    Training (verl's max_tool_response_length, the tool's cap) and inference use this one number, so the model
+    reads the same amount of text in both.
+    """
+    return topk * (passage_max_chars + DOC_OVERHEAD_CHARS) + DOC_OVERHEAD_CHARS
+
+
 def format_observation(
     queries: Sequence[str],
     results: Sequence[Sequence[str]],
@@ -178,6 +192,7 @@ def format_observation(
 
 
 __all__ = [
+    "DOC_OVERHEAD_CHARS",
     "PROMPT_VERSION",
     "SEARCH_TOOL_SCHEMA",
     "TOOL_NAME",
@@ -187,6 +202,7 @@ __all__ = [
     "build_user_prompt",
     "format_observation",
     "format_passages",
+    "observation_budget",
     "parse_tool_calls",
     "queries_from_arguments",
     "split_title",

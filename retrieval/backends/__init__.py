@@ -26,7 +26,17 @@ _REGISTRY: dict[str, str] = {
 
 
 def build_backend(settings: RetrievalSettings) -> Backend:
-    """Construct (not start) the backend the settings name."""
+    """Construct (not start) the backend the settings name, behind the query cache unless cache_mode is off."""
+    if getattr(settings, "cache_mode", "off") != "off":
+        if settings.backend not in _REGISTRY:
+            _build_uncached(settings)  # raises the unknown-backend ConfigError
+        from retrieval.cache import build_cached_backend
+
+        return build_cached_backend(settings, _build_uncached)
+    return _build_uncached(settings)
+
+
+def _build_uncached(settings: RetrievalSettings) -> Backend:
     try:
         target = _REGISTRY[settings.backend]
     except KeyError:

@@ -1,0 +1,500 @@
+"""`searchrl eval`: run a QA set through the agent and record every answer with the protocol that produced it.
+
+    searchrl eval --model Qwen/Qwen2.5-3B-Instruct --llm-url http://127.0.0.1:30000/v1 \\
+        --retrieval-url http://127.0.0.1:8000 --qa searchr1-test --limit 200
+
+QA sources: `dev` (the bundled 30-question dev set over the English Wikipedia subset), `searchr1-test` (the
+Search-R1 test parquet, `PeterJinGo/nq_hotpotqa_train` `test.parquet`, ≈51k rows over the seven datasets,
+fetched with huggingface_hub), or a path to a `.jsonl` / `.parquet` with `question` and `golden_answers`
+(and optionally `id`, `data_source`).
+
+The result file (`<output_dir>/<label>.json`) holds `protocol` (model, endpoint, engine, retrieval backend,
+corpus and index checksums from the service's GET /, top-k, max turns, temperature, seed, prompt version, ...),
+`summary`, `per_dataset` and one entry per question (answer, EM, F1, searches, turns, format validity, latency,
+transcript). EM and F1 come from `searchrl.scoring`, the scorer the training reward uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import re
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from infer.agent import AgentConfig, Episode, SearchAgent, run_questions
+from infer.llm import ChatRenderer, ServerLLM, TextGenerator
+from infer.settings import InferSettings
+from searchrl import __version__
+from searchrl.errors import DataError, RetrievalUnavailableError
+from searchrl.prompt import PROMPT_VERSION
+from searchrl.scoring import score_response
+
+log = logging.getLogger(__name__)
+
+SEARCHR1_REPO = "PeterJinGo/nq_hotpotqa_train"
+SEARCHR1_TEST_FILE = "test.parquet"
+# Column order of the paper's table (arXiv 2503.09516, Table 2); other data sources follow alphabetically.
+PAPER_ORDER = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+_REPO = Path(__file__).resolve().parents[1]
+_DEV_CANDIDATES = [_REPO / "qa" / "dev_qa.jsonl", _REPO / "tests" / "fixtures" / "dev_qa.jsonl"]
+
+
+@dataclass(frozen=True)
+class QAItem:
+    id: str
+    question: str
+    golden_answers: list[str]
+    data_source: str = "dev"
+
+
+# --- QA data -------------------------------------------------------------------------------------------------
+def _clean_source(value: Any, default: str) -> str:
+    text = str(value or default)
+    return text.removeprefix("searchR1_")
+
+
+def _as_str_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return [str(v) for v in value]
+
+
+def _question_from_prompt(prompt: Any) -> str | None:
+    """Search-R1 parquet rows carry the full prompt; the question follows its last 'Question:'."""
+    msgs = prompt.tolist() if hasattr(prompt, "tolist") else prompt
+    if not msgs:
+        return None
+    content = str(msgs[-1].get("content", "")) if isinstance(msgs[-1], dict) else str(msgs[-1])
+    if "Question:" not in content:
+        return None
+    return content.rsplit("Question:", 1)[1].strip()
+
+
+def _row_to_item(row: dict[str, Any], where: str, default_source: str) -> QAItem:
+    question = row.get("question")
+    if not question and row.get("prompt") is not None:
+        question = _question_from_prompt(row["prompt"])
+    golden = _as_str_list(row.get("golden_answers"))
+    if not golden:
+        rm = row.get("reward_model") or {}
+        gt = rm.get("ground_truth") if isinstance(rm, dict) else None
+        golden = _as_str_list(gt.get("target") if isinstance(gt, dict) else gt)
+    if not question or not golden:
+        raise DataError(f"{where}: a QA row needs a non-empty 'question' and 'golden_answers'")
+    source = _clean_source(row.get("data_source"), default_source)
+    return QAItem(
+        id=str(row.get("id") or where), question=str(question), golden_answers=golden, data_source=source
+    )
+
+
+def _load_jsonl(path: Path) -> list[QAItem]:
+    items = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from exc
+            items.append(_row_to_item(row, f"{path}:{lineno}", "dev"))
+    return items
+
+
+def _load_parquet(path: Path) -> list[QAItem]:
+    import pandas as pd
+
+    try:
+        df = pd.read_parquet(path)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read parquet ({exc})") from exc
+    return [_row_to_item(row, f"{path}:row {i}", "qa") for i, row in enumerate(df.to_dict(orient="records"))]
+
+
+def resolve_qa_path(source: str) -> Path:
+    """The file behind a QA source name (downloading the Search-R1 test set when asked)."""
+    if source == "dev":
+        for cand in _DEV_CANDIDATES:
+            if cand.exists():
+                return cand
+        raise DataError("the bundled dev set (qa/dev_qa.jsonl) is missing; pass --qa <path.jsonl>")
+    if source == "searchr1-test":
+        from huggingface_hub import hf_hub_download
+
+        try:
+            return Path(hf_hub_download(SEARCHR1_REPO, SEARCHR1_TEST_FILE, repo_type="dataset"))
+        except Exception as exc:  # network, auth, missing file: all mean "cannot get the data"
+            raise DataError(
+                f"cannot download {SEARCHR1_REPO}/{SEARCHR1_TEST_FILE} ({exc.__class__.__name__}); "
+                "download it elsewhere and pass --qa <path>.parquet"
+            ) from exc
+    path = Path(source)
+    if not path.exists():
+        raise DataError(f"QA file {source!r} not found; use dev, searchr1-test or a .jsonl/.parquet path")
+    return path
+
+
+def load_qa(
+    source: str, *, datasets: Sequence[str] | None = None, limit: int | None = None, seed: int = 0
+) -> tuple[list[QAItem], Path]:
+    """QA items from a source, filtered to `datasets` and sampled to `limit` per dataset (order kept)."""
+    path = resolve_qa_path(source)
+    items = _load_parquet(path) if path.suffix == ".parquet" else _load_jsonl(path)
+    if datasets:
+        known = sorted({i.data_source for i in items})
+        missing = [d for d in datasets if d not in known]
+        if missing:
+            raise DataError(f"no rows with data_source {missing} in {path}; it has {known}")
+        items = [i for i in items if i.data_source in set(datasets)]
+    if limit is not None:
+        by_source: dict[str, list[int]] = defaultdict(list)
+        for idx, it in enumerate(items):
+            by_source[it.data_source].append(idx)
+        rng = random.Random(seed)
+        keep: set[int] = set()
+        for idxs in by_source.values():
+            keep.update(idxs if len(idxs) <= limit else rng.sample(idxs, limit))
+        items = [it for idx, it in enumerate(items) if idx in keep]
+    if not items:
+        raise DataError(f"no QA rows selected from {path}")
+    return items, path
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- scoring and aggregation ----------------------------------------------------------------------------------
+def score_episode(item: QAItem, ep: Episode) -> dict[str, Any]:
+    """One question's record in a result file."""
+    s = score_response(ep.response, item.golden_answers)
+    return {
+        "id": item.id,
+        "data_source": item.data_source,
+        "question": item.question,
+        "golden_answers": item.golden_answers,
+        "answer": s.answer,
+        "em": s.em,
+        "f1": s.f1,
+        "format_valid": s.format_valid,
+        "searches": ep.searches,
+        "queries": ep.queries,
+        "search_failures": ep.search_failures,
+        "malformed_calls": ep.malformed_calls,
+        "turns": ep.turns,
+        "stop_reason": ep.stop_reason,
+        "error": ep.error,
+        "completion_tokens": ep.completion_tokens,
+        "latency_s": round(ep.latency_s, 4),
+        "response": ep.response,
+        "transcript": ep.transcript,
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def _stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "n": len(rows),
+        "em": _mean([r["em"] for r in rows]),
+        "f1": _mean([r["f1"] for r in rows]),
+        "searches": _mean([r["searches"] for r in rows]),
+        "turns": _mean([r["turns"] for r in rows]),
+        "format_valid": _mean([float(r["format_valid"]) for r in rows]),
+        "latency_s": _mean([r["latency_s"] for r in rows]),
+    }
+
+
+def dataset_order(sources: Sequence[str]) -> list[str]:
+    """Data sources in the paper's column order, unknown ones after it alphabetically."""
+    uniq = set(sources)
+    return [d for d in PAPER_ORDER if d in uniq] + sorted(uniq - set(PAPER_ORDER))
+
+
+def summarize(questions: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(summary, per_dataset). `em_avg` is the unweighted mean over datasets, as the paper's 'Avg.' column."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for q in questions:
+        groups[q["data_source"]].append(q)
+    per_dataset = {ds: _stats(groups[ds]) for ds in dataset_order(list(groups))}
+    summary = _stats(questions)
+    summary["em_avg"] = _mean([v["em"] for v in per_dataset.values()])
+    summary["stop_reasons"] = dict(Counter(q["stop_reason"] for q in questions))
+    summary["errors"] = sum(1 for q in questions if q["error"])
+    summary["search_failures"] = sum(int(q.get("search_failures", 0)) for q in questions)
+    return summary, per_dataset
+
+
+def paper_table(runs: Sequence[dict[str, Any]]) -> str:
+    """Markdown EM table like the paper's: one row per run, one column per dataset, then Avg."""
+    sources = dataset_order([ds for r in runs for ds in r["per_dataset"]])
+    head = ["run", *sources, "avg", "F1", "searches/q", "format ok"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for r in runs:
+        cells = [run_label(r).replace("|", "\\|")]
+        for ds in sources:
+            v = r["per_dataset"].get(ds)
+            cells.append(f"{v['em']:.3f}" if v else "")
+        s = r["summary"]
+        cells += [f"{s['em_avg']:.3f}", f"{s['f1']:.3f}", f"{s['searches']:.2f}", f"{s['format_valid']:.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_label(run: dict[str, Any]) -> str:
+    return str(run["protocol"]["label"])
+
+
+def default_label(settings: InferSettings, backend: str) -> str:
+    model = settings.model.rstrip("/").split("/")[-1]
+    return (
+        f"{model}, {backend if settings.search else 'none'}, {'search' if settings.search else 'no-search'}"
+    )
+
+
+def slugify(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-").lower() or "run"
+
+
+# --- protocol ------------------------------------------------------------------------------------------------
+async def fetch_retrieval_info(
+    urls: Sequence[str], api_key: str | None, timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """What the retrieval service says about itself (GET /): backend, corpus, index and their checksums.
+
+    Also the fail-fast check: a run against a dead or locked service would only collect "search failed"
+    observations, so no answering replica or a 401/403 stops the run before any generation.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    problems = []
+    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
+        for url in urls:
+            try:
+                resp = await client.get(url + "/")
+            except httpx.HTTPError as exc:
+                problems.append(f"{url}: {exc.__class__.__name__}")
+                continue
+            if resp.status_code in (401, 403):
+                raise RetrievalUnavailableError(
+                    f"retrieval service {url} answered HTTP {resp.status_code}: set RETRIEVAL_API_KEY to its token",
+                    kind=f"http_{resp.status_code}",
+                    status=resp.status_code,
+                )
+            if resp.status_code != 200:
+                problems.append(f"{url}: HTTP {resp.status_code}")
+                continue
+            try:
+                info = resp.json()
+            except ValueError:
+                log.warning("GET %s/ is not JSON; the protocol will not name the backend", url)
+                return {"url": url}
+            return {**info, "url": url} if isinstance(info, dict) else {"url": url, "raw": info}
+    raise RetrievalUnavailableError(
+        f"no retrieval service answered ({'; '.join(problems)}); start one with `searchrl serve` "
+        "or set --retrieval-url / RETRIEVAL_SERVICE_URL",
+        kind="connect",
+    )
+
+
+def _checksums(info: Any, prefix: str = "") -> dict[str, Any]:
+    """Every field of GET / that names a checksum/hash (corpus_sha256, index_checksum, ...), flattened."""
+    out: dict[str, Any] = {}
+    if isinstance(info, dict):
+        for k, v in info.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict):
+                out.update(_checksums(v, key + "."))
+            elif any(t in k.lower() for t in ("sha", "checksum", "hash", "fingerprint")):
+                out[key] = v
+    return out
+
+
+def build_protocol(
+    settings: InferSettings,
+    *,
+    retrieval_info: dict[str, Any] | None,
+    qa_path: Path,
+    n_questions: int,
+    chat_template: str | None,
+) -> dict[str, Any]:
+    info = retrieval_info or {}
+    backend = str(info.get("backend", "unknown")) if settings.search else "none"
+    return {
+        "label": settings.label or default_label(settings, backend),
+        "model": settings.model,
+        "tokenizer": settings.tokenizer or settings.model,
+        "engine": settings.engine,
+        "api": settings.api,
+        "endpoint": settings.llm_url if settings.engine == "server" else f"local:{settings.device}",
+        "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
+        "search": settings.search,
+        "retrieval": {
+            "urls": settings.retrieval_urls if settings.search else [],
+            "backend": backend,
+            "corpus": info.get("corpus"),
+            "checksums": _checksums(info),
+            "info": info,
+        },
+        "topk": settings.topk,
+        "max_turns": settings.max_turns,
+        "max_tokens_per_turn": settings.max_tokens_per_turn,
+        "passage_max_chars": settings.passage_max_chars,
+        "max_observation_chars": settings.observation_budget,
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "seed": settings.seed,
+        "stop_after_tool_call": settings.stop_after_tool_call,
+        "malformed_feedback": settings.malformed_feedback,
+        "prompt_version": PROMPT_VERSION,
+        "qa": {
+            "source": settings.qa,
+            "path": str(qa_path),
+            "sha256": _sha256_file(qa_path),
+            "datasets": settings.dataset_filter,
+            "limit": settings.limit,
+            "n": n_questions,
+        },
+        "searchrl_version": __version__,
+    }
+
+
+# --- running -------------------------------------------------------------------------------------------------
+async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerLLM, ChatRenderer | None]:
+    if settings.engine == "local":
+        from infer.local import LocalLLM
+
+        llm_local = await asyncio.to_thread(
+            LocalLLM.from_pretrained, settings.model, tokenizer=settings.tokenizer, device=settings.device
+        )
+        return llm_local, ChatRenderer(llm_local.tokenizer)
+    server = ServerLLM(
+        settings.llm_url,
+        settings.model,
+        api_key=settings.llm_api_key_value(),
+        timeout_s=settings.llm_timeout_s,
+        max_retries=settings.llm_max_retries,
+        max_connections=max(settings.concurrency, 8),
+    )
+    try:
+        await server.check_model()
+        renderer = None
+        if settings.api == "completions":
+            renderer = await asyncio.to_thread(
+                ChatRenderer.from_pretrained, settings.tokenizer or settings.model
+            )
+    except BaseException:
+        await server.aclose()
+        raise
+    return server, renderer
+
+
+async def evaluate(
+    settings: InferSettings,
+    *,
+    items: Sequence[QAItem] | None = None,
+    qa_path: Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the QA set and return the result document (protocol, summary, per_dataset, questions)."""
+    from retrieval.client import RetrievalClient
+
+    if items is None:
+        items, qa_path = load_qa(
+            settings.qa, datasets=settings.dataset_filter, limit=settings.limit, seed=settings.seed
+        )
+    assert qa_path is not None
+    started = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    info = None
+    if settings.search:  # before loading a model: a dead retrieval service fails the run in a second
+        info = await fetch_retrieval_info(
+            settings.retrieval_urls, settings.retrieval_api_key_value(), settings.retrieval_timeout_s
+        )
+    llm, renderer = await _open_engine(settings)
+    retrieval = None
+    try:
+        if settings.search:
+            retrieval = RetrievalClient(
+                settings.retrieval_urls,
+                api_key=settings.retrieval_api_key_value(),
+                timeout_s=settings.retrieval_timeout_s,
+            )
+        agent = SearchAgent(llm, retrieval, AgentConfig.from_settings(settings), renderer)
+        episodes = await run_questions(
+            agent, [it.question for it in items], concurrency=settings.concurrency, progress=progress
+        )
+    finally:
+        if retrieval is not None:
+            await retrieval.aclose()
+        await llm.aclose()
+    questions = [score_episode(it, ep) for it, ep in zip(items, episodes, strict=True)]
+    summary, per_dataset = summarize(questions)
+    protocol = build_protocol(
+        settings,
+        retrieval_info=info,
+        qa_path=qa_path,
+        n_questions=len(items),
+        chat_template=getattr(renderer.tokenizer, "chat_template", None) if renderer else None,
+    )
+    protocol["started_at"] = started.isoformat(timespec="seconds")
+    protocol["wall_s"] = round(time.perf_counter() - t0, 3)
+    log.info(
+        "%s: %d questions, EM %.3f, F1 %.3f, %.2f searches/q in %.1fs",
+        protocol["label"],
+        len(items),
+        summary["em"],
+        summary["f1"],
+        summary["searches"],
+        protocol["wall_s"],
+    )
+    return {"protocol": protocol, "summary": summary, "per_dataset": per_dataset, "questions": questions}
+
+
+def write_result(result: dict[str, Any], output_dir: Path) -> Path:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / f"{slugify(run_label(result))}.json"
+    path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def run_eval(settings: InferSettings, *, progress: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Evaluate and write `<output_dir>/<label>.json`; returns (path, result)."""
+    result = asyncio.run(evaluate(settings, progress=progress))
+    return write_result(result, settings.output_dir), result
+
+
+__all__ = [
+    "PAPER_ORDER",
+    "QAItem",
+    "build_protocol",
+    "dataset_order",
+    "evaluate",
+    "load_qa",
+    "paper_table",
+    "run_eval",
+    "run_label",
+    "score_episode",
+    "summarize",
+    "write_result",
+]

@@ -1,0 +1,322 @@
+"""Talking to the model: the training chat template as text, and an OpenAI-compatible client (sglang, vLLM).
+
+Why `/v1/completions` with our own rendering is the default (api="completions"):
+during training verl's ToolAgentLoop never sends messages to a server. It renders the prompt once with the
+model's chat template (tools included), appends the *generated tokens verbatim*, then appends the tool turn as
+the token-level difference the chat template adds for a `tool` message (verl `ContinuousTokenBuilder`), with
+the turn separator ("\\n" after Qwen's `<|im_end|>`) re-inserted. `/v1/chat/completions` instead makes the
+server re-render every assistant turn from the *parsed* tool calls (re-serialised JSON, content without the
+raw `<tool_call>` text) and needs a server-side tool parser (`--tool-call-parser`), so the model would read a
+context it never saw in training. `ChatRenderer` rebuilds the exact training text with the model's own
+tokenizer, and the agent sends that text to `/v1/completions`. The chat mode is kept for servers that only
+speak chat (hosted APIs); it is close but not token-exact.
+
+Text rather than token ids: OpenAI completions responses carry text, not ids, so the server re-tokenises our
+text. Around the special tokens that bound every turn the two agree; inside a turn BPE may merge differently
+from what was sampled, which does not change what the model reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from searchrl.errors import InferenceError
+from searchrl.prompt import ToolCall
+
+log = logging.getLogger(__name__)
+
+_MARK = "\u2063searchrl-mark\u2063"
+_SYNTHETIC_PREFIX: list[dict[str, Any]] = [
+    {"role": "system", "content": "system"},
+    {"role": "user", "content": "user"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {}}}],
+    },
+]
+
+
+class RequestRejectedError(InferenceError):
+    """The LLM server refused one request (4xx, e.g. the prompt is longer than the context window).
+
+    The agent records it on that question and goes on; other failures abort the run.
+    """
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated turn."""
+
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) | "length" (max_tokens reached)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One assistant message from /v1/chat/completions (tool calls parsed by the server, if it can)."""
+
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding parameters sent with every request."""
+
+    max_tokens: int = 500
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+
+class TextGenerator(Protocol):
+    """What the agent needs from a model in completions mode (server or local)."""
+
+    async def complete(self, prompt: str, sampling: Sampling) -> Completion: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ChatRenderer:
+    """Renders prompts and turn boundaries exactly as verl's ToolAgentLoop builds them in training."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise InferenceError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
+                "point --tokenizer at the instruct model the agent was trained from"
+            )
+        self.tokenizer = tokenizer
+        self._end_of_turn = self._derive_end_of_turn()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str) -> ChatRenderer:
+        """Load only the tokenizer (a few MB) of a HF model id or local folder."""
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(name_or_path)
+        except (OSError, ValueError) as exc:
+            raise InferenceError(
+                f"cannot load the tokenizer {name_or_path!r} ({exc.__class__.__name__}); set --tokenizer to the "
+                "HF id or folder of the served model"
+            ) from exc
+        return cls(tok)
+
+    def _render(
+        self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None, gen: bool
+    ) -> str:
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=gen, tokenize=False
+        )
+        return str(text)
+
+    def _derive_end_of_turn(self) -> str:
+        # What the template writes after a turn's content: Qwen "<|im_end|>\n", Llama 3 "<|eot_id|>". The model
+        # generates the close token and stops; verl re-inserts the separator before the next turn.
+        text = self._render([{"role": "user", "content": _MARK}], tools=None, gen=False)
+        if _MARK not in text:
+            raise InferenceError("the chat template drops message content; cannot derive its turn boundary")
+        return text.rsplit(_MARK, 1)[1]
+
+    @property
+    def end_of_turn(self) -> str:
+        return self._end_of_turn
+
+    def initial(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """The first prompt: the conversation so far plus the assistant header, tools in the system block."""
+        return self._render(messages, tools=tools, gen=True)
+
+    def close_turn(self, generated: str) -> str:
+        """The assistant text followed by the template's turn close, as the training token stream has it."""
+        return generated + self._end_of_turn
+
+    def tool_turn(self, observations: list[str], tools: list[dict[str, Any]] | None) -> str:
+        """The text a chat template adds for `tool` messages plus the next assistant header.
+
+        Rendered as the difference between a synthetic conversation with and without the tool messages,
+        which is how verl's ContinuousTokenBuilder derives it, so any template (Qwen, Llama, ...) works.
+        """
+        prefix = self._render(_SYNTHETIC_PREFIX, tools=tools, gen=False)
+        full = self._render(
+            _SYNTHETIC_PREFIX + [{"role": "tool", "content": o} for o in observations], tools=tools, gen=True
+        )
+        if not full.startswith(prefix):
+            raise InferenceError("the chat template re-renders earlier turns when a tool message is added")
+        return full[len(prefix) :]
+
+
+def _retry_delay(attempt: int, retry_after: str | None) -> float:
+    if retry_after:
+        try:
+            return min(30.0, max(0.0, float(retry_after)))
+        except ValueError:
+            pass
+    return random.uniform(0, min(10.0, 0.5 * 2**attempt))
+
+
+class ServerLLM:
+    """Async client for an OpenAI-compatible server (`/v1/completions`, `/v1/chat/completions`, `/v1/models`).
+
+    Retries connection errors, timeouts, 429 and 5xx with jittered exponential back-off; other 4xx raise
+    `RequestRejectedError` at once. The API key is sent as a bearer header and never logged.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = 3,
+        max_connections: int = 64,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_retries = max_retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> ServerLLM:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = f"{self.base_url}{path}"
+        last = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            retry_after = None
+            try:
+                resp = await self._client.request(method, url, json=body)
+            except httpx.TimeoutException:
+                last = "timed out"
+            except httpx.TransportError as exc:
+                last = f"cannot connect ({exc.__class__.__name__})"
+            else:
+                if resp.status_code == 200:
+                    try:
+                        payload: dict[str, Any] = resp.json()
+                    except json.JSONDecodeError as exc:
+                        raise InferenceError(f"{url} answered 200 with a body that is not JSON") from exc
+                    return payload
+                detail = resp.text[:300].replace("\n", " ")
+                if resp.status_code != 429 and resp.status_code < 500:
+                    raise RequestRejectedError(
+                        f"{url} rejected the request: HTTP {resp.status_code}: {detail}"
+                    )
+                last = f"HTTP {resp.status_code}: {detail}"
+                retry_after = resp.headers.get("Retry-After")
+            if attempt < self.max_retries:
+                delay = _retry_delay(attempt, retry_after)
+                log.warning("LLM request to %s failed (%s); retry %d in %.1fs", url, last, attempt + 1, delay)
+                await asyncio.sleep(delay)
+        raise InferenceError(
+            f"LLM server {self.base_url} failed after {self.max_retries + 1} attempts: {last}; "
+            "check that sglang/vLLM is up (--llm-url)"
+        )
+
+    async def list_models(self) -> list[str]:
+        payload = await self._request("GET", "/models")
+        return [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)]
+
+    async def check_model(self) -> None:
+        """Fail early, naming what is served, when the model name is not on the server."""
+        served = await self.list_models()
+        if served and self.model not in served:
+            raise InferenceError(
+                f"model {self.model!r} is not served at {self.base_url}; it serves {served} (set --model)"
+            )
+
+    def _sampling_body(self, sampling: Sampling) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+        }
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        return body
+
+    async def complete(self, prompt: str, sampling: Sampling) -> Completion:
+        payload = await self._request(
+            "POST", "/completions", {**self._sampling_body(sampling), "prompt": prompt}
+        )
+        try:
+            choice = payload["choices"][0]
+            usage = payload.get("usage") or {}
+            return Completion(
+                text=str(choice["text"]),
+                finish_reason=str(choice.get("finish_reason") or "stop"),
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                completion_tokens=int(usage.get("completion_tokens") or 0),
+            )
+        except (KeyError, IndexError, TypeError) as exc:
+            raise InferenceError(f"{self.base_url}/completions answered without choices[0].text") from exc
+
+    async def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, sampling: Sampling
+    ) -> ChatReply:
+        body = {**self._sampling_body(sampling), "messages": messages}
+        if tools:
+            body["tools"] = tools
+        payload = await self._request("POST", "/chat/completions", body)
+        try:
+            choice = payload["choices"][0]
+            message = choice["message"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise InferenceError(
+                f"{self.base_url}/chat/completions answered without choices[0].message"
+            ) from exc
+        calls = []
+        for tc in message.get("tool_calls") or []:
+            fn = tc.get("function") or {}
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    args = {"_unparsed": args}
+            calls.append(ToolCall(name=str(fn.get("name")), arguments=args if isinstance(args, dict) else {}))
+        usage = payload.get("usage") or {}
+        return ChatReply(
+            content=str(message.get("content") or ""),
+            tool_calls=calls,
+            finish_reason=str(choice.get("finish_reason") or "stop"),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+        )
+
+
+__all__ = [
+    "ChatRenderer",
+    "ChatReply",
+    "Completion",
+    "RequestRejectedError",
+    "Sampling",
+    "ServerLLM",
+    "TextGenerator",
+]

@@ -1,0 +1,145 @@
+"""BM25 backend: bm25s over the configured corpus; no torch, no faiss.
+
+Queries are tokenised exactly as the index was (lowercase, English stopwords, Snowball English stemmer;
+the manifest records this and `verify_manifest` checks it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from retrieval.backends.base import Backend
+from retrieval.corpus import DocStore
+from retrieval.indexing import (
+    BM25_DIR,
+    BM25_STEMMER,
+    BM25_STOPWORDS,
+    OFFSETS,
+    IndexManifest,
+    ensure_index,
+    load_manifest,
+    resolve_corpus,
+    verify_manifest,
+)
+from retrieval.schemas import Document, ScoredDocument
+from searchrl.errors import BackendError, SearchRLError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from retrieval.settings import RetrievalSettings
+
+log = logging.getLogger(__name__)
+
+
+class BM25Backend(Backend):
+    """Lexical retrieval; all index work runs on one worker thread so the event loop never blocks."""
+
+    name = "bm25"
+
+    def __init__(self, settings: RetrievalSettings) -> None:
+        self.settings = settings
+        # One thread: the stemmer and bm25s retriever are not documented as thread-safe, and one BM25 query
+        # over 10k passages takes ~1 ms, so a single worker is not the bottleneck.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
+        self._retriever: Any = None
+        self._stemmer: Any = None
+        self._store: DocStore | None = None
+        self.manifest: IndexManifest | None = None
+        self.index_dir: Path | None = None
+        self.open_seconds: float = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: RetrievalSettings) -> BM25Backend:
+        return cls(settings)
+
+    async def start(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+
+    def _load(self) -> None:
+        import bm25s
+        import Stemmer
+
+        index_dir = ensure_index(self.settings, "bm25")
+        started = time.perf_counter()
+        corpus_path = resolve_corpus(self.settings)
+        manifest = load_manifest(index_dir)
+        verify_manifest(manifest, index_dir, kind="bm25", corpus_path=corpus_path)
+        store = DocStore.open(corpus_path, index_dir / OFFSETS)
+        retriever = bm25s.BM25.load(str(index_dir / BM25_DIR), mmap=True, show_progress=False)
+        for count in (len(store), int(retriever.scores["num_docs"])):
+            verify_manifest(manifest, index_dir, kind="bm25", count=count)
+        self._stemmer = Stemmer.Stemmer(BM25_STEMMER)
+        self._retriever, self._store, self.manifest, self.index_dir = retriever, store, manifest, index_dir
+        self.open_seconds = time.perf_counter() - started
+        log.info(
+            "bm25 backend ready: %d passages from %s (opened in %.3fs)",
+            len(store),
+            index_dir,
+            self.open_seconds,
+        )
+
+    async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+        if self._retriever is None:
+            raise BackendError("bm25 backend is not started")
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._search_sync, queries, topk
+        )
+
+    def _search_sync(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+        """Score a batch of queries; runs on the worker thread."""
+        import bm25s
+
+        assert self._store is not None
+        try:
+            k = min(topk, len(self._store))
+            tokens = bm25s.tokenize(
+                queries,
+                stopwords=BM25_STOPWORDS,
+                stemmer=self._stemmer,
+                return_ids=False,
+                show_progress=False,
+            )
+            # A query with no indexed token (all stopwords, unknown words) scores 0 everywhere; bm25s maps it
+            # to its empty token, so it still gets k (arbitrary, score 0) results rather than an error.
+            rows, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+            out: list[list[ScoredDocument]] = []
+            for qrows, qscores in zip(rows, scores, strict=True):
+                hits = []
+                for row, score in zip(qrows.tolist(), qscores.tolist(), strict=True):
+                    p = self._store.get(int(row))
+                    hits.append(
+                        ScoredDocument(document=Document(id=p.id, contents=p.contents), score=float(score))
+                    )
+                out.append(hits)
+            return out
+        except SearchRLError:
+            raise
+        except Exception as exc:
+            log.exception("bm25 search failed for %d queries", len(queries))
+            raise BackendError(f"bm25 search failed: {type(exc).__name__}: {exc}") from exc
+
+    def info(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "backend": self.name,
+            "corpus": self.settings.corpus,
+            "corpus_size": m.count if m else None,
+            "index_type": "bm25s",
+            "encoder": None,
+            "dim": None,
+            "index_dir": str(self.index_dir) if self.index_dir else None,
+        }
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        if self._store is not None:
+            self._store.close()
+        self._retriever = None
+
+
+__all__ = ["BM25Backend"]

@@ -1,0 +1,235 @@
+"""Dense backend: a query encoder plus a FAISS index over the corpus (inner product on normalised vectors).
+
+All model and index work runs on ONE dedicated worker thread: FAISS GPU indexes are not thread-safe even
+for reads (DESIGN.md section 2), torch CPU inference already uses every core, and the event loop must stay
+free. `_search_sync(queries, topk)` takes a whole batch, so a cross-request batcher can call it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from retrieval.backends.base import Backend
+from retrieval.batcher import Batcher, BatcherMetrics
+from retrieval.corpus import DocStore
+from retrieval.indexing import (
+    FAISS_FILE,
+    OFFSETS,
+    IndexManifest,
+    ensure_index,
+    load_manifest,
+    resolve_corpus,
+    verify_manifest,
+)
+from retrieval.schemas import Document, ScoredDocument
+from searchrl.errors import BackendError, IndexLoadError, SearchRLError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from retrieval.encoder import Encoder
+    from retrieval.settings import RetrievalSettings
+
+log = logging.getLogger(__name__)
+
+
+def read_faiss_index(path: Path) -> Any:
+    """Read an index, memory-mapped where the index type supports it (Flat, IVF lists), else into RAM.
+
+    mmap lets a 64 GB Flat index start serving at once and share page cache across worker processes.
+    """
+    import faiss
+
+    read_only = faiss.IO_FLAG_READ_ONLY
+    # IO_FLAG_MMAP alone maps only IVF inverted lists: a Flat/SQ/HNSW file was still copied into RAM (measured:
+    # 412 ms for 460 MB). IO_FLAG_MMAP_IFC maps their codes too (0.2 ms), but IVF files refuse it; so try
+    # both, then IVF-only mmap (issue 4).
+    attempts = [faiss.IO_FLAG_MMAP | read_only]
+    if hasattr(faiss, "IO_FLAG_MMAP_IFC"):
+        attempts.insert(0, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_MMAP_IFC | read_only)
+    for flags in attempts:
+        try:
+            return faiss.read_index(str(path), flags)
+        except RuntimeError:
+            continue
+    log.debug("index type of %s does not support mmap; reading it into memory", path)
+    try:
+        return faiss.read_index(str(path))
+    except RuntimeError as exc:
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "unreadable"
+        raise IndexLoadError(f"cannot read FAISS index {path} ({last}); rebuild with --force") from None
+
+
+class DenseBackend(Backend):
+    name = "dense"
+
+    def __init__(self, settings: RetrievalSettings) -> None:
+        self.settings = settings
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dense")
+        self._index: Any = None
+        self._encoder: Encoder | None = None
+        self._store: DocStore | None = None
+        self.manifest: IndexManifest | None = None
+        self.index_dir: Path | None = None
+        self.open_seconds: float = 0.0  # manifest checks + index + doc store, after any build
+        self.encoder_seconds: float = 0.0  # model load (the first one also imports torch/transformers)
+        # Cross-request batching (issue 4): its worker loop runs on the same single thread that loaded the
+        # model and index, so that thread stays the only one touching them.
+        self._batcher = Batcher(
+            lambda queries, topk: self._search_sync(queries, topk),
+            batch_size=settings.batch_size,
+            batch_wait_ms=settings.batch_wait_ms,
+            queue_size=settings.queue_size,
+            cache_size=settings.cache_size,
+            request_timeout_s=settings.request_timeout_s,
+            name="dense",
+            executor=self._executor,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: RetrievalSettings) -> DenseBackend:
+        return cls(settings)
+
+    async def start(self) -> None:
+        # On the worker thread too: the thread that loads a (GPU) index is the one that uses it.
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        await self._batcher.start()
+
+    def attach_metrics(self, metrics: BatcherMetrics) -> None:
+        """Report batch sizes, queue depth/wait and cache hits to the app's metrics (see retrieval/app.py)."""
+        self._batcher.attach_metrics(metrics)
+
+    def _load(self) -> None:
+        import faiss
+
+        from retrieval.encoder import Encoder
+
+        encoder: Encoder | None = None
+
+        def load_encoder() -> Encoder:
+            nonlocal encoder
+            if encoder is None:
+                encoder = Encoder.from_settings(self.settings)
+            return encoder
+
+        # Reuse one loaded model for a first-use build and for serving.
+        index_dir = ensure_index(self.settings, "dense", encoder_factory=load_encoder)
+        started = time.perf_counter()
+        corpus_path = resolve_corpus(self.settings)
+        manifest = load_manifest(index_dir)
+        verify_manifest(manifest, index_dir, kind="dense", corpus_path=corpus_path)
+        encoder_started = time.perf_counter()
+        encoder = load_encoder()
+        self.encoder_seconds = time.perf_counter() - encoder_started
+        verify_manifest(manifest, index_dir, kind="dense", encoder=encoder.spec)
+        if self.settings.threads > 0:
+            faiss.omp_set_num_threads(self.settings.threads)
+        index = read_faiss_index(index_dir / FAISS_FILE)
+        self._apply_search_params(index)
+        store = DocStore.open(corpus_path, index_dir / OFFSETS)
+        for count in (int(index.ntotal), len(store)):
+            verify_manifest(manifest, index_dir, kind="dense", count=count)
+        if int(index.d) != encoder.dim:
+            raise IndexLoadError(
+                f"dim differs: FAISS index at {index_dir} has dim {index.d}, encoder gives {encoder.dim}"
+            )
+        if encoder.device.startswith("cuda"):
+            index = self._to_gpu(index)
+        self._index, self._encoder, self._store = index, encoder, store
+        self.manifest, self.index_dir = manifest, index_dir
+        self.open_seconds = time.perf_counter() - started - self.encoder_seconds
+        log.info(
+            "dense backend ready: %d passages, %s, encoder %s on %s (index opened in %.3fs, encoder in %.2fs)",
+            len(store),
+            manifest.index_type,
+            encoder.spec.name,
+            encoder.device,
+            self.open_seconds,
+            self.encoder_seconds,
+        )
+
+    def _apply_search_params(self, index: Any) -> None:
+        """nprobe / efSearch from settings, for index types that have them."""
+        import faiss
+
+        try:
+            params = faiss.ParameterSpace()
+            names = {"nprobe": self.settings.nprobe, "efSearch": self.settings.ef_search}
+            for name, value in names.items():
+                try:
+                    params.set_index_parameter(index, name, value)
+                except RuntimeError:
+                    pass  # not applicable to this index type (e.g. Flat)
+        except AttributeError:  # pragma: no cover - very old faiss
+            pass
+
+    @staticmethod
+    def _to_gpu(index: Any) -> Any:
+        import faiss
+
+        if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
+            log.info("faiss has no GPU support here; searching the index on CPU")
+            return index
+        resources = faiss.StandardGpuResources()
+        options = faiss.GpuClonerOptions()
+        options.useFloat16 = True  # halves GPU memory; recall loss is negligible for normalised vectors
+        return faiss.index_cpu_to_gpu(resources, 0, index, options)
+
+    async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+        if self._index is None:
+            raise BackendError("dense backend is not started")
+        return await self._batcher.search(queries, topk)
+
+    def _search_sync(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+        """Encode and search a batch of queries; must run on the worker thread."""
+        assert self._encoder is not None and self._store is not None
+        try:
+            vectors = self._encoder.encode_queries(queries)
+            k = min(topk, int(self._index.ntotal))
+            scores, rows = self._index.search(vectors, k)
+            out: list[list[ScoredDocument]] = []
+            for qrows, qscores in zip(rows.tolist(), scores.tolist(), strict=True):
+                hits = []
+                for row, score in zip(qrows, qscores, strict=True):
+                    if row < 0:  # fewer than k results (approximate index types)
+                        continue
+                    p = self._store.get(row)
+                    hits.append(
+                        ScoredDocument(document=Document(id=p.id, contents=p.contents), score=float(score))
+                    )
+                out.append(hits)
+            return out
+        except SearchRLError:
+            raise
+        except Exception as exc:
+            log.exception("dense search failed for %d queries", len(queries))
+            raise BackendError(f"dense search failed: {type(exc).__name__}: {exc}") from exc
+
+    def info(self) -> dict[str, Any]:
+        m = self.manifest
+        enc = self._encoder
+        return {
+            "backend": self.name,
+            "corpus": self.settings.corpus,
+            "corpus_size": m.count if m else None,
+            "index_type": m.index_type if m else self.settings.index_type,
+            "encoder": enc.spec.name if enc else self.settings.encoder,
+            "dim": enc.dim if enc else None,
+            "device": enc.device if enc else None,
+            "index_dir": str(self.index_dir) if self.index_dir else None,
+        }
+
+    async def close(self) -> None:
+        await self._batcher.close()  # finishes queued queries, then frees the worker thread
+        self._executor.shutdown(wait=True)
+        if self._store is not None:
+            self._store.close()
+        self._index = None
+        self._encoder = None
+
+
+__all__ = ["DenseBackend"]

@@ -1,0 +1,581 @@
+"""Load benchmark of the dense retrieval service: in-process ceiling vs the running HTTP service.
+
+    make bench                       # or: searchrl bench [--seconds 8] [--out outputs/bench]
+
+One run measures, on the bundled 10k-passage corpus with the bundled MiniLM encoder and a Flat index (built
+into data/ on first use, reused after):
+  (a) the ceiling: best in-process queries/s of batched encode + search + passage lookup (the dense
+      backend's own batch function), over batch sizes and precisions (fp32, bf16);
+  (b) the service, started exactly as `searchrl serve` runs it (uvicorn in a subprocess on a free loopback
+      port), at 1, 32 and 128 concurrent clients sending one query per request, and 4 clients sending 32
+      queries per request: queries/s, p50/p99 latency, errors;
+  (c) 32 one-query clients where every query repeats 5 times in a row (GRPO's n samples per prompt).
+Queries are distinct and realistic (the dev QA questions, then corpus titles and sentences turned into
+questions), every scenario gets its own unused slice, so the result cache cannot serve (a)/(b); the
+cache hits each scenario saw are read back from /metrics and printed.
+
+The load generator runs in a separate process (aiohttp, loopback only, bounded in requests and seconds), so
+client and server do not share a GIL. Prints a table and the ratios the issue asks for, and writes JSON to
+`outputs/bench/service-<timestamp>.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from retrieval.settings import RetrievalSettings
+from searchrl.errors import SearchRLError
+
+log = logging.getLogger(__name__)
+
+DEV_QA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "dev_qa.jsonl"
+TOPK = 3
+
+
+@dataclass
+class Scenario:
+    name: str
+    clients: int
+    queries_per_request: int = 1
+    repeat: int = 1  # each query sent this many times in a row
+    # "stream": the shared request stream holds each query `repeat` times in a row, so concurrent clients send
+    # the copies at once (GRPO's n samples of a prompt, rolled out together: in-flight de-duplication);
+    # "client": each client sends its query `repeat` times, one after another (the result cache).
+    repeat_mode: str = "stream"
+    max_requests: int = 20_000
+    seconds: float = 8.0
+
+
+@dataclass
+class LoadResult:
+    name: str
+    clients: int
+    queries_per_request: int
+    repeat: int
+    requests: int = 0
+    queries: int = 0
+    errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    qps: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    dedup: int = 0
+    mean_batch: float = 0.0
+
+
+# --- queries ------------------------------------------------------------------------------------------------
+_SENT = re.compile(r"(?<=[.!?])\s+")
+
+
+def bench_queries(corpus_path: Path, qa_path: Path | None = DEV_QA, *, seed: int = 0) -> list[str]:
+    """Distinct, realistic queries: QA questions first, then questions built from corpus titles and sentences.
+
+    Each passage gives a title question and a few sentence-based queries (first 6-14 words of a sentence),
+    so the bundled 10k corpus yields ~40k distinct strings in a fixed shuffled order.
+    """
+    out: list[str] = []
+    if qa_path is not None and qa_path.is_file():
+        for line in qa_path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                out.append(str(json.loads(line)["question"]))
+    rng = random.Random(seed)
+    templates = ("What is {t}?", "Who or what is {t}", "{t} history", "Tell me about {t}", "{t} facts")
+    derived: list[str] = []
+    with open(corpus_path, encoding="utf-8") as f:
+        for line in f:
+            contents = json.loads(line)["contents"]
+            head, _, text = contents.partition("\n")
+            title = head.strip().strip('"')
+            derived.append(rng.choice(templates).format(t=title))
+            for sent in _SENT.split(text)[1:4]:  # the first sentence restates the title; use the next ones
+                words = sent.split()
+                if len(words) >= 6:
+                    derived.append(" ".join(words[: rng.randint(6, 14)]))
+    rng.shuffle(derived)
+    seen: set[str] = set()
+    unique: list[str] = []
+    for q in out + derived:
+        if q not in seen:
+            seen.add(q)
+            unique.append(q)
+    return unique
+
+
+class QueryPool:
+    """Hands out disjoint slices of the query list, so no scenario reuses another's queries."""
+
+    def __init__(self, queries: list[str]) -> None:
+        self.queries = queries
+        self.pos = 0
+
+    def take(self, n: int) -> list[str]:
+        if self.pos + n > len(self.queries):
+            raise SearchRLError(
+                f"benchmark ran out of distinct queries ({len(self.queries)}); lower --seconds"
+            )
+        chunk = self.queries[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    @property
+    def left(self) -> int:
+        return len(self.queries) - self.pos
+
+
+# --- (a) ceiling ----------------------------------------------------------------------------------------------
+def measure_ceiling(
+    settings: RetrievalSettings,
+    pool: QueryPool,
+    *,
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
+    batch_sizes: tuple[int, ...] = (32, 64, 128),
+    forward_sizes: tuple[int, ...] = (16, 32),
+    threads: tuple[int, ...] = (1, 2),
+    seconds: float = 3.0,
+) -> list[dict[str, Any]]:
+    """queries/s of the dense backend's batch function called directly, over a grid of configurations:
+    precision x model threads x forward-pass size x batch size (queries per call).
+
+    A precision whose first point runs at under half the best rate so far is measured at that point only
+    (bf16 without AVX-512 BF16 is ~5x slower than fp32 here; its grid would take minutes).
+    """
+    # before torch/faiss load OpenMP: see retrieval/encoder.py (spinning threads starve everything else)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import faiss
+    import torch
+
+    from retrieval.backends.dense import DenseBackend
+
+    rows: list[dict[str, Any]] = []
+    best = 0.0
+    for precision in precisions:
+        backend = DenseBackend(settings.model_copy(update={"precision": precision}))
+        asyncio.run(backend.start())
+        encoder = backend._encoder
+        assert encoder is not None
+        try:
+            first = True
+            for n_threads in threads:
+                torch.set_num_threads(n_threads)
+                faiss.omp_set_num_threads(n_threads)
+                backend._search_sync(pool.take(8), TOPK)  # warm-up: first call allocates
+                for fwd in forward_sizes:
+                    encoder.batch_size = fwd
+                    for bs in batch_sizes:
+                        if bs < fwd:
+                            continue
+                        done = 0
+                        started = time.perf_counter()
+                        while True:
+                            backend._search_sync(pool.take(bs), TOPK)
+                            done += bs
+                            elapsed = time.perf_counter() - started
+                            if elapsed >= seconds:
+                                break
+                        qps = done / elapsed
+                        rows.append(
+                            {
+                                "precision": precision,
+                                "threads": n_threads,
+                                "forward": fwd,
+                                "batch_size": bs,
+                                "qps": qps,
+                                "queries": done,
+                            }
+                        )
+                        log.info(
+                            "ceiling %s, %d threads, forward %d, batch %d: %.0f queries/s",
+                            precision,
+                            n_threads,
+                            fwd,
+                            bs,
+                            qps,
+                        )
+                        best = max(best, qps)
+                        if first and qps < 0.5 * best:
+                            break
+                        first = False
+                    else:
+                        continue
+                    break
+                else:
+                    continue
+                log.info("ceiling: %s is too slow here; skipping the rest of its grid", precision)
+                break
+        finally:
+            asyncio.run(backend.close())
+    return rows
+
+
+# --- (b), (c) the running service ---------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(
+    env_overrides: dict[str, str], port: int, log_path: Path, *, timeout_s: float = 300.0
+) -> subprocess.Popen[bytes]:
+    """`python -m searchrl serve` on 127.0.0.1:port; returns once GET /health answers."""
+    env = {**os.environ, **env_overrides}
+    cmd = [
+        sys.executable,
+        "-m",
+        "searchrl",
+        "serve",
+        "--backend",
+        "dense",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    log_file = open(log_path, "wb")  # noqa: SIM115 - the server outlives this function
+    proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        if proc.poll() is not None:
+            raise SearchRLError(f"benchmark server exited with code {proc.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1.0) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:  # connection refused while starting (URLError is an OSError)
+            pass
+        if time.monotonic() > deadline:
+            proc.terminate()
+            raise SearchRLError(f"benchmark server not ready after {timeout_s:.0f}s; see {log_path}")
+        time.sleep(0.1)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM (uvicorn's graceful shutdown), as SkyServe does when it scales a replica down."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Counters and histogram sums of interest from GET /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.labels or sample.name.endswith(("_sum", "_count")):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, math.ceil(pct / 100.0 * len(ordered)) - 1))
+    return ordered[idx]
+
+
+async def _drive(url: str, sc: Scenario, queries: list[str]) -> dict[str, Any]:
+    """The client side of one scenario: `sc.clients` workers pull requests from one shared iterator."""
+    import aiohttp
+
+    qpr = sc.queries_per_request
+    per_client = sc.repeat_mode == "client"
+    stream = [q for q in queries for _ in range(1 if per_client else sc.repeat)]
+    bodies: Iterator[bytes] = iter(
+        json.dumps({"queries": stream[i : i + qpr], "topk": TOPK, "return_scores": True}).encode()
+        for i in range(0, len(stream) - qpr + 1, qpr)
+    )
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    counts = {"requests": 0, "queries": 0}
+    connector = aiohttp.TCPConnector(limit=sc.clients, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=60)
+    end = time.perf_counter() + sc.seconds
+    sent = 0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal sent
+        body: bytes | None = None
+        mine = 0  # requests this client sent
+        while time.perf_counter() < end and sent < sc.max_requests:
+            if not per_client or mine % sc.repeat == 0:
+                body = next(bodies, None)
+            if body is None:
+                return
+            mine += 1
+            sent += 1
+            t0 = time.perf_counter()
+            try:
+                async with session.post(
+                    url + "/retrieve", data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
+                    payload = await resp.read()
+                    if resp.status != 200:
+                        kind = f"http_{resp.status}"
+                        errors[kind] = errors.get(kind, 0) + 1
+                        continue
+                    n = len(json.loads(payload)["result"])
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                kind = type(exc).__name__
+                errors[kind] = errors.get(kind, 0) + 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+            counts["requests"] += 1
+            counts["queries"] += n
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(sc.clients)))
+        elapsed = time.perf_counter() - started
+    return {
+        "requests": counts["requests"],
+        "queries": counts["queries"],
+        "seconds": elapsed,
+        "latencies": latencies,
+        "errors": errors,
+    }
+
+
+def loadgen_main() -> None:
+    """Entry of the client process: scenario JSON on stdin, results JSON on stdout."""
+    job = json.loads(sys.stdin.read())
+    result = asyncio.run(_drive(job["url"], Scenario(**job["scenario"]), job["queries"]))
+    sys.stdout.write(json.dumps(result))
+
+
+def run_scenario(url: str, sc: Scenario, queries: list[str]) -> LoadResult:
+    """Run one scenario in a fresh client process and fold in what /metrics saw meanwhile."""
+    job = json.dumps({"url": url, "scenario": asdict(sc), "queries": queries})
+    cmd = [sys.executable, "-c", "from retrieval.bench import loadgen_main; loadgen_main()"]
+    before = scrape(url)
+    done = subprocess.run(cmd, input=job.encode(), capture_output=True, timeout=sc.seconds + 120, check=False)
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise SearchRLError(f"load generator failed (exit {done.returncode}): {tail[0]}")
+    raw = json.loads(done.stdout)
+    after = scrape(url)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    lat = raw["latencies"]
+    batches = delta("searchrl_retrieval_batch_size_count")
+    res = LoadResult(
+        name=sc.name,
+        clients=sc.clients,
+        queries_per_request=sc.queries_per_request,
+        repeat=sc.repeat,
+        requests=raw["requests"],
+        queries=raw["queries"],
+        errors=sum(raw["errors"].values()),
+        error_kinds=raw["errors"],
+        seconds=raw["seconds"],
+        qps=raw["queries"] / raw["seconds"] if raw["seconds"] else 0.0,
+        p50_ms=1000 * (statistics.median(lat) if lat else 0.0),
+        p99_ms=1000 * _percentile(lat, 99),
+        cache_hits=int(delta("searchrl_retrieval_cache_hits_total")),
+        cache_misses=int(delta("searchrl_retrieval_cache_misses_total")),
+        dedup=int(delta("searchrl_retrieval_dedup_total")),
+        mean_batch=delta("searchrl_retrieval_batch_size_sum") / batches if batches else 0.0,
+    )
+    log.info(
+        "%s: %.0f queries/s, p50 %.0f ms, p99 %.0f ms, errors %d",
+        sc.name,
+        res.qps,
+        res.p50_ms,
+        res.p99_ms,
+        res.errors,
+    )
+    return res
+
+
+def default_scenarios(seconds: float) -> list[Scenario]:
+    return [
+        Scenario("(b) 1 client x 1 query", 1, seconds=seconds),
+        Scenario("(b) 32 clients x 1 query", 32, seconds=seconds),
+        Scenario("(b) 128 clients x 1 query", 128, seconds=seconds),
+        Scenario("(b) 4 clients x 32 queries", 4, queries_per_request=32, seconds=seconds),
+        Scenario(
+            "(c) 32 clients, 5x repeats, per client", 32, repeat=5, repeat_mode="client", seconds=seconds
+        ),
+        Scenario(
+            "(c') 32 clients, 5x repeats, concurrent", 32, repeat=5, repeat_mode="stream", seconds=seconds
+        ),
+    ]
+
+
+def _queries_for(sc: Scenario, pool: QueryPool, ceiling_qps: float) -> list[str]:
+    # Enough distinct queries for the scenario at up to 3x the ceiling (6x for repeats served by the cache).
+    budget = int(max(ceiling_qps, 100) * sc.seconds * (6 if sc.repeat > 1 else 3) / sc.repeat) + 64
+    return pool.take(min(budget, pool.left // 2))
+
+
+# --- the whole run ------------------------------------------------------------------------------------------
+def run_bench(
+    settings: RetrievalSettings,
+    *,
+    seconds: float = 8.0,
+    ceiling_seconds: float = 3.0,
+    out_dir: Path = Path("outputs/bench"),
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
+    batch_sizes: tuple[int, ...] = (32, 64, 128),
+    forward_sizes: tuple[int, ...] = (16, 32),
+    threads: tuple[int, ...] = (1, 2),
+    server_threads: int = 0,
+) -> dict[str, Any]:
+    """Build/reuse the index, measure (a), start the service with the best precision, measure (b) and (c)."""
+    from retrieval.indexing import ensure_index, resolve_corpus
+
+    settings = settings.model_copy(update={"backend": "dense"})
+    ensure_index(settings, "dense")
+    corpus_path = resolve_corpus(settings)
+    pool = QueryPool(bench_queries(corpus_path))
+    log.info("benchmark: %d distinct queries available", len(pool.queries))
+
+    ceiling_rows = measure_ceiling(
+        settings,
+        pool,
+        precisions=precisions,
+        batch_sizes=batch_sizes,
+        forward_sizes=forward_sizes,
+        threads=threads,
+        seconds=ceiling_seconds,
+    )
+    best = max(ceiling_rows, key=lambda r: r["qps"])
+    server_threads = server_threads or best["threads"]
+    # The service runs with the ceiling's best configuration (a batch only fills that far when that many
+    # queries wait; smaller batches form at lower load).
+    server_env = {
+        "SEARCHRL_RETRIEVAL_DATA_DIR": str(settings.data_dir),
+        "SEARCHRL_RETRIEVAL_CORPUS": settings.corpus,
+        "SEARCHRL_RETRIEVAL_ENCODER": settings.encoder,
+        "SEARCHRL_RETRIEVAL_INDEX_TYPE": settings.index_type,
+        "SEARCHRL_RETRIEVAL_PRECISION": best["precision"],
+        "SEARCHRL_RETRIEVAL_BATCH_SIZE": str(best["batch_size"]),
+        "SEARCHRL_RETRIEVAL_FORWARD_BATCH_SIZE": str(best["forward"]),
+        "SEARCHRL_RETRIEVAL_BATCH_WAIT_MS": str(settings.batch_wait_ms),
+        "SEARCHRL_RETRIEVAL_THREADS": str(server_threads),
+        "SEARCHRL_RETRIEVAL_BUILD_IF_MISSING": "false",
+        "SEARCHRL_LOG_LEVEL": "WARNING",
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    proc = start_server(server_env, port, out_dir / f"server-{stamp}.log")
+    startup_s = time.perf_counter() - t0
+    results: list[LoadResult] = []
+    try:
+        from tqdm import tqdm
+
+        for sc in tqdm(
+            default_scenarios(seconds), desc="service scenarios", unit="scenario", file=sys.stderr
+        ):
+            results.append(run_scenario(url, sc, _queries_for(sc, pool, best["qps"])))
+    finally:
+        rc = stop_server(proc)
+    # uvicorn re-raises SIGTERM after its graceful shutdown, so the exit status is -15; its log says whether
+    # the shutdown (in-flight requests, then the lifespan: backend.close() draining the batcher) completed.
+    server_log = (out_dir / f"server-{stamp}.log").read_text(encoding="utf-8", errors="replace")
+    graceful = "Finished server process" in server_log
+    by_name = {r.name: r for r in results}
+    b32 = by_name["(b) 32 clients x 1 query"]
+    b128 = by_name["(b) 128 clients x 1 query"]
+    c32 = by_name["(c) 32 clients, 5x repeats, per client"]
+    c32_concurrent = by_name["(c') 32 clients, 5x repeats, concurrent"]
+    ratios = {
+        "b128_over_ceiling": b128.qps / best["qps"],
+        "c_over_b32": c32.qps / b32.qps if b32.qps else 0.0,
+        "c_concurrent_over_b32": c32_concurrent.qps / b32.qps if b32.qps else 0.0,
+    }
+    targets = {
+        "b128 >= 70% of ceiling": ratios["b128_over_ceiling"] >= 0.70,
+        "b128 p99 < 1 s": b128.p99_ms < 1000,
+        "b128 zero errors": b128.errors == 0,
+        "(c) >= 3x (b)@32": ratios["c_over_b32"] >= 3.0,
+    }
+    report = {
+        "created_at": stamp,
+        "machine": {"cpus": os.cpu_count(), "loadavg_1m_before": os.getloadavg()[0]},
+        "settings": {k: v for k, v in server_env.items() if k.startswith("SEARCHRL_RETRIEVAL_")},
+        "ceiling": ceiling_rows,
+        "ceiling_best": best,
+        "server_startup_s": startup_s,
+        "server_exit_code": rc,
+        "server_stopped_gracefully": graceful,
+        "service": [asdict(r) for r in results],
+        "ratios": ratios,
+        "targets": targets,
+    }
+    path = out_dir / f"service-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    report["path"] = str(path)
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The table and ratios, as printed by `searchrl bench`."""
+    lines = []
+    header = f"{'scenario':42} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'batch':>6} {'cached/dedup':>13}"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for row in report["ceiling"]:
+        name = f"(a) in-process {row['precision']} {row['threads']}thr fwd {row['forward']} batch {row['batch_size']}"
+        lines.append(f"{name:42} {row['qps']:8.0f} {'':>8} {'':>8} {'':>7} {row['batch_size']:6d}")
+    for r in report["service"]:
+        looked = r["cache_hits"] + r["cache_misses"]
+        hit = f"{100 * r['cache_hits'] / looked:.0f}%/{100 * r['dedup'] / looked:.0f}%" if looked else "-"
+        lines.append(
+            f"{r['name']:42} {r['qps']:8.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['errors']:7d} "
+            f"{r['mean_batch']:6.1f} {hit:>13}"
+        )
+    best = report["ceiling_best"]
+    ratios = report["ratios"]
+    lines.append("")
+    lines.append(
+        f"ceiling (best in-process): {best['qps']:.0f} q/s ({best['precision']}, {best['threads']} threads, "
+        f"forward {best['forward']}, batch {best['batch_size']}); service: "
+        f"{report['settings']['SEARCHRL_RETRIEVAL_PRECISION']}, "
+        f"{report['settings']['SEARCHRL_RETRIEVAL_THREADS']} threads, batch <= "
+        f"{report['settings']['SEARCHRL_RETRIEVAL_BATCH_SIZE']}; start-up {report['server_startup_s']:.1f}s"
+    )
+    lines.append(f"(b) 128 clients / ceiling: {100 * ratios['b128_over_ceiling']:.0f}%   (target >= 70%)")
+    lines.append(f"(c) 5x repeats per client / (b) 32 clients: {ratios['c_over_b32']:.1f}x   (target >= 3x)")
+    lines.append(
+        f"(c') 5x repeats sent concurrently / (b) 32 clients: {ratios['c_concurrent_over_b32']:.1f}x   (no target)"
+    )
+    for name, ok in report["targets"].items():
+        lines.append(f"  [{'x' if ok else ' '}] {name}")
+    lines.append(f"results: {report['path']}")
+    return "\n".join(lines)
+
+
+__all__ = ["Scenario", "bench_queries", "format_report", "measure_ceiling", "run_bench"]

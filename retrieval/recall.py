@@ -1,0 +1,125 @@
+"""Retrieval quality on a QA set with supporting titles: recall@k per backend, as a table.
+
+    searchrl index recall --backends dense,bm25,hybrid --k 3     # make bench-quality
+
+A question counts as recalled when any of its `supporting_titles` is the title of one of the top-k passages
+(DESIGN.md 5: "answer string in top k" overstates quality, because years and names also occur in unrelated
+passages). `all_recall` is the stricter share where every supporting title is in the top k (multi-hop rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrieval.schemas import ScoredDocument
+from retrieval.settings import RetrievalSettings
+from searchrl.errors import DataError
+
+
+@dataclass(frozen=True)
+class QARow:
+    id: str
+    question: str
+    supporting_titles: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    backend: str
+    k: int
+    questions: int
+    recall: float  # share of questions with any supporting title in the top k
+    all_recall: float  # share with every supporting title in the top k
+    seconds: float  # search time for the whole set (start-up excluded)
+    missed: tuple[str, ...]  # ids of questions with no supporting title in the top k
+
+
+def load_qa(path: Path) -> list[QARow]:
+    """Rows of a QA JSONL with `id`, `question` and a non-empty `supporting_titles` list."""
+    rows: list[QARow] = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise DataError(f"cannot read QA file {path}: {exc}") from exc
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            titles = tuple(row["supporting_titles"])
+            rows.append(QARow(str(row["id"]), str(row["question"]), titles))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{path}:{n}: not a QA row with id, question, supporting_titles ({exc})") from exc
+        if not titles:
+            raise DataError(f"{path}:{n}: supporting_titles is empty")
+    if not rows:
+        raise DataError(f"{path} has no QA rows")
+    return rows
+
+
+def title_of(hit: ScoredDocument) -> str:
+    """The passage title: the first line of Search-R1 `contents`, without its quotes."""
+    return hit.document.contents.split("\n", 1)[0].strip().strip('"')
+
+
+def score_recall(
+    rows: Sequence[QARow], hits: Sequence[Sequence[ScoredDocument]], k: int
+) -> tuple[float, float, list[str]]:
+    """(any-title recall, all-titles recall, ids missed) of `hits` (one list per row) at k."""
+    any_hits = all_hits = 0
+    missed: list[str] = []
+    for row, per_query in zip(rows, hits, strict=True):
+        titles = {title_of(h) for h in per_query[:k]}
+        found = [t in titles for t in row.supporting_titles]
+        any_hits += any(found)
+        all_hits += all(found)
+        if not any(found):
+            missed.append(row.id)
+    return any_hits / len(rows), all_hits / len(rows), missed
+
+
+async def _measure(settings: RetrievalSettings, rows: Sequence[QARow], k: int) -> RecallResult:
+    from retrieval.backends import build_backend
+
+    backend = build_backend(settings)
+    await backend.start()
+    try:
+        started = time.perf_counter()
+        hits = await backend.search([r.question for r in rows], k)
+        seconds = time.perf_counter() - started
+    finally:
+        await backend.close()
+    recall, all_recall, missed = score_recall(rows, hits, k)
+    return RecallResult(settings.backend, k, len(rows), recall, all_recall, seconds, tuple(missed))
+
+
+def measure_recall(settings: RetrievalSettings, rows: Sequence[QARow], k: int = 3) -> RecallResult:
+    """Build, start and query the backend `settings` names, then score its top-k against `rows`."""
+    return asyncio.run(_measure(settings, rows, k))
+
+
+def format_table(results: Sequence[RecallResult]) -> str:
+    """A Markdown table, one row per backend."""
+    lines = [
+        "| backend | recall@k (any title) | recall@k (all titles) | k | questions | search s | missed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.backend} | {r.recall:.3f} | {r.all_recall:.3f} | {r.k} | {r.questions} | {r.seconds:.2f} | "
+            f"{' '.join(r.missed) or '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def as_dict(result: RecallResult) -> dict[str, Any]:
+    return {**result.__dict__, "missed": list(result.missed)}
+
+
+__all__ = ["QARow", "RecallResult", "format_table", "load_qa", "measure_recall", "score_recall", "title_of"]

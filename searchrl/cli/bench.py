@@ -1,0 +1,103 @@
+"""`searchrl bench`: the retrieval service load benchmark (what `make bench` runs).
+
+    searchrl bench                       # bundled corpus, MiniLM, Flat; ~2 minutes on 2 cores
+    searchrl bench --seconds 5 --out outputs/bench
+
+Prints the table and ratios on stdout; JSON results go to `--out` (default outputs/bench/).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from searchrl.cli import given
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "bench",
+        help="benchmark the retrieval service (in-process ceiling vs HTTP under load)",
+        description=(
+            "Measure the dense backend's in-process ceiling (fp32/bf16, several batch sizes), then a real "
+            "`searchrl serve` subprocess at 1/32/128 one-query clients, 4 clients x 32 queries, and 32 clients "
+            "with 5x repeated queries. Loopback only; bounded in time."
+        ),
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--seconds", type=float, help="seconds per service scenario (default 8)")
+    p.add_argument(
+        "--ceiling-seconds", dest="ceiling_seconds", type=float, help="seconds per ceiling point (default 3)"
+    )
+    p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
+    p.add_argument(
+        "--precisions",
+        help="comma-separated precisions for the ceiling (default fp32,bf16; the best is served)",
+    )
+    p.add_argument(
+        "--batch-sizes", dest="batch_sizes", help="comma-separated ceiling batch sizes (default 32,64,128)"
+    )
+    p.add_argument(
+        "--forward-sizes",
+        dest="forward_sizes",
+        help="comma-separated encoder forward-pass sizes (default 16,32)",
+    )
+    p.add_argument("--threads", help="comma-separated model thread counts for the ceiling (default 1,2)")
+    p.add_argument(
+        "--server-threads",
+        dest="server_threads",
+        type=int,
+        help="model threads of the benchmarked service (default: the ceiling's best)",
+    )
+    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    p.add_argument("--corpus", help="corpus to benchmark (default bundled)")
+    p.add_argument("--encoder", help="encoder (default bundled-minilm)")
+    p.add_argument("--index-type", dest="index_type", help="FAISS factory string (default Flat)")
+    p.set_defaults(handler=_bench)
+
+
+def _csv(value: str, cast: type) -> tuple:  # type: ignore[type-arg]
+    from searchrl.errors import ConfigError
+
+    try:
+        items = tuple(cast(v.strip()) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"expected a comma-separated list, got {value!r}") from None
+    if not items:
+        raise ConfigError(f"expected a comma-separated list, got {value!r}")
+    return items
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from retrieval.bench import format_report, run_bench
+    from retrieval.settings import RetrievalSettings
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+
+    setup_logging()
+    settings = load_settings(RetrievalSettings, **given(args, "data_dir", "corpus", "encoder", "index_type"))
+    kwargs: dict[str, object] = {}
+    if hasattr(args, "seconds"):
+        kwargs["seconds"] = args.seconds
+    if hasattr(args, "ceiling_seconds"):
+        kwargs["ceiling_seconds"] = args.ceiling_seconds
+    if hasattr(args, "out"):
+        kwargs["out_dir"] = args.out
+    if hasattr(args, "precisions"):
+        precisions = _csv(args.precisions, str)
+        bad = [p for p in precisions if p not in {"fp32", "bf16", "fp16"}]
+        if bad:
+            raise ConfigError(f"--precisions: unknown {', '.join(bad)}; use fp32, bf16 (CPU) or fp16 (GPU)")
+        kwargs["precisions"] = precisions
+    if hasattr(args, "batch_sizes"):
+        kwargs["batch_sizes"] = _csv(args.batch_sizes, int)
+    if hasattr(args, "forward_sizes"):
+        kwargs["forward_sizes"] = _csv(args.forward_sizes, int)
+    if hasattr(args, "threads"):
+        kwargs["threads"] = _csv(args.threads, int)
+    if hasattr(args, "server_threads"):
+        kwargs["server_threads"] = args.server_threads
+    report = run_bench(settings, **kwargs)  # type: ignore[arg-type]
+    print(format_report(report))  # noqa: T201 - results go to stdout
+    return 0

@@ -1,0 +1,169 @@
+"""`searchrl eval` and `searchrl compare`: evaluate the search agent and compare runs.
+
+    searchrl eval --model Qwen/Qwen2.5-3B-Instruct --llm-url http://127.0.0.1:30000/v1 \\
+        --retrieval-url http://127.0.0.1:8000 --qa dev
+    searchrl eval --no-search --qa searchr1-test --datasets nq,hotpotqa --limit 500
+    searchrl compare results/ --out reports/
+    searchrl compare --models base@http://h:30000/v1,trained@http://h:30001/v1 \\
+        --backends wiki=http://h:8000,google=http://h:8001 --tools on,off --qa dev --out reports/
+
+API keys come from the environment only (SEARCHRL_INFER_LLM_API_KEY, RETRIEVAL_API_KEY), never from flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from searchrl.cli import given
+
+# flags shared by eval and compare -> InferSettings fields
+_SHARED = [
+    "tokenizer",
+    "engine",
+    "api",
+    "llm_url",
+    "device",
+    "temperature",
+    "top_p",
+    "seed",
+    "max_tokens_per_turn",
+    "stop_after_tool_call",
+    "max_turns",
+    "topk",
+    "passage_max_chars",
+    "max_observation_chars",
+    "malformed_feedback",
+    "concurrency",
+    "qa",
+    "datasets",
+    "limit",
+    "output_dir",
+]
+
+
+def _add_shared(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tokenizer", help="HF id or folder whose chat template renders prompts (default: --model)"
+    )
+    p.add_argument("--engine", help="server (OpenAI-compatible sglang/vLLM) | local (HF transformers)")
+    p.add_argument("--api", help="completions (exact training template, default) | chat (server renders)")
+    p.add_argument(
+        "--llm-url", dest="llm_url", help="OpenAI-compatible base URL (default http://127.0.0.1:30000/v1)"
+    )
+    p.add_argument("--device", help="local engine: auto | cpu | cuda")
+    p.add_argument("--temperature", type=float, help="0 = greedy (default)")
+    p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling (default 1.0)")
+    p.add_argument("--seed", type=int, help="sampling and QA subsampling seed (default 0)")
+    p.add_argument("--max-tokens-per-turn", dest="max_tokens_per_turn", type=int, help="default 500")
+    p.add_argument(
+        "--stop-after-tool-call",
+        dest="stop_after_tool_call",
+        action="store_true",
+        help="also stop at </tool_call>",
+    )
+    p.add_argument(
+        "--max-turns",
+        dest="max_turns",
+        type=int,
+        help="searching turns per question, as training's MAX_TURNS (default 4)",
+    )
+    p.add_argument("--topk", type=int, help="passages per search query (default 3)")
+    p.add_argument(
+        "--passage-max-chars", dest="passage_max_chars", type=int, help="per passage (default 800)"
+    )
+    p.add_argument(
+        "--max-observation-chars",
+        dest="max_observation_chars",
+        type=int,
+        help="whole observation (default: the trainer's budget, topk x (passage + 96) + 96)",
+    )
+    p.add_argument(
+        "--malformed-feedback",
+        dest="malformed_feedback",
+        action="store_true",
+        help="tell the model why a tool call failed to parse (training ends the episode instead)",
+    )
+    p.add_argument("--concurrency", type=int, help="questions in flight (default 16)")
+    p.add_argument("--qa", help="dev | searchr1-test | path to .jsonl/.parquet (default dev)")
+    p.add_argument("--datasets", help="comma-separated data_source filter, e.g. nq,hotpotqa")
+    p.add_argument("--limit", type=int, help="questions per dataset (sampled with --seed)")
+    p.add_argument("--output-dir", dest="output_dir", help="where result JSON files go (default ./results)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "eval",
+        help="run a QA set through the search agent and score it",
+        description="Run a QA set through the search agent (or the no-search baseline) and write one result file "
+        "with answers, EM/F1, searches, turns, transcripts and the protocol.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--model", help="served model name (server) or HF id/folder (local)")
+    p.add_argument("--label", help="run name in reports (default: 'model, backend, search')")
+    p.add_argument("--no-search", dest="search", action="store_false", help="the no-search baseline")
+    p.add_argument("--retrieval-url", dest="retrieval_url", help="retrieval service URL(s), comma-separated")
+    _add_shared(p)
+    p.set_defaults(handler=_eval)
+
+    c = sub.add_parser(
+        "compare",
+        help="compare evaluation runs in one report (Markdown + HTML)",
+        description="Build a report over result files, or first run the matrix models x backends x tools.",
+        argument_default=argparse.SUPPRESS,
+    )
+    c.add_argument("results", nargs="*", help="result files or directories from `searchrl eval`")
+    c.add_argument("--models", help="run the matrix: NAME[@LLM_URL],... ")
+    c.add_argument("--backends", help="LABEL=RETRIEVAL_URL,... (one retrieval service per backend)")
+    c.add_argument("--tools", help="on,off (default both)")
+    c.add_argument("--out", help="report directory (default ./reports)")
+    c.add_argument("--title", help="report title")
+    _add_shared(c)
+    c.set_defaults(handler=_compare)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from infer.evaluate import paper_table, run_eval
+    from infer.settings import InferSettings
+    from searchrl.config import load_settings
+    from searchrl.logs import setup_logging
+
+    setup_logging()
+    settings = load_settings(
+        InferSettings, **given(args, "model", "label", "search", "retrieval_url", *_SHARED)
+    )
+    path, result = run_eval(settings)
+    print(paper_table([result]))  # noqa: T201  (stdout carries results)
+    print(f"wrote {path}", file=sys.stderr)  # noqa: T201
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from infer.evaluate import paper_table
+    from infer.report import build_report, load_runs, parse_backends, parse_models, parse_tools, run_matrix
+    from infer.settings import InferSettings
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+
+    setup_logging()
+    paths = [Path(p) for p in getattr(args, "results", [])]
+    if hasattr(args, "models"):
+        tools = parse_tools(getattr(args, "tools", "on,off"))
+        backends = parse_backends(args.backends) if hasattr(args, "backends") else []
+        if any(tools) and not backends:
+            raise ConfigError("--tools on needs --backends LABEL=URL,...")
+        base = load_settings(InferSettings, **given(args, *_SHARED))
+        paths += run_matrix(base, parse_models(args.models), backends, tools)
+    elif not paths:
+        raise ConfigError("give result files/directories, or --models and --backends to run the matrix")
+    runs = load_runs(paths)
+    out = Path(getattr(args, "out", "reports"))
+    report = build_report(runs, out, **given(args, "title"))  # type: ignore[arg-type]
+    print(paper_table(runs))  # noqa: T201
+    print(f"wrote {report['markdown']} and {report['html']}", file=sys.stderr)  # noqa: T201
+    return 0
+
+
+__all__ = ["register"]

@@ -1,0 +1,88 @@
+"""`searchrl index eval`: recall@k of FAISS index types against Flat, memory, disk, build and load time.
+
+    searchrl index eval                                   # bundled corpus, the default index types
+    searchrl index eval --types "HNSW32;IVF{nlist},SQ8" --k 1,3,10 --queries 1000
+    searchrl index eval --synthetic 1000000 --types "Flat;IVF{nlist},SQ8"   # sizing at scale
+
+Registered under `searchrl index` by `searchrl/cli/index.py` (`register_eval(index_subparsers)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from searchrl.cli import given
+
+
+def register_eval(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "eval",
+        help="recall@k of index types vs Flat, with memory, disk, build and load time",
+        description=(
+            "Build each FAISS index type over the dense Flat index's vectors (or N synthetic vectors around "
+            "them), and report recall@k against exact search on held-out queries, size on disk and in memory, "
+            "build time and load time. {nlist} and {pq_m} in a factory string are filled in from N and dim."
+        ),
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument(
+        "--types",
+        help="';'-separated FAISS factory strings (default 'Flat;SQfp16;HNSW32;IVF{nlist},Flat;IVF{nlist},SQ8;"
+        "IVF{nlist},PQ{pq_m}')",
+    )
+    p.add_argument("--k", help="comma-separated k values for recall@k (default 1,3,10)")
+    p.add_argument("--queries", type=int, help="held-out queries (default 1000)")
+    p.add_argument(
+        "--synthetic", type=int, help="evaluate on N synthetic vectors around the corpus's (sizing)"
+    )
+    p.add_argument("--train-sample", dest="train_sample", type=int, help="vectors used to train IVF/PQ types")
+    p.add_argument("--nprobe", type=int, help="IVF lists probed per query (default 32)")
+    p.add_argument("--ef-search", dest="ef_search", type=int, help="HNSW search depth (default 128)")
+    p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
+    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    p.add_argument("--corpus", help="corpus (default bundled)")
+    p.add_argument("--encoder", help="encoder (default bundled-minilm)")
+    p.set_defaults(handler=_eval)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from retrieval.index_eval import format_index_eval, run_index_eval
+    from retrieval.settings import RetrievalSettings
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+
+    setup_logging()
+    settings = load_settings(
+        RetrievalSettings, **given(args, "data_dir", "corpus", "encoder", "nprobe", "ef_search")
+    )
+    kwargs: dict[str, object] = {}
+    if hasattr(args, "types"):
+        # ';' separates types because factory strings themselves contain commas (IVF256,SQ8)
+        kwargs["index_types"] = [t.strip() for t in args.types.split(";") if t.strip()]
+    if hasattr(args, "k"):
+        try:
+            ks = tuple(int(k) for k in args.k.split(",") if k.strip())
+        except ValueError:
+            raise ConfigError(
+                f"--k: expected comma-separated integers such as 1,3,10, got {args.k!r}"
+            ) from None
+        if not ks or min(ks) < 1:
+            raise ConfigError(f"--k: values must be at least 1, got {args.k!r}")
+        kwargs["ks"] = ks
+    for name, dest in (
+        ("queries", "n_queries"),
+        ("synthetic", "synthetic"),
+        ("train_sample", "train_sample"),
+    ):
+        if hasattr(args, name):
+            value = getattr(args, name)
+            if value < (0 if name == "synthetic" else 1):
+                raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {value}")
+            kwargs[dest] = value
+    if hasattr(args, "out"):
+        kwargs["out_dir"] = args.out
+    report = run_index_eval(settings, **kwargs)  # type: ignore[arg-type]
+    print(format_index_eval(report))  # noqa: T201 - results go to stdout
+    return 0

@@ -1,0 +1,213 @@
+"""`searchrl sky ...`: the SkyPilot control layer (library code in searchrl/deploy.py).
+
+    searchrl sky validate [PATH ...] [--env K=V ...] [--secret NAME ...]
+    searchrl sky endpoint searchrl-retrieval [--timeout S]
+    searchrl sky probe http://127.0.0.1:8000 [--env K=V ...] [--secret NAME ...]
+    searchrl sky train [--dry-run] [--num-nodes N] [--env K=V ...] [--secret NAME ...] [--service NAME]
+
+A `--secret` flag takes a NAME; its value is read from the environment, so no secret ever reaches argv or `ps`.
+When this interpreter has no SkyPilot, the command re-runs itself with `.venv-sky/bin/python` (SkyPilot's pins
+clash with verl's; see searchrl/deploy.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+# dest -> flag, for re-running a parsed command in the SkyPilot venv
+_FLAGS = {
+    "env": "--env",
+    "secret": "--secret",
+    "timeout": "--timeout",
+    "yaml": "--yaml",
+    "service": "--service",
+    "name": "--name",
+    "health_deadline": "--health-deadline",
+    "num_nodes": "--num-nodes",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "sky",
+        help="SkyPilot tasks: validate, endpoint, probe, train",
+        description="Validate the sky/ task files, find the retrieval endpoint, launch the trainer.",
+    )
+    verbs = p.add_subparsers(dest="sky_verb", metavar="VERB")
+    p.set_defaults(handler=lambda _args: _usage(p))
+
+    v = verbs.add_parser(
+        "validate",
+        help="check every sky/*.yaml with SkyPilot's own parser and our rules",
+        description="Parse each task with SkyPilot (env/secret overrides applied), check service rules, "
+        "leftover $VARs and accelerators. Required envs/secrets not given get placeholders.",
+        argument_default=argparse.SUPPRESS,
+    )
+    v.add_argument("paths", nargs="*", help="task files (default: the four in sky/)")
+    _add_overrides(v)
+    v.set_defaults(handler=_validate)
+
+    e = verbs.add_parser(
+        "endpoint",
+        help="wait until a SkyServe service is READY and print its URL",
+        argument_default=argparse.SUPPRESS,
+    )
+    e.add_argument("service_name", metavar="NAME", help="service name, e.g. searchrl-retrieval")
+    e.add_argument("--timeout", type=float, help="seconds to wait for READY (default 1800)")
+    e.set_defaults(handler=_endpoint)
+
+    r = verbs.add_parser(
+        "probe",
+        help="send sky/retrieval.yaml's readiness probe to a URL, exactly as SkyServe would",
+        argument_default=argparse.SUPPRESS,
+    )
+    r.add_argument("url", help="base URL of a replica or local service, e.g. http://127.0.0.1:8000")
+    r.add_argument("--yaml", help="service task file (default sky/retrieval.yaml)")
+    _add_overrides(r)
+    r.set_defaults(handler=_probe)
+
+    t = verbs.add_parser(
+        "train",
+        help="resolve the endpoint, health-check it, launch sky/train.yaml as a managed job",
+        argument_default=argparse.SUPPRESS,
+    )
+    t.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the task; launch nothing")
+    t.add_argument("--service", help="retrieval service name (default searchrl-retrieval)")
+    t.add_argument("--name", help="managed job name (default searchrl-train)")
+    t.add_argument("--num-nodes", dest="num_nodes", type=int, help="nodes of 8 GPUs (default: the YAML's 2)")
+    t.add_argument("--yaml", help="task file (default sky/train.yaml)")
+    t.add_argument("--health-deadline", dest="health_deadline", type=float, help="seconds (default 120)")
+    _add_overrides(t)
+    t.set_defaults(handler=_train)
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", action="append", metavar="K=V", help="override an envs: entry (repeatable)")
+    p.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME",
+        help="pass a secret by NAME; the value is read from $NAME",
+    )
+
+
+def _setup_logging() -> None:
+    from searchrl.logs import setup_logging
+
+    setup_logging()
+    # SkyPilot's client may start its local API server in-process; its database migrations log at INFO.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    p.print_help(sys.stderr)
+    return 2
+
+
+def _argv(args: argparse.Namespace, verb: str, positional: list[str]) -> list[str]:
+    out = ["sky", verb, *positional]
+    if getattr(args, "dry_run", False):
+        out.append("--dry-run")
+    for dest, flag in _FLAGS.items():
+        value = getattr(args, dest, None)
+        for item in value if isinstance(value, list) else ([] if value is None else [value]):
+            out += [flag, str(item)]
+    return out
+
+
+def _maybe_reexec(args: argparse.Namespace, verb: str, positional: list[str]) -> int | None:
+    from searchrl import deploy
+
+    if deploy.sky_importable():
+        return None
+    return deploy.run_in_sky_venv(_argv(args, verb, positional))
+
+
+def _validate(args: argparse.Namespace) -> int:
+    paths = list(getattr(args, "paths", []))
+    rc = _maybe_reexec(args, "validate", paths)
+    if rc is not None:
+        return rc
+    from searchrl import deploy
+    from searchrl.errors import DeployError
+
+    envs = deploy.parse_env_flags(getattr(args, "env", []))
+    secrets = deploy.secrets_from_env(getattr(args, "secret", []), required=False)
+    files = [Path(p) for p in paths] or deploy.task_files()
+    reports = deploy.validate_files(files, envs, secrets)
+    for rep in reports:
+        if rep.ok:
+            needs = f"  (launch needs {' '.join(rep.needs)})" if rep.needs else ""
+            print(f"ok    {rep.path}{needs}")  # noqa: T201
+        else:
+            for problem in rep.problems:
+                print(f"FAIL  {rep.path}: {problem}")  # noqa: T201
+    bad = [r for r in reports if not r.ok]
+    if bad:
+        raise DeployError(
+            f"{len(bad)} of {len(reports)} task files invalid: {bad[0].path}: {bad[0].problems[0]}"
+        )
+    return 0
+
+
+def _endpoint(args: argparse.Namespace) -> int:
+    rc = _maybe_reexec(args, "endpoint", [args.service_name])
+    if rc is not None:
+        return rc
+    from searchrl import deploy
+
+    _setup_logging()
+    print(deploy.wait_for_endpoint(args.service_name, timeout_s=getattr(args, "timeout", 1800.0)))  # noqa: T201
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    rc = _maybe_reexec(args, "probe", [args.url])
+    if rc is not None:
+        return rc
+    from searchrl import deploy
+    from searchrl.errors import DeployError
+
+    envs = deploy.parse_env_flags(getattr(args, "env", []))
+    secrets = deploy.secrets_from_env(getattr(args, "secret", []))
+    path = Path(getattr(args, "yaml", deploy.SKY_DIR / "retrieval.yaml"))
+    task = deploy.load_task(path, envs, secrets)
+    left = deploy.leftover_vars(task)
+    if left:
+        name = left[0].rsplit("$", 1)[1]
+        raise DeployError(
+            f"{path}: the probe would send a literal {left[0]}: pass --secret {name} (or --env)"
+        )
+    probe = deploy.readiness_probe(task)
+    status, body = deploy.send_probe(args.url, probe)
+    line = f"{probe.method} {probe.path} -> {status}"
+    if status != 200:
+        raise DeployError(f"readiness probe failed: {line}: {' '.join(body.split())[:200]}")
+    print(line)  # noqa: T201
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    rc = _maybe_reexec(args, "train", [])
+    if rc is not None:
+        return rc
+    from searchrl import deploy
+
+    _setup_logging()
+    plan = deploy.plan_train(
+        envs=deploy.parse_env_flags(getattr(args, "env", [])),
+        secret_names=getattr(args, "secret", []),
+        service=getattr(args, "service", deploy.DEFAULT_SERVICE),
+        yaml_path=Path(args.yaml) if hasattr(args, "yaml") else None,
+        health_deadline_s=getattr(args, "health_deadline", 120.0),
+        num_nodes=getattr(args, "num_nodes", None),
+    )
+    if getattr(args, "dry_run", False):
+        print(plan.text, end="")  # noqa: T201
+        return 0
+    job = deploy.launch_train(plan, job_name=getattr(args, "name", deploy.DEFAULT_JOB))
+    print(f"launched managed job {job} (sky jobs logs {job})")  # noqa: T201
+    return 0

@@ -1,0 +1,154 @@
+"""`searchrl train data|tool-config|overrides|merge|local`: the trainer's verbs.
+
+    searchrl train data --dataset-size small            # verl parquet from PeterJinGo/nq_hotpotqa_train
+    searchrl train tool-config                          # the verl tool YAML for RETRIEVAL_SERVICE_URL
+    searchrl train overrides                            # hydra overrides for verl.trainer.main_ppo, one per line
+    searchrl train local                                # GPU check, data, health check, then verl (make train-local)
+    searchrl train merge --run-dir checkpoints/my-run   # newest checkpoint -> Hugging Face folder
+
+Every knob is also an environment variable (DATASET_SIZE, MODEL_NAME, TRAIN_BATCH_SIZE, TOTAL_STEPS, NUM_NODES,
+GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME, CHECKPOINT_DIR, SEARCHRL_TRAIN_<FIELD>); flags win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from searchrl.cli import given
+
+# (flag, field, type, help) shared by every verb that builds TrainSettings.
+_SETTINGS_FLAGS: list[tuple[str, str, type, str]] = [
+    ("--dataset-size", "dataset_size", str, "small (1k/200) | medium (10k/2k) | full (env DATASET_SIZE)"),
+    ("--qa-source", "qa_source", str, "HF dataset id or local parquet/JSONL file or folder"),
+    ("--data-dir", "data_dir", str, "where verl parquet is written (default data/train)"),
+    ("--seed", "seed", int, "sampling and shuffle seed (default 42)"),
+    ("--model-name", "model_name", str, "HF model id or folder (env MODEL_NAME)"),
+    ("--train-batch-size", "train_batch_size", int, "prompts per step (env TRAIN_BATCH_SIZE)"),
+    ("--rollout-n", "rollout_n", int, "GRPO samples per prompt (env ROLLOUT_N)"),
+    ("--total-steps", "total_steps", int, "training steps (env TOTAL_STEPS)"),
+    ("--max-turns", "max_turns", int, "searches per answer (env MAX_TURNS)"),
+    ("--nnodes", "nnodes", int, "nodes (env NUM_NODES)"),
+    ("--gpus-per-node", "gpus_per_node", int, "GPUs per node (env GPUS_PER_NODE)"),
+    ("--experiment-name", "experiment_name", str, "run name (env EXPERIMENT_NAME)"),
+    ("--checkpoint-dir", "checkpoint_dir", str, "runs live in <dir>/<experiment> (env CHECKPOINT_DIR)"),
+    ("--tool-config-path", "tool_config_path", str, "where the verl tool YAML goes"),
+]
+
+
+def _add_settings_flags(p: argparse.ArgumentParser) -> None:
+    for flag, dest, kind, text in _SETTINGS_FLAGS:
+        p.add_argument(flag, dest=dest, type=kind, help=text)
+    p.add_argument(
+        "--retrieval-url",
+        dest="retrieval_urls",
+        action="append",
+        help="retrieval service URL; repeat for failovers (env RETRIEVAL_SERVICE_URL, comma-separated)",
+    )
+
+
+def _settings(args: argparse.Namespace):  # -> TrainSettings
+    from searchrl.config import load_settings
+    from trainer.settings import TrainSettings
+
+    names = [dest for _, dest, _, _ in _SETTINGS_FLAGS] + ["retrieval_urls"]
+    return load_settings(TrainSettings, **given(args, *names))
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    train = sub.add_parser(
+        "train",
+        help="prepare and run search-agent GRPO training on verl",
+        description="Data prep, verl tool config, hydra overrides, local launch and checkpoint merge.",
+    )
+    verbs = train.add_subparsers(dest="verb", metavar="VERB")
+    train.set_defaults(handler=lambda _args: (train.print_help(sys.stderr), 2)[1])
+
+    p = verbs.add_parser("data", help="write verl train/test parquet", argument_default=argparse.SUPPRESS)
+    _add_settings_flags(p)
+    p.add_argument("--force", action="store_true", help="rewrite even if matching files exist")
+    p.set_defaults(handler=_data)
+
+    p = verbs.add_parser("tool-config", help="write the verl tool YAML", argument_default=argparse.SUPPRESS)
+    _add_settings_flags(p)
+    p.add_argument("--output", help="path to write (default: settings' tool_config_path)")
+    p.set_defaults(handler=_tool_config)
+
+    p = verbs.add_parser(
+        "overrides", help="print verl hydra overrides, one per line", argument_default=argparse.SUPPRESS
+    )
+    _add_settings_flags(p)
+    p.set_defaults(handler=_overrides)
+
+    p = verbs.add_parser(
+        "local", help="train on this machine's GPUs (make train-local)", argument_default=argparse.SUPPRESS
+    )
+    _add_settings_flags(p)
+    p.set_defaults(handler=_local)
+
+    p = verbs.add_parser(
+        "merge", help="merge the newest checkpoint into a HF model", argument_default=argparse.SUPPRESS
+    )
+    _add_settings_flags(p)
+    p.add_argument(
+        "--run-dir", dest="run_dir", help="run folder (default <checkpoint_dir>/<experiment_name>)"
+    )
+    p.add_argument(
+        "--target-dir", dest="target_dir", help="output folder (default <run>/merged/global_step_N)"
+    )
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip loading the result")
+    p.set_defaults(handler=_merge)
+
+
+def _data(args: argparse.Namespace) -> int:
+    from searchrl.logs import setup_logging
+    from trainer.data import prepare_data
+
+    setup_logging()
+    result = prepare_data(_settings(args), force=getattr(args, "force", False))
+    print(result.train_file)  # noqa: T201
+    print(result.test_file)  # noqa: T201
+    return 0
+
+
+def _tool_config(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from searchrl.logs import setup_logging
+    from trainer.toolconfig import write_tool_config
+
+    setup_logging()
+    output = getattr(args, "output", None)
+    print(write_tool_config(_settings(args), Path(output) if output else None))  # noqa: T201
+    return 0
+
+
+def _overrides(args: argparse.Namespace) -> int:
+    from trainer.overrides import render_overrides
+
+    for line in render_overrides(_settings(args)):
+        print(line)  # noqa: T201
+    return 0
+
+
+def _local(args: argparse.Namespace) -> int:
+    from searchrl.logs import setup_logging
+    from trainer.launch import train_local
+
+    setup_logging()
+    return train_local(_settings(args))
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from searchrl.logs import setup_logging
+    from trainer.merge import merge_latest
+
+    setup_logging()
+    settings = _settings(args)
+    run_dir = Path(args.run_dir) if hasattr(args, "run_dir") else settings.run_dir
+    target = Path(args.target_dir) if hasattr(args, "target_dir") else None
+    result = merge_latest(run_dir, target, verify=getattr(args, "verify", True))
+    print(result.target_dir)  # noqa: T201
+    return 0

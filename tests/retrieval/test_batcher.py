@@ -1,0 +1,248 @@
+"""Cross-request batching: correctness, cache, de-duplication, backpressure, deadlines, errors, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from retrieval.batcher import Batcher, normalize_query
+from retrieval.schemas import ScoredDocument
+from searchrl.errors import BackendError, OverloadedError
+from tests.conftest import TINY_CORPUS
+from tests.retrieval.batching import HashedFlatSearch
+
+T = TypeVar("T")
+
+QUERIES = [
+    "Who directed The Seventh Seal?",
+    "Forbidden City Beijing palace emperors",
+    "Rashi commentary on the Talmud",
+    "Mandelbrot fractal geometry",
+    "Ada Lovelace Analytical Engine",
+    "platypus egg-laying mammal",
+    "Ingmar Bergman film chess with Death",
+]
+
+
+def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(coro_fn())  # type: ignore[arg-type]
+
+
+def ids(hits: list[ScoredDocument]) -> list[str]:
+    return [h.document.id for h in hits]
+
+
+def make(fn: HashedFlatSearch, **kw: Any) -> Batcher:
+    kw.setdefault("batch_size", 64)
+    kw.setdefault("batch_wait_ms", 5.0)
+    return Batcher(fn, name="test", **kw)
+
+
+def test_mixed_topk_burst_matches_unbatched() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS)
+    reference = HashedFlatSearch(TINY_CORPUS)
+    requests = [
+        ([QUERIES[i % len(QUERIES)], QUERIES[(i * 3 + 1) % len(QUERIES)]], 1 + i % 5) for i in range(40)
+    ]
+
+    async def go() -> list[list[list[ScoredDocument]]]:
+        b = make(fn, cache_size=0)
+        await b.start()
+        try:
+            return await asyncio.gather(*(b.search(qs, k) for qs, k in requests))
+        finally:
+            await b.close()
+
+    got = run(go)
+    for (qs, k), per_request in zip(requests, got, strict=True):
+        assert len(per_request) == len(qs)
+        for q, hits in zip(qs, per_request, strict=True):
+            (alone,) = reference([q], k)
+            assert len(hits) == k
+            assert ids(hits) == ids(alone)
+            assert [h.score for h in hits] == pytest.approx([h.score for h in alone], abs=1e-6)
+    # 40 requests were served by far fewer calls, each searching with the largest topk in its batch
+    assert len(fn.calls) < 10
+    assert all(len(set(qs)) == len(qs) for qs, _ in fn.calls)  # unique texts only
+    assert fn.threads == {"test-worker"}
+
+
+def test_cache_serves_repeats_normalised_and_smaller_topk() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS)
+
+    async def go() -> None:
+        b = make(fn, cache_size=100)
+        await b.start()
+        first = await b.search(QUERIES[:3], 5)
+        assert len(fn.calls) == 1
+        again = await b.search(["  Who directed   The Seventh Seal? ", QUERIES[1]], 3)
+        assert len(fn.calls) == 1  # whitespace variants and a smaller topk come from the cache
+        assert ids(again[0]) == ids(first[0])[:3]
+        assert ids(again[1]) == ids(first[1])[:3]
+        await b.search([QUERIES[0]], 8)  # a larger topk than cached must be computed
+        assert len(fn.calls) == 2
+        await b.close()
+
+    run(go)
+    assert normalize_query("  a \t b\nc ") == "a b c"
+
+
+def test_cache_is_bounded_lru() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS)
+
+    async def go() -> None:
+        b = make(fn, cache_size=2)
+        await b.start()
+        for q in QUERIES[:3]:
+            await b.search([q], 3)
+        assert len(fn.calls) == 3
+        await b.search([QUERIES[2]], 3)  # most recent: cached
+        await b.search([QUERIES[1]], 3)  # still cached
+        assert len(fn.calls) == 3
+        await b.search([QUERIES[0]], 3)  # evicted
+        assert len(fn.calls) == 4
+        await b.close()
+
+    run(go)
+
+
+def test_identical_in_flight_queries_are_computed_once() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS)
+    fn.gate.clear()
+
+    async def go() -> list[list[list[ScoredDocument]]]:
+        b = make(fn, cache_size=0, batch_wait_ms=0)
+        await b.start()
+        first = asyncio.ensure_future(b.search([QUERIES[0]], 3))
+        await asyncio.sleep(0.05)  # the worker now holds the first batch behind the gate
+        rest = [asyncio.ensure_future(b.search([QUERIES[1]], 3)) for _ in range(20)]
+        await asyncio.sleep(0.05)
+        fn.gate.set()
+        out = await asyncio.gather(first, *rest)
+        await b.close()
+        return out
+
+    out = run(go)
+    assert [qs for qs, _ in fn.calls] == [[QUERIES[0]], [QUERIES[1]]]
+    assert all(ids(r[0]) == ids(out[1][0]) for r in out[1:])
+
+
+def test_queue_bound_raises_overloaded_with_retry_after() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS)
+    fn.gate.clear()
+
+    async def go() -> None:
+        b = make(fn, cache_size=0, queue_size=4, batch_size=2, batch_wait_ms=0)
+        await b.start()
+        busy = asyncio.ensure_future(b.search(["occupies the worker"], 3))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(b.search(QUERIES[:4], 3))  # exactly fills the queue
+        await asyncio.sleep(0.01)
+        with pytest.raises(OverloadedError) as exc_info:
+            await b.search([QUERIES[5]], 3)
+        assert exc_info.value.retry_after >= 1
+        assert "queue is full" in str(exc_info.value)
+        assert b.queue_depth == 4
+        fn.gate.set()
+        assert len(await queued) == 4
+        await busy
+        assert len(await b.search([QUERIES[5]], 3)) == 1  # accepted again once drained
+        await b.close()
+
+    run(go)
+
+
+def test_request_deadline() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS)
+    fn.gate.clear()
+
+    async def go() -> None:
+        b = make(fn, request_timeout_s=0.2)
+        await b.start()
+        with pytest.raises(OverloadedError, match="deadline"):
+            await b.search([QUERIES[0]], 3)
+        fn.gate.set()
+        assert len((await b.search([QUERIES[1]], 3))[0]) == 3
+        await b.close()
+
+    run(go)
+
+
+def test_batch_error_reaches_every_waiter_and_worker_survives() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS)
+    calls = {"n": 0}
+
+    def flaky(queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("index exploded")
+        return fn(queries, topk)
+
+    async def go() -> None:
+        b = Batcher(flaky, name="test", batch_wait_ms=20)
+        await b.start()
+        results = await asyncio.gather(*(b.search([q], 3) for q in QUERIES[:3]), return_exceptions=True)
+        assert all(isinstance(r, BackendError) and "index exploded" in str(r) for r in results)
+        assert len((await b.search([QUERIES[0]], 3))[0]) == 3  # errors are not cached
+        await b.close()
+
+    run(go)
+
+
+def test_close_drains_queued_requests_then_refuses() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS, delay_s=0.05)
+
+    async def go() -> None:
+        b = make(fn, cache_size=0, batch_size=2, batch_wait_ms=0)
+        await b.start()
+        pending = [asyncio.ensure_future(b.search([q], 2)) for q in QUERIES]
+        await asyncio.sleep(0)  # let them enqueue
+        await b.close()
+        assert all(p.done() and len(p.result()[0]) == 2 for p in pending)
+        with pytest.raises(OverloadedError, match="shutting down"):
+            await b.search([QUERIES[0]], 2)
+
+    run(go)
+    assert not any(t.name == "test-worker" for t in threading.enumerate())
+
+
+def test_dense_backend_burst_matches_unbatched_search(session_data_dir: Path) -> None:
+    """The real encoder + FAISS behind the batcher: a mixed-topk burst equals one-query-at-a-time search."""
+    from retrieval.backends.dense import DenseBackend
+    from retrieval.settings import RetrievalSettings
+
+    settings = RetrievalSettings(
+        backend="dense", corpus=str(TINY_CORPUS), data_dir=session_data_dir, batch_wait_ms=20, cache_size=0
+    )
+    requests = [([QUERIES[i % len(QUERIES)]], 1 + i % 4) for i in range(21)]
+
+    async def go() -> tuple[list[list[list[ScoredDocument]]], list[list[ScoredDocument]], int]:
+        backend = DenseBackend(settings)
+        await backend.start()
+        calls: list[int] = []
+        original = backend._search_sync
+
+        def counting(queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+            calls.append(len(queries))
+            return original(queries, topk)
+
+        backend._search_sync = counting  # type: ignore[method-assign]
+        try:
+            burst = await asyncio.gather(*(backend.search(qs, k) for qs, k in requests))
+            n_calls = len(calls)
+            alone = [original(qs, k)[0] for qs, k in requests]
+        finally:
+            await backend.close()
+        return burst, alone, n_calls
+
+    burst, alone, n_calls = run(go)
+    for (_, k), got, ref in zip(requests, burst, alone, strict=True):
+        assert len(got[0]) == k
+        assert ids(got[0]) == ids(ref)
+        assert [h.score for h in got[0]] == pytest.approx([h.score for h in ref], abs=1e-4)
+    assert n_calls < 5  # 21 requests, a handful of encode+search calls

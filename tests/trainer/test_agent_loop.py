@@ -1,0 +1,208 @@
+"""verl's own ToolAgentLoop, a scripted token server, OUR search tool against a LIVE retrieval service.
+
+The only fake is the LLM (it cannot run here): a server_manager whose generate() returns verl's TokenOutput with
+the token ids of scripted replies. Everything else is real: data prep -> parquet -> verl's RLHFDataset row ->
+ToolAgentLoop.run() with the tool verl loads from our YAML -> uvicorn BM25 service -> observation tokens ->
+verl's reward manager calling our reward function through `pkg://trainer.reward`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.trainer.conftest import SCRIPTED_TEXTS, SEVENTH_SEAL_QUESTION
+from trainer.data import prepare_data
+from trainer.overrides import render_overrides
+from trainer.settings import TrainSettings
+from trainer.toolconfig import write_tool_config
+
+pytestmark = [pytest.mark.live, pytest.mark.slow]
+
+THINK_SEARCH, THINK_ANSWER, RIGHT, WRONG = SCRIPTED_TEXTS
+
+
+def tool_call_text(query: str) -> str:
+    body = json.dumps({"name": "search", "arguments": {"query_list": [query]}})
+    return f"{THINK_SEARCH}\n<tool_call>\n{body}\n</tool_call>"
+
+
+class ScriptedServer:
+    """Stands in for verl's LLM server client: returns scripted replies as token ids, records every request."""
+
+    def __init__(self, tokenizer: Any, replies: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.replies = list(replies)
+        self.prompts: list[list[int]] = []
+        self.sampling_params: list[dict[str, Any]] = []
+
+    async def generate(
+        self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
+    ):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.prompts.append(list(prompt_ids))
+        self.sampling_params.append(dict(sampling_params))
+        ids = self.tokenizer.encode(self.replies.pop(0) + "<|im_end|>", add_special_tokens=False)
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+
+
+def _settings(tmp_path: Path, qa_sample: Path, url: str) -> TrainSettings:
+    return TrainSettings(
+        qa_source=str(qa_sample),
+        dataset_size="small",
+        data_dir=tmp_path / "data",
+        checkpoint_dir=tmp_path / "ckpt",
+        retrieval_urls=[url],
+        train_batch_size=8,
+        gpus_per_node=1,
+        logger="console",
+    )
+
+
+def _dataset_row(settings: TrainSettings, cfg: Any, tokenizer: Any, tmp_path: Path) -> dict[str, Any]:
+    from omegaconf import open_dict
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    data_cfg = cfg.data.copy()
+    with open_dict(data_cfg):
+        data_cfg.cache_dir = str(tmp_path / "verl-cache")
+    dataset = RLHFDataset([str(settings.train_file), str(settings.test_file)], tokenizer, data_cfg)
+    for i in range(len(dataset)):
+        row = dataset[i]
+        if row["extra_info"]["question"] == SEVENTH_SEAL_QUESTION:
+            return row
+    raise AssertionError("Seventh Seal question missing from the prepared data")
+
+
+async def _run_loop(cfg: Any, tokenizer: Any, row: dict[str, Any], replies: list[str], calls: list[dict]):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+    from verl.tools.tool_registry import load_all_tools
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    # verl's own loader builds our tool from the YAML that trainer/toolconfig.py wrote.
+    tools = load_all_tools(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path, None)
+    (tool,) = tools
+    real_execute = tool.execute
+
+    async def spy(instance_id, parameters, **kwargs):
+        calls.append(parameters)
+        return await real_execute(instance_id, parameters, **kwargs)
+
+    tool.execute = spy
+    server = ScriptedServer(tokenizer, replies)
+    loop = ToolAgentLoop(
+        trainer_config=DictConfigWrap(cfg),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(cfg.data),
+        hf_model_type="qwen2",
+        tools=ToolListWrap(tools),
+    )
+    try:
+        output = await loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1}, **row)
+    finally:
+        await tool.aclose()
+    return output, server
+
+
+async def _reward(cfg: Any, tokenizer: Any, row: dict[str, Any], output: Any) -> dict[str, Any]:
+    """verl's reward path for one trajectory, built the way AgentLoopWorker._compute_score builds it."""
+    import torch
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(cfg, tokenizer)
+    prompts = torch.tensor([output.prompt_ids])
+    responses = torch.tensor([output.response_ids])
+    batch = TensorDict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": torch.ones(1, prompts.shape[1] + responses.shape[1], dtype=torch.int64),
+        },
+        batch_size=1,
+    )
+    non_tensor = {
+        "data_source": np.array([row["data_source"]], dtype=object),
+        "reward_model": np.array([row["reward_model"]], dtype=object),
+        "extra_info": np.array([dict(row["extra_info"])], dtype=object),
+        "__num_turns__": np.array([output.num_turns]),
+        "tool_extra_fields": np.array([output.extra_fields], dtype=object),
+    }
+    return await manager.run_single(DataProto(batch=batch, non_tensor_batch=non_tensor))
+
+
+def test_tool_agent_loop_searches_live_service_and_scores_answer(
+    tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample
+):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    tok = offline_tokenizer
+    settings = _settings(tmp_path, qa_sample, live_bm25_url)
+    prepare_data(settings)
+    write_tool_config(settings)
+    cfg = compose(render_overrides(settings))
+    assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).multi_turn.enable
+    row = _dataset_row(settings, cfg, tok, tmp_path)
+    assert row["agent_name"] == "tool_agent"
+
+    async def both():
+        results = {}
+        for name, final in (("right", RIGHT), ("wrong", WRONG)):
+            calls: list[dict] = []
+            replies = [tool_call_text(SEVENTH_SEAL_QUESTION), f"{THINK_ANSWER}\n{final}"]
+            output, server = await _run_loop(cfg, tok, row, replies, calls)
+            results[name] = (output, server, calls, await _reward(cfg, tok, row, output))
+        return results
+
+    results = asyncio.run(both())
+    output, server, calls, reward = results["right"]
+
+    # The tool was called once, with the query the model wrote (the question), through the live service.
+    assert calls == [{"query_list": [SEVENTH_SEAL_QUESTION]}]
+    assert output.extra_fields["search_calls"] == 1 and output.extra_fields["search_failures"] == 0
+    assert output.num_turns == 4  # user prompt, assistant (search), tool, assistant (answer)
+
+    # The second generation saw the observation: the right passage, framed as a hermes tool response.
+    assert len(server.prompts) == 2
+    second_prompt = tok.decode(server.prompts[1])
+    assert (
+        "<tool_response>\nDoc 1 (Title: The Seventh Seal) The Seventh Seal is a 1957 Swedish" in second_prompt
+    )
+    assert "written and directed by Ingmar Bergman" in second_prompt
+
+    # Observation tokens are masked out of the loss (0); only the model's own tokens count (1).
+    ids, mask = np.array(output.response_ids), np.array(output.response_mask)
+    assert len(ids) == len(mask) and set(mask.tolist()) == {0, 1}
+    model_text = tok.decode(ids[mask == 1].tolist())
+    observation_text = tok.decode(ids[mask == 0].tolist())
+    assert (
+        model_text
+        == tool_call_text(SEVENTH_SEAL_QUESTION) + "<|im_end|>" + f"{THINK_ANSWER}\n{RIGHT}<|im_end|>"
+    )
+    assert "Doc 1 (Title: The Seventh Seal)" in observation_text and "<tool_response>" in observation_text
+    # The response is one contiguous story: model turn, observation, model turn.
+    changes = np.flatnonzero(np.diff(mask)).size
+    assert changes == 2 and mask[0] == 1 and mask[-1] == 1
+
+    # verl's reward manager, loading our reward via pkg://trainer.reward: EM 1.0, with F1/format/search metrics.
+    assert reward["reward_score"] == 1.0
+    info = reward["reward_extra_info"]
+    assert info["em"] == 1.0 and info["f1"] == 1.0 and info["format_valid"] == 1.0
+    assert info["search_calls"] == 1.0 and info["search_failures"] == 0.0
+
+    _, _, wrong_calls, wrong_reward = results["wrong"]
+    assert wrong_calls == [{"query_list": [SEVENTH_SEAL_QUESTION]}]
+    assert wrong_reward["reward_score"] == 0.0
+    assert wrong_reward["reward_extra_info"]["format_valid"] == 1.0

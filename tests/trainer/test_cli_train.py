@@ -1,0 +1,115 @@
+"""`searchrl train ...`: flags reach the library, results go to stdout, errors are one line and exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from searchrl.cli import main
+from trainer.overrides import render_overrides
+from trainer.settings import TrainSettings
+
+
+def test_overrides_prints_one_per_line(capsys, monkeypatch):
+    monkeypatch.setenv("TOTAL_STEPS", "20")
+    rc = main(
+        [
+            "train",
+            "overrides",
+            "--dataset-size",
+            "small",
+            "--retrieval-url",
+            "http://a:1",
+            "--retrieval-url",
+            "http://b:2",
+            "--train-batch-size",
+            "64",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    expected = TrainSettings(
+        dataset_size="small", retrieval_urls=["http://a:1", "http://b:2"], train_batch_size=64
+    )
+    assert out == render_overrides(expected)
+    assert "trainer.total_training_steps=20" in out  # env still applies where no flag was given
+
+
+def test_data_and_tool_config(tmp_path, capsys, qa_sample):
+    rc = main(
+        [
+            "train",
+            "data",
+            "--qa-source",
+            str(qa_sample),
+            "--data-dir",
+            str(tmp_path),
+            "--dataset-size",
+            "small",
+        ]
+    )
+    train, test = capsys.readouterr().out.split()
+    assert rc == 0 and Path(train).is_file() and Path(test).is_file()
+
+    out = tmp_path / "tools.yaml"
+    rc = main(["train", "tool-config", "--output", str(out), "--retrieval-url", "http://10.1.2.3:8000"])
+    assert rc == 0 and capsys.readouterr().out.strip() == str(out.resolve())
+    assert "http://10.1.2.3:8000" in out.read_text()
+
+
+def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
+    import trainer.merge
+    from trainer.merge import MergeResult
+
+    seen = {}
+
+    def fake_merge(run_dir, target_dir=None, *, verify=True):
+        seen.update(run_dir=run_dir, target_dir=target_dir, verify=verify)
+        return MergeResult(
+            step=3,
+            actor_dir=run_dir / "global_step_3" / "actor",
+            target_dir=tmp_path / "hf",
+            num_parameters=None,
+        )
+
+    monkeypatch.setattr(trainer.merge, "merge_latest", fake_merge)
+    rc = main(
+        [
+            "train",
+            "merge",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--target-dir",
+            str(tmp_path / "hf"),
+            "--no-verify",
+        ]
+    )
+    assert rc == 0 and capsys.readouterr().out.strip() == str(tmp_path / "hf")
+    assert seen == {"run_dir": tmp_path / "run", "target_dir": tmp_path / "hf", "verify": False}
+
+    seen.clear()
+    main(["train", "merge", "--checkpoint-dir", str(tmp_path / "ck"), "--experiment-name", "e1"])
+    assert seen == {"run_dir": tmp_path / "ck" / "e1", "target_dir": None, "verify": True}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "local"], "error: no GPU on this machine"),
+        (["train", "overrides", "--dataset-size", "huge"], "error: dataset_size"),
+        (["train", "overrides", "--train-batch-size", "3"], "divisible by the GPU count"),
+        (["train", "data", "--qa-source", "./missing.jsonl"], "error: QA file missing.jsonl does not exist"),
+        (["train", "merge", "--run-dir", "/nonexistent/run"], "error: no latest_checkpointed_iteration.txt"),
+    ],
+)
+def test_errors_are_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_bare_train_shows_help(capsys):
+    assert main(["train"]) == 2
+    assert "overrides" in capsys.readouterr().err

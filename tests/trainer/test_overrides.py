@@ -1,0 +1,157 @@
+"""The rendered overrides compose with verl's own hydra config and pass verl's own validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.overrides import REWARD_FN_NAME, REWARD_FN_PATH, hydra_value, main_ppo_command, render_overrides
+from trainer.settings import TrainSettings
+
+
+def _validated(cfg):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # verl's RolloutConfig dataclass
+    with pytest.warns(UserWarning, match="Disabled critic"):
+        use_ref, use_critic = need_reference_policy(cfg), need_critic(cfg)
+    validate_config(cfg, use_reference_policy=use_ref, use_critic=use_critic)
+    return rollout, use_ref, use_critic
+
+
+def test_defaults_compose_into_a_search_agent_grpo_run(compose, tmp_path):
+    settings = TrainSettings(data_dir=tmp_path / "data", checkpoint_dir=tmp_path / "ckpt")
+    cfg = compose(render_overrides(settings))
+    rollout, use_ref, use_critic = _validated(cfg)
+
+    # The settings that decide whether the model ever calls the tool (DESIGN.md section 3).
+    assert type(rollout).__name__ == "RolloutConfig"
+    assert rollout.name == "sglang" and rollout.mode == "async"
+    assert rollout.multi_turn.enable is True
+    assert rollout.multi_turn.format == "hermes"
+    assert rollout.multi_turn.tool_config_path == str((tmp_path / "data" / "search_tool.yaml").resolve())
+    assert rollout.agent.default_agent_loop == "tool_agent"
+    assert cfg.data.return_raw_chat is True
+    assert cfg.data.tool_config_path == rollout.multi_turn.tool_config_path  # the dataset sees the same tools
+    # Observations fit: 3 passages of 800 characters each plus framing, far above verl's 256 default.
+    assert rollout.multi_turn.max_tool_response_length >= 3 * 800
+    assert rollout.multi_turn.max_assistant_turns == 5 and rollout.multi_turn.max_user_turns == 4
+
+    # Search-R1 recipe (DESIGN.md section 6).
+    assert cfg.algorithm.adv_estimator == "grpo" and use_critic is False
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-3B-Instruct"
+    assert cfg.data.train_batch_size == 512 and rollout.n == 5
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is True and use_ref is True
+    assert cfg.actor_rollout_ref.actor.kl_loss_coef == pytest.approx(0.001)
+    assert cfg.actor_rollout_ref.actor.kl_loss_type == "low_var_kl"
+    assert cfg.trainer.total_training_steps == 1005
+
+    # Reward: every data source goes to our scorer.
+    assert cfg.reward.custom_reward_function.path == REWARD_FN_PATH
+    assert cfg.reward.custom_reward_function.name == REWARD_FN_NAME
+
+    # Checkpoints that survive preemption.
+    assert cfg.trainer.resume_mode == "auto"
+    assert cfg.trainer.save_freq > 0 and cfg.trainer.max_actor_ckpt_to_keep >= 2
+    assert cfg.trainer.default_local_dir == str((tmp_path / "ckpt" / "search-r1-qwen2.5-3b-grpo").resolve())
+
+
+def test_reward_function_path_loads_ours(compose, tmp_path):
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    cfg = compose(render_overrides(TrainSettings(data_dir=tmp_path)))
+    fn = get_custom_reward_fn(cfg)
+    assert (
+        fn(
+            data_source="searchR1_nq",
+            solution_str="<answer>Paris</answer>",
+            ground_truth={"target": ["paris"]},
+        )["score"]
+        == 1.0
+    )
+
+
+def test_environment_reaches_the_composed_config(compose, monkeypatch, tmp_path):
+    for name, value in {
+        "DATASET_SIZE": "small",
+        "MODEL_NAME": "Qwen/Qwen2.5-7B-Instruct",
+        "TRAIN_BATCH_SIZE": "64",
+        "TOTAL_STEPS": "10",
+        "NUM_NODES": "2",
+        "GPUS_PER_NODE": "4",
+        "EXPERIMENT_NAME": "smoke",
+        "CHECKPOINT_DIR": str(tmp_path / "ck pt"),  # a space: the value must be quoted for hydra
+        "RETRIEVAL_SERVICE_URL": "http://10.0.0.1:8000,http://10.0.0.2:8000",
+        "SEARCHRL_TRAIN_DATA_DIR": str(tmp_path / "data"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = TrainSettings()
+    cfg = compose(render_overrides(settings))
+    _validated(cfg)
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-7B-Instruct"
+    assert cfg.data.train_batch_size == 64 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 32
+    assert cfg.trainer.total_training_steps == 10
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (2, 4)
+    assert cfg.trainer.default_local_dir == str((tmp_path / "ck pt" / "smoke").resolve())
+    assert cfg.data.train_files == str((tmp_path / "data" / "small" / "train.parquet").resolve())
+    assert settings.retrieval_urls == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+
+
+def test_misspelled_override_key_fails_to_compose(compose, tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    overrides = render_overrides(TrainSettings(data_dir=tmp_path))
+    typo = [o.replace("multi_turn.format=", "multi_turn.formt=") for o in overrides]
+    assert typo != overrides
+    with pytest.raises(ConfigCompositionException, match="formt"):
+        compose(typo)
+
+
+def test_misspelled_key_inside_a_config_section_fails_dataclass_conversion(compose, tmp_path):
+    # hydra accepts a new key with "+"; verl's dataclass conversion is what catches it (DESIGN.md section 3).
+    cfg = compose(
+        [*render_overrides(TrainSettings(data_dir=tmp_path)), "+actor_rollout_ref.rollout.multi_turn.formt=x"]
+    )
+    from verl.utils.config import omega_conf_to_dataclass
+
+    with pytest.raises(Exception, match="formt"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+
+
+def test_override_keys_are_existing_and_unique(tmp_path):
+    # No "+"/"~": every key must already exist in verl's config, so compose (above) rejects a typo.
+    for line in render_overrides(TrainSettings(data_dir=tmp_path)):
+        assert not line.startswith(("+", "~")), line
+    keys = [line.split("=", 1)[0] for line in render_overrides(TrainSettings(data_dir=tmp_path))]
+    assert len(keys) == len(set(keys)), "duplicate override keys"
+
+
+def test_kl_zero_drops_the_reference_model(compose, tmp_path):
+    cfg = compose(render_overrides(TrainSettings(data_dir=tmp_path, kl_coef=0)))
+    _, use_ref, _ = _validated(cfg)
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is False and use_ref is False
+
+
+@pytest.mark.parametrize(
+    ("value", "rendered"),
+    [
+        (True, "True"),
+        (1e-6, "1e-06"),
+        (["console", "wandb"], "[console,wandb]"),
+        ("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B-Instruct"),
+        ("pkg://trainer.reward", "pkg://trainer.reward"),
+        ("/a b/c", "'/a b/c'"),
+        ("it's", "'it\\'s'"),
+        ("null", "'null'"),
+    ],
+)
+def test_hydra_value(value, rendered):
+    assert hydra_value(value) == rendered
+
+
+def test_main_ppo_command():
+    cmd = main_ppo_command(TrainSettings(), python="/usr/bin/python3")
+    assert cmd[:3] == ["/usr/bin/python3", "-m", "verl.trainer.main_ppo"]
+    assert cmd[3:] == render_overrides(TrainSettings())
+    assert all(isinstance(part, str) for part in cmd)

@@ -1,0 +1,80 @@
+"""trainer/reward.py against verl's own Search-R1 scorer and routing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainer.reward import SEARCH_R1_SOURCES, TOOL_COUNTERS, compute_score, golden_answers
+
+GOLD = {"target": ["Ingmar Bergman", "Bergman"]}
+
+RESPONSES = [
+    "<think>x</think><answer> Ingmar Bergman </answer>",
+    "<answer>ingmar bergman.</answer>",
+    "<answer>The Bergman</answer>",
+    "<answer>Akira Kurosawa</answer>",
+    "<answer>Kurosawa</answer> then <answer>Bergman</answer>",  # the last answer counts
+    "<answer>Bergman</answer> then <answer>Kurosawa</answer>",
+    "no answer tags at all: Bergman",
+    "<answer></answer>",
+    "<answer>Bergman</answer>" * 11,  # sprayed tags earn a quarter
+    "<answer>Bergman</answer>" * 10,
+    "<answer>Bergman",  # unclosed
+    "<tool_response>\nDoc 1 (Title: The Seventh Seal) ...\n</tool_response><answer>Bergman</answer>",
+]
+
+
+def test_verl_routes_all_seven_sources_to_the_search_r1_scorer():
+    from verl.utils.reward_score import default_compute_score
+
+    for source in SEARCH_R1_SOURCES:
+        assert default_compute_score(source, "<answer>Bergman</answer>", GOLD) == 1
+    with pytest.raises(NotImplementedError):  # why we route every source through our function instead
+        default_compute_score("searchR1_mywiki", "<answer>Bergman</answer>", GOLD)
+
+
+@pytest.mark.parametrize("response", RESPONSES)
+@pytest.mark.parametrize("source", sorted(SEARCH_R1_SOURCES))
+def test_score_equals_verl_search_r1_em(response, source):
+    from verl.utils.reward_score import default_compute_score
+
+    ours = compute_score(source, response, GOLD)
+    assert ours["score"] == float(default_compute_score(source, response, GOLD))
+
+
+def test_other_sources_score_the_same_way_instead_of_crashing():
+    assert compute_score("searchR1_mywiki", "<answer>Bergman</answer>", GOLD)["score"] == 1.0
+    assert compute_score("my_own_qa", "<answer>Kurosawa</answer>", GOLD)["score"] == 0.0
+
+
+def test_extra_metrics_f1_format_and_tool_counters():
+    out = compute_score(
+        "searchR1_nq",
+        "<answer>Ingmar Bergmann</answer>",
+        GOLD,
+        extra_info={"search_calls": 2, "search_failures": 1, "search_latency_s": 0.25},
+    )
+    assert out["score"] == 0.0 and out["em"] == 0.0
+    assert out["f1"] == pytest.approx(0.5)  # "ingmar" of "ingmar bergmann" matches "ingmar bergman"
+    assert out["format_valid"] == 1.0 and out["has_answer"] == 1.0
+    assert (out["search_calls"], out["search_failures"], out["search_latency_s"]) == (2.0, 1.0, 0.25)
+
+    sprayed = compute_score("searchR1_nq", "<answer>Bergman</answer>" * 11, GOLD)
+    assert sprayed["score"] == 0.25 and sprayed["format_valid"] == 0.0
+
+
+def test_every_key_present_for_every_sample():
+    # verl stacks reward_extra_info per key across the batch: a missing key would raise KeyError there.
+    keys = {tuple(sorted(compute_score("x", r, GOLD, extra_info={}).keys())) for r in RESPONSES}
+    assert len(keys) == 1
+    assert set(TOOL_COUNTERS) <= set(next(iter(keys)))
+    no_info = compute_score("x", "no answer", GOLD)
+    assert no_info["has_answer"] == 0.0 and no_info["search_calls"] == 0.0
+
+
+def test_golden_answers_accepts_parquet_shapes():
+    assert golden_answers({"target": np.array(["a", "b"], dtype=object)}) == ["a", "b"]
+    assert golden_answers(["a"]) == ["a"]
+    assert golden_answers("a") == ["a"]
+    assert golden_answers(None) == []

@@ -1,0 +1,126 @@
+"""TrainSettings -> the hydra overrides for `python -m verl.trainer.main_ppo` (a pure function).
+
+Run: `searchrl train overrides` prints them one per line (`mapfile -t ARGS < <(searchrl train overrides)`).
+tests/trainer/test_overrides.py composes them with verl's own `ppo_trainer` config, so a misspelled key fails a
+test instead of a GPU job. The ones that decide whether the model ever searches (../shared/DESIGN.md section 3):
+`rollout.name=sglang|vllm`, `multi_turn.enable=True`, `multi_turn.format=hermes`, `multi_turn.tool_config_path`,
+`agent.default_agent_loop=tool_agent`, `max_tool_response_length` sized to top-k passages (verl's default 256
+characters would cut every observation to a stub), and `data.return_raw_chat=True`. Resume needs
+`resume_mode=auto`, `save_freq>0`, `max_actor_ckpt_to_keep>=2` and a per-experiment `default_local_dir`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from trainer.settings import TrainSettings
+
+# Where verl finds our reward function: an importable module, so it works on every Ray node without paths.
+REWARD_FN_PATH = "pkg://trainer.reward"
+REWARD_FN_NAME = "compute_score"
+
+# Values hydra's override grammar accepts unquoted; anything else is single-quoted.
+_PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./:+\-~@]+$")
+
+
+def hydra_value(value: object) -> str:
+    """Render a Python value in hydra override syntax (bools capitalised, odd strings quoted)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _PLAIN_VALUE.match(text) and text.lower() not in {"true", "false", "null", "none"}:
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _abs(path: Path) -> str:
+    # Absolute, because verl's Ray workers do not share the launcher's working directory.
+    return str(path.expanduser().resolve())
+
+
+def render_overrides(settings: TrainSettings) -> list[str]:
+    """The full override list for one GRPO search-agent run, in a stable order."""
+    s = settings
+    use_kl = s.kl_coef > 0
+    pairs: list[tuple[str, object]] = [
+        # --- algorithm: GRPO, KL as a loss term (Search-R1), not in the reward
+        ("algorithm.adv_estimator", "grpo"),
+        ("algorithm.use_kl_in_reward", False),
+        # --- data
+        ("data.train_files", _abs(s.train_file)),
+        ("data.val_files", _abs(s.test_file)),
+        ("data.train_batch_size", s.train_batch_size),
+        ("data.max_prompt_length", s.max_prompt_length),
+        ("data.max_response_length", s.max_response_length),
+        ("data.filter_overlong_prompts", True),
+        ("data.truncation", "error"),
+        ("data.return_raw_chat", True),
+        ("data.shuffle", True),
+        ("data.seed", s.seed),
+        ("data.val_max_samples", s.val_max_samples),
+        # --- policy model and optimiser
+        ("actor_rollout_ref.model.path", s.model_name),
+        ("actor_rollout_ref.model.use_remove_padding", True),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
+        ("actor_rollout_ref.actor.optim.lr", s.lr),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", s.lr_warmup_ratio),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", s.mini_batch_size),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", s.micro_batch_size_per_gpu),
+        ("actor_rollout_ref.actor.use_dynamic_bsz", True),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", s.token_budget_per_gpu),
+        ("actor_rollout_ref.actor.use_kl_loss", use_kl),
+        ("actor_rollout_ref.actor.kl_loss_coef", s.kl_coef),
+        ("actor_rollout_ref.actor.kl_loss_type", s.kl_loss_type),
+        ("actor_rollout_ref.actor.entropy_coeff", s.entropy_coeff),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", s.micro_batch_size_per_gpu),
+        ("actor_rollout_ref.ref.fsdp_config.param_offload", True),
+        # --- rollout: an async engine, the multi-turn tool loop, hermes tool calls
+        ("actor_rollout_ref.rollout.name", s.rollout_name),
+        ("actor_rollout_ref.rollout.mode", "async"),
+        ("actor_rollout_ref.rollout.n", s.rollout_n),
+        ("actor_rollout_ref.rollout.temperature", s.temperature),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", s.rollout_tp),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", s.gpu_memory_utilization),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", s.micro_batch_size_per_gpu),
+        ("actor_rollout_ref.rollout.multi_turn.enable", True),
+        ("actor_rollout_ref.rollout.multi_turn.format", "hermes"),
+        ("actor_rollout_ref.rollout.multi_turn.tool_config_path", _abs(s.resolved_tool_config_path)),
+        ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", s.max_assistant_turns),
+        ("actor_rollout_ref.rollout.multi_turn.max_user_turns", s.max_turns),
+        ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls", 1),
+        ("actor_rollout_ref.rollout.multi_turn.max_tool_response_length", s.max_tool_response_chars),
+        ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side", "right"),
+        ("actor_rollout_ref.rollout.agent.default_agent_loop", "tool_agent"),
+        # --- reward: our EM scorer for every data source
+        ("reward.custom_reward_function.path", REWARD_FN_PATH),
+        ("reward.custom_reward_function.name", REWARD_FN_NAME),
+        # --- trainer: cluster shape, schedule, checkpoints that survive preemption
+        ("trainer.project_name", s.project_name),
+        ("trainer.experiment_name", s.experiment_name),
+        ("trainer.logger", s.loggers),
+        ("trainer.nnodes", s.nnodes),
+        ("trainer.n_gpus_per_node", s.gpus_per_node),
+        ("trainer.total_training_steps", s.total_steps),
+        ("trainer.total_epochs", s.total_epochs),
+        ("trainer.save_freq", s.save_freq),
+        ("trainer.test_freq", s.test_freq),
+        ("trainer.val_before_train", s.val_before_train),
+        ("trainer.critic_warmup", 0),
+        ("trainer.resume_mode", "auto"),
+        ("trainer.max_actor_ckpt_to_keep", s.max_ckpt_to_keep),
+        ("trainer.default_local_dir", _abs(s.run_dir)),
+    ]
+    return [f"{key}={hydra_value(value)}" for key, value in pairs]
+
+
+def main_ppo_command(settings: TrainSettings, python: str = "python") -> list[str]:
+    """argv for verl's trainer with our overrides (run without a shell: no quoting issues)."""
+    return [python, "-m", "verl.trainer.main_ppo", *render_overrides(settings)]
+
+
+__all__ = ["REWARD_FN_NAME", "REWARD_FN_PATH", "hydra_value", "main_ppo_command", "render_overrides"]

@@ -1,0 +1,289 @@
+"""TrainSettings: every knob of a search-agent GRPO run, from flags > env > .env > defaults.
+
+Defaults are the Search-R1 recipe (../shared/DESIGN.md section 6; arXiv 2503.09516): Qwen2.5-3B-Instruct, GRPO
+with n=5 samples per prompt, batch 512, lr 1e-6 (warm-up ratio 0.285), KL loss 0.001 (low_var_kl), top-3
+passages, up to 4 searches per answer, 1005 steps.
+
+Env names are SEARCHRL_TRAIN_<FIELD>, except those users know from the SkyPilot recipes (DATASET_SIZE,
+MODEL_NAME, TRAIN_BATCH_SIZE, TOTAL_STEPS, NUM_NODES, GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME,
+CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS), which are declared as aliases so `sky launch --env NAME=...` reaches them.
+A misspelled SEARCHRL_TRAIN_* key (environment or `.env`), or an unknown keyword argument, is an error; other
+areas' variables in a shared `.env` are ignored.
+The retrieval token is never a setting: only the *name* of the environment variable that holds it is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from searchrl.errors import ConfigError
+from searchrl.prompt import observation_budget
+
+DatasetSize = Literal["small", "medium", "full"]
+# (train rows, test rows) per size; None = every row (full: 169,615 train / 51,713 test, Search-R1's splits).
+DATASET_SIZES: dict[str, tuple[int | None, int | None]] = {
+    "small": (1_000, 200),
+    "medium": (10_000, 2_000),
+    "full": (None, None),
+}
+KNOWN_LOGGERS = frozenset({"console", "wandb", "mlflow", "swanlab", "tensorboard", "trackio", "clearml"})
+
+
+def _alias(env_name: str, field: str) -> AliasChoices:
+    return AliasChoices(env_name, f"SEARCHRL_TRAIN_{field.upper()}")
+
+
+class TrainSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SEARCHRL_TRAIN_",
+        env_file=".env",
+        extra="ignore",  # a shared .env holds other areas' keys; our own typos are caught below
+        populate_by_name=True,
+    )
+
+    def __init__(self, **values: Any) -> None:
+        # pydantic-settings options start with "_" (_env_file, ...); anything else must name a field or alias.
+        unknown = sorted(k for k in values if not k.startswith("_") and k not in _init_names(type(self)))
+        if unknown:
+            raise ConfigError(f"unknown train setting(s) {unknown}: see the fields of trainer/settings.py")
+        super().__init__(**values)
+
+    # --- data ------------------------------------------------------------------------------------------------
+    dataset_size: DatasetSize = Field(default="full", validation_alias=_alias("DATASET_SIZE", "dataset_size"))
+    # HF dataset repo id, or a local parquet/JSONL file (question, golden_answers, data_source), or a folder
+    # holding train.{parquet,jsonl} and test.{parquet,jsonl}
+    qa_source: str = "PeterJinGo/nq_hotpotqa_train"
+    data_dir: Path = Path("data/train")  # verl parquet goes to <data_dir>/<dataset_size>/{train,test}.parquet
+    seed: int = 42  # sampling of small/medium subsets and verl's data shuffle
+
+    # --- model and GRPO --------------------------------------------------------------------------------------
+    model_name: str = Field(
+        default="Qwen/Qwen2.5-3B-Instruct", validation_alias=_alias("MODEL_NAME", "model_name")
+    )  # HF id or local folder
+    train_batch_size: int = Field(
+        default=512, ge=1, validation_alias=_alias("TRAIN_BATCH_SIZE", "train_batch_size")
+    )  # prompts per step
+    ppo_mini_batch_size: int | None = Field(default=None, ge=1)  # prompts per update; None = batch // 2 (256)
+    micro_batch_size_per_gpu: int = Field(default=8, ge=1)  # log-prob micro batch (actor, ref, rollout)
+    max_token_len_per_gpu: int | None = Field(
+        default=None, ge=1
+    )  # dynamic-batch token budget; None = 2 x seq
+    rollout_n: int = Field(
+        default=5, ge=1, validation_alias=_alias("ROLLOUT_N", "rollout_n")
+    )  # GRPO group size
+    lr: float = Field(default=1e-6, gt=0)  # actor learning rate
+    lr_warmup_ratio: float = Field(default=0.285, ge=0, le=1)  # Search-R1 train_grpo.sh
+    kl_coef: float = Field(default=0.001, ge=0)  # KL loss coefficient (0 disables the reference model)
+    kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"] = "low_var_kl"
+    entropy_coeff: float = Field(default=0.0, ge=0)
+    temperature: float = Field(default=1.0, gt=0)  # rollout sampling temperature (validation is greedy)
+    total_steps: int = Field(default=1005, ge=1, validation_alias=_alias("TOTAL_STEPS", "total_steps"))
+    total_epochs: int = Field(default=100, ge=1)  # upper bound only: total_steps is what stops training
+
+    # --- multi-turn search -----------------------------------------------------------------------------------
+    max_turns: int = Field(
+        default=4, ge=1, validation_alias=_alias("MAX_TURNS", "max_turns")
+    )  # searches/answer
+    max_prompt_length: int = Field(default=1024, ge=64)  # tokens: chat template + tool schema + question
+    max_response_length: int = Field(
+        default=4096, ge=64
+    )  # tokens for the whole trajectory incl. observations
+    topk: int = Field(default=3, ge=1, le=50)  # passages per query
+    passage_max_chars: int = Field(default=800, ge=50)  # cap per passage text (100-word wiki-18 ~ 600 chars)
+
+    # --- rollout engine and cluster --------------------------------------------------------------------------
+    rollout_name: Literal["sglang", "vllm"] = "sglang"  # verl 0.9 has no hf rollout
+    rollout_tp: int = Field(default=1, ge=1)  # tensor parallel size of the rollout engine
+    gpu_memory_utilization: float = Field(default=0.6, gt=0, lt=1)  # KV-cache share of rollout GPU memory
+    nnodes: int = Field(default=1, ge=1, validation_alias=_alias("NUM_NODES", "nnodes"))
+    gpus_per_node: int = Field(default=8, ge=1, validation_alias=_alias("GPUS_PER_NODE", "gpus_per_node"))
+
+    # --- checkpoints, validation, logging --------------------------------------------------------------------
+    project_name: str = "searchrl"  # tracker project (W&B)
+    experiment_name: str = Field(
+        default="search-r1-qwen2.5-3b-grpo", validation_alias=_alias("EXPERIMENT_NAME", "experiment_name")
+    )
+    checkpoint_dir: Path = Field(
+        default=Path("checkpoints"), validation_alias=_alias("CHECKPOINT_DIR", "checkpoint_dir")
+    )  # runs live in <checkpoint_dir>/<experiment_name>
+    save_freq: int = Field(default=100, ge=1)  # steps between checkpoints (verl's default -1 never saves)
+    test_freq: int = Field(default=50, ge=-1)  # steps between validations; -1 disables
+    max_ckpt_to_keep: int = Field(default=2, ge=2)  # >= 2 so a crash while saving leaves a good one
+    val_before_train: bool = False  # validate the base model before step 1
+    val_max_samples: int = Field(default=-1, ge=-1)  # cap on validation rows; -1 = all of the test split
+    logger: str = "auto"  # auto (console, plus wandb when WANDB_API_KEY is set) | comma list: console,wandb
+
+    # --- retrieval service -----------------------------------------------------------------------------------
+    retrieval_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000"],
+        validation_alias=_alias("RETRIEVAL_SERVICE_URL", "retrieval_urls"),
+    )  # comma-separated; later URLs are failovers
+    retrieval_api_key_env: str = "RETRIEVAL_API_KEY"  # NAME of the env var holding the bearer token
+    retrieval_timeout_s: float = Field(default=10.0, gt=0)  # per request
+    retrieval_max_retries: int = Field(default=3, ge=0)  # retries after the first try, over all URLs
+    health_deadline_s: float = Field(default=120.0, gt=0)  # how long launch waits for /retrieve to answer
+    tool_config_path: Path | None = (
+        None  # where the verl tool YAML is written; None = <data_dir>/search_tool.yaml
+    )
+
+    @field_validator("retrieval_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value
+
+    @field_validator("retrieval_urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("no retrieval URL: set RETRIEVAL_SERVICE_URL, e.g. http://127.0.0.1:8000")
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"retrieval URL {redact_url(url)!r} must start with http:// or https://")
+        return [u.rstrip("/") for u in value]
+
+    @field_validator("retrieval_api_key_env")
+    @classmethod
+    def _check_env_name(cls, value: str) -> str:
+        # Upper-case NAME only: a token pasted here by mistake would otherwise be written into the tool YAML.
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", value):
+            raise ValueError(
+                f"retrieval_api_key_env must be an environment variable NAME such as RETRIEVAL_API_KEY, "
+                f"not a token (got a {len(value)}-character value)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainSettings:
+        stray = _stray_env_keys(type(self))
+        if stray:
+            raise ValueError(f"unknown setting(s) {stray}: check the spelling against trainer/settings.py")
+        if self.logger == "auto":
+            self.logger = "console,wandb" if os.environ.get("WANDB_API_KEY") else "console"
+        unknown = set(self.loggers) - KNOWN_LOGGERS
+        if unknown:
+            raise ValueError(
+                f"unknown logger(s) {sorted(unknown)}; use auto or some of {sorted(KNOWN_LOGGERS)}"
+            )
+        if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size > self.train_batch_size:
+            raise ValueError(
+                f"ppo_mini_batch_size ({self.ppo_mini_batch_size}) must not exceed train_batch_size "
+                f"({self.train_batch_size}); lower SEARCHRL_TRAIN_PPO_MINI_BATCH_SIZE or raise TRAIN_BATCH_SIZE"
+            )
+        if self.train_batch_size % self.mini_batch_size:
+            raise ValueError(
+                f"train_batch_size ({self.train_batch_size}) must be a multiple of ppo_mini_batch_size "
+                f"({self.mini_batch_size})"
+            )
+        if (self.mini_batch_size * self.rollout_n) % self.n_gpus:
+            raise ValueError(
+                f"ppo_mini_batch_size x rollout_n ({self.mini_batch_size} x {self.rollout_n}) must be divisible "
+                f"by the GPU count NUM_NODES x GPUS_PER_NODE ({self.nnodes} x {self.gpus_per_node}); "
+                "change TRAIN_BATCH_SIZE or the GPU count"
+            )
+        if self.gpus_per_node % self.rollout_tp:
+            raise ValueError(
+                f"rollout_tp ({self.rollout_tp}) must divide GPUS_PER_NODE ({self.gpus_per_node})"
+            )
+        if self.max_tool_response_chars < self.passage_max_chars:
+            raise ValueError("passage_max_chars exceeds the observation budget")  # pragma: no cover
+        return self
+
+    # --- derived values ---------------------------------------------------------------------------------------
+    @property
+    def loggers(self) -> list[str]:
+        return [name.strip() for name in self.logger.split(",") if name.strip()]
+
+    @property
+    def mini_batch_size(self) -> int:
+        """PPO mini batch in prompts: Search-R1 updates twice per step (512 -> 256)."""
+        return self.ppo_mini_batch_size or max(1, self.train_batch_size // 2)
+
+    @property
+    def n_gpus(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    @property
+    def token_budget_per_gpu(self) -> int:
+        """Dynamic-batch token budget: room for two full sequences per micro batch."""
+        return self.max_token_len_per_gpu or 2 * (self.max_prompt_length + self.max_response_length)
+
+    @property
+    def max_tool_response_chars(self) -> int:
+        """Observation cap in characters: top-k passages of `passage_max_chars` plus their framing."""
+        return observation_budget(self.topk, self.passage_max_chars)
+
+    @property
+    def max_assistant_turns(self) -> int:
+        """Search-R1 counts searches: up to `max_turns` generations that search, then one that answers."""
+        return self.max_turns + 1
+
+    @property
+    def split_dir(self) -> Path:
+        return self.data_dir / self.dataset_size
+
+    @property
+    def train_file(self) -> Path:
+        return self.split_dir / "train.parquet"
+
+    @property
+    def test_file(self) -> Path:
+        return self.split_dir / "test.parquet"
+
+    @property
+    def run_dir(self) -> Path:
+        """verl's trainer.default_local_dir: one folder per experiment, so resume finds its own checkpoints."""
+        return self.checkpoint_dir / self.experiment_name
+
+    @property
+    def resolved_tool_config_path(self) -> Path:
+        return self.tool_config_path or self.data_dir / "search_tool.yaml"
+
+    def redacted_dump(self) -> dict[str, Any]:
+        """Settings as JSON-ready data with credentials removed (URLs may carry user:password@)."""
+        data = self.model_dump(mode="json")
+        data["retrieval_urls"] = [redact_url(u) for u in self.retrieval_urls]
+        return data
+
+
+def _init_names(cls: type[BaseSettings]) -> set[str]:
+    names = set(cls.model_fields)
+    for info in cls.model_fields.values():
+        if isinstance(info.validation_alias, AliasChoices):
+            names.update(str(choice) for choice in info.validation_alias.choices)
+    return names
+
+
+def _stray_env_keys(cls: type[BaseSettings]) -> list[str]:
+    """SEARCHRL_TRAIN_* names in the environment or .env that match no field (a typo would be silently ignored)."""
+    from dotenv import dotenv_values
+
+    prefix = str(cls.model_config.get("env_prefix", "")).upper()
+    keys = set(os.environ)
+    env_file = cls.model_config.get("env_file")
+    if isinstance(env_file, str | Path) and Path(env_file).is_file():
+        keys |= {k for k in dotenv_values(env_file) if k}
+    fields = {name.upper() for name in cls.model_fields}
+    return sorted(k for k in keys if k.upper().startswith(prefix) and k.upper()[len(prefix) :] not in fields)
+
+
+def redact_url(url: str) -> str:
+    """Drop any user:password@ from a URL so it can be logged."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+
+
+__all__ = ["DATASET_SIZES", "DatasetSize", "TrainSettings", "redact_url"]
