@@ -32,6 +32,7 @@ from retrieval.settings import RetrievalSettings
 from searchrl import __version__
 from searchrl.errors import (
     BackendError,
+    CacheMissError,
     OverloadedError,
     QuotaExceededError,
     SearchRLError,
@@ -43,11 +44,13 @@ _OPEN_PATHS = frozenset({"/health"})
 
 
 def _error_kind(exc: BaseException) -> tuple[int, str]:
-    """HTTP status and metrics label for an exception escaping the backend (mirrors the handlers below)."""
+    """HTTP status and metrics label for an exception escaping the backend (the one place that maps them)."""
     if isinstance(exc, OverloadedError):
         return 503, "overloaded"
     if isinstance(exc, QuotaExceededError):
         return 429, "quota"
+    if isinstance(exc, CacheMissError):
+        return 404, "cache_miss"  # replay mode: retrying cannot help, so not a 5xx the client would retry
     if isinstance(exc, BackendError):
         return 502, "backend"
     return 500, "internal"
@@ -149,23 +152,16 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
             metrics.observe_request(status, 0, 0.0, "invalid")
         return _error(status, detail)
 
-    @app.exception_handler(OverloadedError)
-    async def on_overloaded(request: Request, exc: OverloadedError) -> JSONResponse:
-        return _error(503, str(exc), {"Retry-After": str(max(1, round(exc.retry_after)))})
-
-    @app.exception_handler(QuotaExceededError)
-    async def on_quota(request: Request, exc: QuotaExceededError) -> JSONResponse:
-        return _error(429, str(exc))
-
-    @app.exception_handler(BackendError)
-    async def on_backend_error(request: Request, exc: BackendError) -> JSONResponse:
-        log.warning("backend error: %s", exc)
-        return _error(502, f"backend {settings.backend} failed: {exc}")
-
     @app.exception_handler(SearchRLError)
     async def on_searchrl_error(request: Request, exc: SearchRLError) -> JSONResponse:
-        log.warning("request failed: %s", exc)
-        return _error(500, str(exc))
+        status, kind = _error_kind(exc)
+        headers = None
+        if isinstance(exc, OverloadedError):
+            headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
+        if status >= 500:
+            log.warning("request failed (%s): %s", kind, exc)
+        detail = f"backend {settings.backend} failed: {exc}" if kind == "backend" else str(exc)
+        return _error(status, detail, headers)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:

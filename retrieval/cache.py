@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from retrieval.backends.base import Backend
 from retrieval.schemas import ScoredDocument
-from searchrl.errors import BackendError, ConfigError
+from searchrl.errors import BackendError, CacheMissError, ConfigError
 
 if TYPE_CHECKING:
     from retrieval.settings import RetrievalSettings
@@ -217,6 +217,12 @@ class CachedBackend(Backend):
             await self.inner.close()
         await asyncio.to_thread(self.cache.close)
 
+    def attach_metrics(self, metrics: Any) -> None:
+        """Forward the app's batch metrics to the wrapped backend, if it batches."""
+        attach = getattr(self.inner, "attach_metrics", None)
+        if attach is not None:
+            attach(metrics)
+
     def stats(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
@@ -244,7 +250,7 @@ class CachedBackend(Backend):
         missing = [k for k in dict.fromkeys(keys) if k not in found]
         if missing:
             if self.mode == "replay":
-                raise BackendError(
+                raise CacheMissError(
                     f"replay mode: {len(missing)} of {len(set(keys))} queries are not in the cache "
                     f"{self.cache.path} for {self.name} at topk={topk} (first: {missing[0]!r}); record them "
                     "first with SEARCHRL_RETRIEVAL_CACHE_MODE=record"

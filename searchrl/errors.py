@@ -5,7 +5,8 @@
     ├── CorpusError                    unreadable or malformed corpus file (message gives path:line)
     ├── IndexLoadError                 index directory missing, corrupt, or not matching corpus/encoder
     ├── BackendError                   a retrieval backend failed to answer (upstream error, quota, ...)
-    │   └── QuotaExceededError         a web backend's request budget is spent
+    │   ├── QuotaExceededError         a web backend's request budget is spent (HTTP 429)
+    │   └── CacheMissError             replay mode and the query was never recorded (HTTP 404: no retry helps)
     ├── RetrievalUnavailableError      /retrieve unreachable, timed out, or answered with an error
     ├── OverloadedError                the service is past its queue bound (HTTP 503 + Retry-After)
     ├── DataError                      QA data or training data that cannot be prepared
@@ -45,6 +46,10 @@ class QuotaExceededError(BackendError):
     """A web backend's configured request budget is spent."""
 
 
+class CacheMissError(BackendError):
+    """Replay mode was asked a query that was never recorded."""
+
+
 class RetrievalUnavailableError(SearchRLError):
     """The retrieval service could not be reached or answered with an error."""
 
@@ -81,6 +86,7 @@ class InferenceError(SearchRLError):
 
 __all__ = [
     "BackendError",
+    "CacheMissError",
     "CheckpointError",
     "ConfigError",
     "CorpusError",

@@ -105,6 +105,13 @@ class HybridBackend(Backend):
     async def close(self) -> None:
         await asyncio.gather(*(b.close() for b, _ in self._parts))
 
+    def attach_metrics(self, metrics: Any) -> None:
+        """Forward the app's batch/cache metrics to the parts that batch (the dense one)."""
+        for backend, _ in self._parts:
+            attach = getattr(backend, "attach_metrics", None)
+            if attach is not None:
+                attach(metrics)
+
     def info(self) -> dict[str, Any]:
         return {
             "backend": self.name,

@@ -11,9 +11,12 @@ Prints each index directory and a one-line manifest summary on stdout; progress 
 from __future__ import annotations
 
 import argparse
+import logging
 
 from searchrl.cli import given
 from searchrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 DOWNLOADS = ("wiki18-100k", "wiki18", "wiki18-e5-index")
 
@@ -33,7 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         argument_default=argparse.SUPPRESS,
     )
     b.add_argument(
-        "--backend", choices=["dense", "bm25", "all"], help="which index (default: the configured backend)"
+        "--backend",
+        choices=["dense", "bm25", "all", "hybrid", "google", "serper", "searxng"],
+        help="which index: dense, bm25, all; a serving backend name builds what it serves from "
+        "(hybrid = both, web backends = none). Default: the configured backend",
     )
     b.add_argument("--corpus", help="bundled | wiki18-100k | wiki18 | path to Search-R1 JSONL(.gz)")
     b.add_argument("--encoder", help="bundled-minilm | intfloat/e5-base-v2 | BAAI/bge-base-en-v1.5 | folder")
@@ -98,12 +104,13 @@ def _build(args: argparse.Namespace) -> int:
         "precision",
     )
     choice = getattr(args, "backend", settings.backend)
-    if choice == "all":
+    if choice in ("all", "hybrid"):
         kinds = ["dense", "bm25"]
     elif choice in ("dense", "bm25"):
         kinds = [choice]
-    else:
-        raise ConfigError(f"backend {choice!r} has no local index; use --backend dense, bm25 or all")
+    else:  # web backends: nothing local to build (lets deploy scripts call this for any backend)
+        log.info("backend %s searches the web: no local index to build", choice)
+        return 0
     if settings.index_dir is not None and len(kinds) > 1:
         raise ConfigError("--index-dir names one directory: use it with --backend dense or --backend bm25")
     for kind in kinds:

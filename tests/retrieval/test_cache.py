@@ -225,3 +225,18 @@ def test_replay_over_a_local_backend_needs_no_index(tmp_path: Path, bm25_setting
     assert isinstance(replay, CachedBackend) and replay.inner is None
     assert asyncio.run(searched(replay, ["Who directed the Seventh Seal", "platypus"], 3)) == recorded
     assert not (tmp_path / "empty").exists()
+
+
+def test_replay_miss_is_a_404_through_the_app(tmp_path: Path) -> None:
+    """A replay miss can never succeed on retry, so it must not be a 5xx that clients retry."""
+    from fastapi.testclient import TestClient
+
+    from retrieval.app import create_app
+
+    settings = RetrievalSettings(
+        backend="bm25", data_dir=tmp_path, cache_mode="replay", cache_path=tmp_path / "empty.sqlite"
+    )
+    with TestClient(create_app(settings)) as client:
+        r = client.post("/retrieve", json={"queries": ["never recorded"], "topk": 3})
+    assert r.status_code == 404
+    assert "record them first" in r.json()["detail"]
