@@ -16,6 +16,7 @@ build never leaves a directory that looks usable.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -85,6 +86,10 @@ class IndexManifest(BaseModel):
     created_at: str = ""
     searchrl_version: str = __version__
     source: str = "built"  # built | prebuilt (imported from a downloaded FAISS file)
+
+    def fingerprint(self) -> str:
+        """A short hash of the whole manifest: identifies one build of one index (recorded by evaluations)."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
 
     def summary(self) -> str:
         """One line for `searchrl index build` output and logs."""

@@ -23,7 +23,8 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err.get("loc", ())) or cls.__name__
         prefix = str(cls.model_config.get("env_prefix", ""))
-        env = f" (env {prefix}{field.upper()})" if field != cls.__name__ and prefix else ""
+        # a field name gets its env var added; an alias such as TRAIN_BATCH_SIZE already is the env var
+        env = f" (env {prefix}{field.upper()})" if field in cls.model_fields and prefix else ""
         msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         raise ConfigError(f"{field}{env}: {msg}{more}") from None

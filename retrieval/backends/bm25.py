@@ -133,6 +133,8 @@ class BM25Backend(Backend):
             "encoder": None,
             "dim": None,
             "index_dir": str(self.index_dir) if self.index_dir else None,
+            "corpus_checksum": m.corpus_checksum if m else None,
+            "index_fingerprint": m.fingerprint() if m else None,
         }
 
     async def close(self) -> None:

@@ -221,6 +221,8 @@ class DenseBackend(Backend):
             "dim": enc.dim if enc else None,
             "device": enc.device if enc else None,
             "index_dir": str(self.index_dir) if self.index_dir else None,
+            "corpus_checksum": m.corpus_checksum if m else None,
+            "index_fingerprint": m.fingerprint() if m else None,
         }
 
     async def close(self) -> None:
