@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from retrieval.schemas import Document, ScoredDocument
 from searchrl.errors import CorpusError
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,25 @@ class DocStore:
 
     def get_many(self, rows: Sequence[int]) -> list[Passage]:
         return [self.get(int(r)) for r in rows]
+
+    def hits(
+        self, rows: Sequence[Sequence[int]], scores: Sequence[Sequence[float]]
+    ) -> list[list[ScoredDocument]]:
+        """An index's answer (row numbers and scores, one list per query) as documents, best first.
+
+        Rows below 0 are FAISS's "no result" (approximate index types can return fewer than k) and are dropped.
+        """
+        out: list[list[ScoredDocument]] = []
+        for qrows, qscores in zip(rows, scores, strict=True):
+            hits = []
+            for row, score in zip(qrows, qscores, strict=True):
+                if row >= 0:
+                    p = self.get(int(row))
+                    hits.append(
+                        ScoredDocument(document=Document(id=p.id, contents=p.contents), score=float(score))
+                    )
+            out.append(hits)
+        return out
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -16,6 +16,7 @@ build never leaves a directory that looks usable.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -275,6 +276,21 @@ def _commit(staging: Path, index_dir: Path, *, force: bool) -> None:
     os.replace(staging, index_dir)
 
 
+@contextlib.contextmanager
+def _staged(index_dir: Path, *, force: bool) -> Iterator[Path]:
+    """Yield a staging directory next to `index_dir`; move it into place on success, delete it on failure.
+
+    A crash or Ctrl-C mid-build never leaves a half-written index where the service would load it.
+    """
+    staging = _staging_dir(index_dir)
+    try:
+        yield staging
+        _commit(staging, index_dir, force=force)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def _progress(total: int | None, desc: str) -> tqdm:
     return tqdm(total=total, desc=desc, unit="doc", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
 
@@ -286,8 +302,7 @@ def build_bm25_index(corpus_path: Path, index_dir: Path, *, force: bool = False)
 
     started = time.perf_counter()
     checksum = corpus_checksum(corpus_path)
-    staging = _staging_dir(index_dir)
-    try:
+    with _staged(index_dir, force=force) as staging:
         offsets: list[int] = []
         texts: list[str] = []
         end = 0
@@ -318,10 +333,6 @@ def build_bm25_index(corpus_path: Path, index_dir: Path, *, force: bool = False)
             created_at=_now(),
         )
         write_manifest(manifest, staging)
-        _commit(staging, index_dir, force=force)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("built bm25 index %s: %s", index_dir, manifest.summary())
     return manifest
 
@@ -360,8 +371,7 @@ def build_dense_index(
     started = time.perf_counter()
     checksum = corpus_checksum(corpus_path)
     index = new_faiss_index(encoder.dim, index_type)
-    staging = _staging_dir(index_dir)
-    try:
+    with _staged(index_dir, force=force) as staging:
         offsets: list[int] = []
         pending: list[np.ndarray] = []  # vectors waiting for training (untrained index types only)
         pending_n = 0
@@ -413,10 +423,6 @@ def build_dense_index(
             created_at=_now(),
         )
         write_manifest(manifest, staging)
-        _commit(staging, index_dir, force=force)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("built dense index %s: %s", index_dir, manifest.summary())
     return manifest
 
@@ -449,8 +455,7 @@ def import_faiss_index(
     dim, ntotal = int(index.d), int(index.ntotal)
     del index
     checksum = corpus_checksum(corpus_path)
-    staging = _staging_dir(index_dir)
-    try:
+    with _staged(index_dir, force=force) as staging:
         from retrieval.corpus import build_offsets
 
         count = build_offsets(corpus_path, staging / OFFSETS)
@@ -458,8 +463,12 @@ def import_faiss_index(
             raise IndexLoadError(
                 f"count differs: {faiss_file} holds {ntotal} vectors but {corpus_path} has {count} passages"
             )
-        os.replace(faiss_file, staging / FAISS_FILE)
         spec = encoder if encoder.dim is not None else type(encoder)(**{**encoder.to_dict(), "dim": dim})
+        if spec.dim != dim:
+            raise IndexLoadError(
+                f"dim differs: {faiss_file} has dim {dim}, encoder {spec.name} gives {spec.dim}"
+            )
+        os.replace(faiss_file, staging / FAISS_FILE)
         manifest = IndexManifest(
             kind="dense",
             count=count,
@@ -473,15 +482,7 @@ def import_faiss_index(
             created_at=_now(),
             source="prebuilt",
         )
-        if spec.dim != dim:
-            raise IndexLoadError(
-                f"dim differs: {faiss_file} has dim {dim}, encoder {spec.name} gives {spec.dim}"
-            )
         write_manifest(manifest, staging)
-        _commit(staging, index_dir, force=force)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return manifest
 
 

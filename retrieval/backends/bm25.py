@@ -25,7 +25,7 @@ from retrieval.indexing import (
     resolve_corpus,
     verify_manifest,
 )
-from retrieval.schemas import Document, ScoredDocument
+from retrieval.schemas import ScoredDocument
 from searchrl.errors import BackendError, SearchRLError
 
 if TYPE_CHECKING:
@@ -107,16 +107,7 @@ class BM25Backend(Backend):
             # A query with no indexed token (all stopwords, unknown words) scores 0 everywhere; bm25s maps it
             # to its empty token, so it still gets k (arbitrary, score 0) results rather than an error.
             rows, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
-            out: list[list[ScoredDocument]] = []
-            for qrows, qscores in zip(rows, scores, strict=True):
-                hits = []
-                for row, score in zip(qrows.tolist(), qscores.tolist(), strict=True):
-                    p = self._store.get(int(row))
-                    hits.append(
-                        ScoredDocument(document=Document(id=p.id, contents=p.contents), score=float(score))
-                    )
-                out.append(hits)
-            return out
+            return self._store.hits(rows.tolist(), scores.tolist())
         except SearchRLError:
             raise
         except Exception as exc:

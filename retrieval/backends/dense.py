@@ -25,7 +25,7 @@ from retrieval.indexing import (
     resolve_corpus,
     verify_manifest,
 )
-from retrieval.schemas import Document, ScoredDocument
+from retrieval.schemas import ScoredDocument
 from searchrl.errors import BackendError, IndexLoadError, SearchRLError
 
 if TYPE_CHECKING:
@@ -191,18 +191,7 @@ class DenseBackend(Backend):
             vectors = self._encoder.encode_queries(queries)
             k = min(topk, int(self._index.ntotal))
             scores, rows = self._index.search(vectors, k)
-            out: list[list[ScoredDocument]] = []
-            for qrows, qscores in zip(rows.tolist(), scores.tolist(), strict=True):
-                hits = []
-                for row, score in zip(qrows, qscores, strict=True):
-                    if row < 0:  # fewer than k results (approximate index types)
-                        continue
-                    p = self._store.get(row)
-                    hits.append(
-                        ScoredDocument(document=Document(id=p.id, contents=p.contents), score=float(score))
-                    )
-                out.append(hits)
-            return out
+            return self._store.hits(rows.tolist(), scores.tolist())
         except SearchRLError:
             raise
         except Exception as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +15,7 @@ from retrieval.cache import CachedBackend, QueryCache, cache_namespace, normalis
 from retrieval.schemas import Document, ScoredDocument
 from retrieval.settings import RetrievalSettings
 from searchrl.errors import BackendError, ConfigError
-from tests.retrieval.fake_web import CSE_ID, GOOGLE_KEY, FakeSearchAPIs, serve_fake, web_settings
-
-
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[FakeSearchAPIs]:
-    with serve_fake() as apis:
-        yield apis
-
-
-@pytest.fixture
-def fake(fake_server: FakeSearchAPIs) -> FakeSearchAPIs:
-    fake_server.reset()
-    return fake_server
+from tests.retrieval.fake_web import CSE_ID, GOOGLE_KEY, FakeSearchAPIs, web_settings
 
 
 def hit(doc_id: str, score: float = 1.0) -> ScoredDocument:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -61,18 +60,6 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
     fake = FakeHub(tmp_path / "hub")
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake)
     return fake
-
-
-@pytest.fixture
-def cli_logging() -> Iterator[None]:
-    """`main()` in-process installs a stderr handler bound to pytest's capture stream; drop it afterwards so
-    later log records do not hit a closed stream."""
-    import logging
-
-    yield
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if getattr(h, "_searchrl", False)]:
-        root.removeHandler(handler)
 
 
 def _faiss_bytes(n: int, dim: int) -> bytes:
@@ -168,9 +155,7 @@ def test_hub_errors_are_one_line(hub: FakeHub, tmp_path: Path) -> None:
     assert "\n" not in str(exc.value)
 
 
-def test_cli_download(
-    cli_logging: None, hub: FakeHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_download(hub: FakeHub, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hub.add("PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz", gzip.compress(TINY_CORPUS.read_bytes()))
     assert main(["index", "download", "wiki18", "--data-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "corpora" / "wiki-18.jsonl")

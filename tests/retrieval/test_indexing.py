@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,18 +47,6 @@ def bm25_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("idx") / "bm25"
     build_bm25_index(TINY_CORPUS, out)
     return out
-
-
-@pytest.fixture
-def cli_logging() -> Iterator[None]:
-    """`main()` in-process installs a stderr handler bound to pytest's capture stream; drop it afterwards so
-    later log records do not hit a closed stream."""
-    import logging
-
-    yield
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if getattr(h, "_searchrl", False)]:
-        root.removeHandler(handler)
 
 
 def _one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
@@ -257,7 +244,7 @@ def test_explicit_index_dir_that_does_not_match(tmp_path: Path, dense_dir: Path)
 # --- `searchrl index build` ----------------------------------------------------------------------------------
 
 
-def test_cli_build_bm25(cli_logging: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_build_bm25(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from searchrl.cli import main
 
     argv = ["index", "build", "--backend", "bm25", "--corpus", str(TINY_CORPUS), "--data-dir", str(tmp_path)]
@@ -270,7 +257,7 @@ def test_cli_build_bm25(cli_logging: None, tmp_path: Path, capsys: pytest.Captur
 
 
 def test_cli_build_passes_only_given_flags(
-    cli_logging: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from searchrl.cli import main
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,21 +18,8 @@ from tests.retrieval.fake_web import (
     GOOGLE_KEY,
     RECORDED,
     FakeSearchAPIs,
-    serve_fake,
     web_settings,
 )
-
-
-@pytest.fixture(scope="module")
-def fake_server() -> Iterator[FakeSearchAPIs]:
-    with serve_fake() as apis:
-        yield apis
-
-
-@pytest.fixture
-def fake(fake_server: FakeSearchAPIs) -> FakeSearchAPIs:
-    fake_server.reset()
-    return fake_server
 
 
 def run_search(settings: RetrievalSettings, queries: list[str], topk: int) -> list[list[Any]]:
