@@ -12,6 +12,7 @@
     ├── OverloadedError                the service is past its queue bound (HTTP 503 + Retry-After)
     ├── DataError                      QA data or training data that cannot be prepared
     ├── CheckpointError                checkpoint missing or merge output not loadable
+    ├── SmokeCheckError                a smoke run exited 0 but did not search, checkpoint or merge
     ├── DeployError                    SkyPilot task invalid, endpoint not ready, launch failed
     └── InferenceError                 the LLM server (or local model) cannot be reached, loaded or parsed
 
@@ -84,6 +85,10 @@ class CheckpointError(SearchRLError):
     """A checkpoint is missing, or a merged model does not load."""
 
 
+class SmokeCheckError(SearchRLError):
+    """A smoke training run finished but missed what a real run needs (a search, a checkpoint, a merge)."""
+
+
 class DeployError(SearchRLError):
     """A SkyPilot task is invalid, an endpoint never became ready, or a launch failed."""
 
@@ -107,4 +112,5 @@ __all__ = [
     "RetrievalUnavailableError",
     "SearchFailureRateError",
     "SearchRLError",
+    "SmokeCheckError",
 ]
