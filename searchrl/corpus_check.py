@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 WIKI18_PASSAGES = 21_015_324
 ALLOW_ENV = "ALLOW_SMALL_CORPUS"
+SEARCH_R1_DATASET = "PeterJinGo/nq_hotpotqa_train"  # Search-R1's NQ+HotpotQA training data (trainer default)
+QA_SOURCE_ENV = "SEARCHRL_TRAIN_QA_SOURCE"
+_TRUE = {"1", "true", "yes", "on"}  # what pydantic reads as True for the same variable in TrainSettings
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,22 @@ def check_training_corpus(
     )
 
 
+def check_task_corpus(envs: dict[str, str], url: str, api_key: str | None) -> CorpusIdentity:
+    """`searchrl sky train`: the same check from a task's envs, before any GPU is launched."""
+    info = fetch_service_info(url, api_key)
+    qa_source = envs.get(QA_SOURCE_ENV) or SEARCH_R1_DATASET
+    allow = str(envs.get(ALLOW_ENV, "")).strip().lower() in _TRUE
+    return check_training_corpus(
+        corpus_identity(info), search_r1_data=qa_source == SEARCH_R1_DATASET, allow_small=allow
+    )
+
+
 __all__ = [
     "ALLOW_ENV",
+    "SEARCH_R1_DATASET",
     "WIKI18_PASSAGES",
     "CorpusIdentity",
+    "check_task_corpus",
     "check_training_corpus",
     "corpus_identity",
     "fetch_service_info",

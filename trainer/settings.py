@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from searchrl.corpus_check import SEARCH_R1_DATASET
 from searchrl.errors import ConfigError
 from searchrl.prompt import observation_budget
 
@@ -39,7 +40,6 @@ DATASET_SIZES: dict[str, tuple[int | None, int | None]] = {
 }
 # Rows in PeterJinGo/nq_hotpotqa_train's train split (what `full` reads), for step arithmetic before data prep.
 FULL_TRAIN_ROWS = 169_615
-SEARCH_R1_DATASET = "PeterJinGo/nq_hotpotqa_train"
 KNOWN_LOGGERS = frozenset({"console", "wandb", "mlflow", "swanlab", "tensorboard", "trackio", "clearml"})
 
 
