@@ -6,6 +6,8 @@ Run: `make lock` (= `searchrl train lock`) regenerates every lock from its input
         [--override requirements/gpu-sglang-overrides.txt] --generate-hashes \
         --python-version 3.11 --python-platform x86_64-manylinux_2_34 -o requirements/gpu-<engine>-py311.txt
 
+(engine vllm or sglang for the trainer; `infer` with the retrieval and infer extras for sky/infer.yaml.)
+
 `x86_64-manylinux_2_34` because sglang ships only manylinux_2_34 wheels (../shared/DESIGN.md section 3), and a GPU
 node's glibc is at least that new (Ubuntu 22.04 has 2.35). The project's own `train` and `retrieval` extras are
 compiled in, so `uv pip sync <lock>` followed by `uv pip install --no-deps -e .` installs every package from the
@@ -34,10 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = Path(
     "requirements"
 )  # relative to the repo root, so lock headers and `# via` lines are portable
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang")  # the trainer's rollout engines (ROLLOUT)
+STACKS = (*ENGINES, "infer")  # every lock: the two trainer stacks and sky/infer.yaml's sglang server
 PYTHONS = ("3.11", "3.12")
 PLATFORM = "x86_64-manylinux_2_34"
-EXTRAS = ("train", "retrieval")  # the single-node YAML serves retrieval next to the trainer
+# The project's extras compiled into each lock (the single-node trainer YAML serves retrieval next to verl).
+EXTRAS = {"vllm": ("train", "retrieval"), "sglang": ("train", "retrieval"), "infer": ("retrieval", "infer")}
 OVERRIDES = {"sglang": REQUIREMENTS / "gpu-sglang-overrides.txt"}
 COMPILE_COMMAND = "make lock"  # written into each lock's header instead of the temp paths of the real call
 
@@ -56,8 +60,12 @@ _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.MULTILINE)
 
 @dataclass(frozen=True)
 class LockSpec:
-    engine: str  # vllm | sglang
+    engine: str  # vllm | sglang | infer
     python: str  # 3.11 | 3.12
+
+    @property
+    def extras(self) -> tuple[str, ...]:
+        return EXTRAS[self.engine]
 
     @property
     def source(self) -> Path:
@@ -78,7 +86,7 @@ def lock_path(engine: str, python: str) -> Path:
 
 
 def all_locks() -> list[LockSpec]:
-    return [LockSpec(e, p) for e in ENGINES for p in PYTHONS]
+    return [LockSpec(e, p) for e in STACKS for p in PYTHONS]
 
 
 def uv_binary() -> str:
@@ -95,7 +103,7 @@ def uv_binary() -> str:
 def compile_command(spec: LockSpec, output: Path, *, source: Path | None = None, uv: str = "uv") -> list[str]:
     """The exact `uv pip compile` call for one lock (run it from the repo root)."""
     cmd = [uv, "pip", "compile", "pyproject.toml", str(source or spec.source)]
-    for extra in EXTRAS:
+    for extra in spec.extras:
         cmd += ["--extra", extra]
     if spec.override is not None:
         cmd += ["--override", str(spec.override)]
@@ -210,6 +218,7 @@ __all__ = [
     "MIN_DRIVER",
     "PLATFORM",
     "PYTHONS",
+    "STACKS",
     "LockSpec",
     "all_locks",
     "check_driver",
