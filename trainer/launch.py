@@ -34,7 +34,7 @@ from typing import Any
 from searchrl.corpus_check import CorpusIdentity, check_training_corpus, corpus_identity, fetch_service_info
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from trainer.data import prepare_data
-from trainer.lock import check_driver, current_lock
+from trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
 from trainer.merge import TRACKER_FILE
 from trainer.overrides import main_ppo_command, render_overrides
 from trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
@@ -95,12 +95,19 @@ def check_gpus(settings: TrainSettings, found: int | None = None) -> int:
 
 
 def check_stack(settings: TrainSettings, *, nvidia_smi: str = "nvidia-smi") -> str:
-    """The driver against the lock of this environment's engine and Python; flash-attn if asked for."""
-    lock = current_lock(settings.rollout_name)
-    if not lock.is_file():
-        raise ConfigError(f"{lock} is missing: run `make lock` (ROLLOUT={settings.rollout_name})")
-    driver = check_driver(lock, nvidia_smi=nvidia_smi)
-    log.info("NVIDIA driver %s is new enough for %s", driver, lock.name)
+    """The driver against the CUDA of the installed torch (installed from the lock; verl's image brings its
+    own), else of the lock for this engine and Python; flash-attn if asked for."""
+    cuda = installed_cuda()
+    if cuda is not None:
+        import torch
+
+        driver = check_driver_for(cuda, f"of the installed torch {torch.__version__}", nvidia_smi=nvidia_smi)
+    else:
+        lock = current_lock(settings.rollout_name)
+        if not lock.is_file():
+            raise ConfigError(f"{lock} is missing: run `make lock` (ROLLOUT={settings.rollout_name})")
+        driver = check_driver(lock, nvidia_smi=nvidia_smi)
+    log.info("NVIDIA driver %s is new enough for CUDA %s", driver, cuda or "in the lock")
     if settings.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         raise ConfigError(
             "attn_implementation=flash_attention_2 but flash-attn is not installed (PyPI has no wheel for the "
@@ -197,6 +204,13 @@ def check_corpus(settings: TrainSettings, urls: Sequence[str]) -> CorpusIdentity
     )
 
 
+def _lock_name(settings: TrainSettings) -> str | None:
+    try:
+        return current_lock(settings.rollout_name).name
+    except ConfigError:  # a Python with no lock (verl's image): the record says so
+        return None
+
+
 def record_run(
     settings: TrainSettings, overrides: Sequence[str], extra: dict[str, Any] | None = None
 ) -> Path:
@@ -257,7 +271,7 @@ def prepare_launch(
     record = {
         "corpus": corpus.as_record(),
         "allow_small_corpus": settings.allow_small_corpus,
-        "lock": current_lock(settings.rollout_name).name,
+        "lock": _lock_name(settings),
         "nvidia_driver": driver,
         "train_rows": data.train_rows,
         "test_rows": data.test_rows,

@@ -194,15 +194,32 @@ def driver_version(nvidia_smi: str = "nvidia-smi") -> str:
 
 def check_driver(lock_file: Path, *, nvidia_smi: str = "nvidia-smi") -> str:
     """Raise ConfigError (one line) unless the node's driver is new enough for the lock's CUDA; return it."""
-    cuda = locked_cuda(lock_file)
+    return check_driver_for(locked_cuda(lock_file), f"in {lock_file.name}", nvidia_smi=nvidia_smi)
+
+
+def check_driver_for(cuda: tuple[int, int], source: str, *, nvidia_smi: str = "nvidia-smi") -> str:
+    """The driver check for a CUDA version that `source` ("in gpu-vllm-py311.txt", "of torch ...") names."""
     need = min_driver_for(cuda)
     have = driver_version(nvidia_smi)
     if _version_tuple(have) < _version_tuple(need):
         raise ConfigError(
-            f"NVIDIA driver {have} is too old for CUDA {cuda[0]}.{cuda[1]} in {lock_file.name} (needs >= {need}): "
+            f"NVIDIA driver {have} is too old for CUDA {cuda[0]}.{cuda[1]} {source} (needs >= {need}): "
             "upgrade the driver or pick a cloud image with a newer one"
         )
     return have
+
+
+def installed_cuda() -> tuple[int, int] | None:
+    """The CUDA version the installed torch was built for (None: CPU build or no torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    version = getattr(torch.version, "cuda", None)
+    if not version:
+        return None
+    major, minor = str(version).split(".")[:2]
+    return int(major), int(minor)
 
 
 def current_lock(engine: str) -> Path:
@@ -222,10 +239,12 @@ __all__ = [
     "LockSpec",
     "all_locks",
     "check_driver",
+    "check_driver_for",
     "compile_command",
     "compile_lock",
     "current_lock",
     "driver_version",
+    "installed_cuda",
     "lock_path",
     "locked_cuda",
     "min_driver_for",

@@ -31,6 +31,12 @@ def _settings(tmp_path, qa_sample, urls, **kw):
 NEW_DRIVER = "580.95.05"
 
 
+@pytest.fixture(autouse=True)
+def _cpu_torch(monkeypatch):
+    """The driver check reads the lock, as with a CPU torch, whatever torch this machine has."""
+    monkeypatch.setattr("trainer.launch.installed_cuda", lambda: None)
+
+
 def test_no_gpu_so_launch_stops_first(tmp_path, qa_sample, monkeypatch):
     monkeypatch.setattr("trainer.launch.count_gpus", lambda: 0)
     settings = _settings(tmp_path, qa_sample, ["http://127.0.0.1:1"])
@@ -111,6 +117,26 @@ def test_old_driver_stops_before_any_work(tmp_path, qa_sample, nvidia_smi):
             settings, gpus=1, nvidia_smi=nvidia_smi("550.54.15"), runner=lambda cmd: pytest.fail("no")
         )
     assert not (tmp_path / "data").exists()
+
+
+def test_driver_is_checked_against_the_installed_torch_when_it_has_cuda(monkeypatch, nvidia_smi):
+    from trainer.launch import check_stack
+
+    monkeypatch.setattr("trainer.launch.installed_cuda", lambda: (12, 8))  # e.g. verl's image, not our lock
+    assert check_stack(TrainSettings(), nvidia_smi=nvidia_smi("570.86.15")) == "570.86.15"
+    with pytest.raises(
+        ConfigError, match=r"driver 560\.35\.03 is too old for CUDA 12\.8 of the installed torch"
+    ):
+        check_stack(TrainSettings(), nvidia_smi=nvidia_smi("560.35.03"))
+
+
+def test_flash_attention_without_flash_attn_is_refused(monkeypatch, nvidia_smi):
+    from trainer.launch import check_stack
+
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    settings = TrainSettings(attn_implementation="flash_attention_2")
+    with pytest.raises(ConfigError, match="flash-attn is not installed"):
+        check_stack(settings, nvidia_smi=nvidia_smi(NEW_DRIVER))
 
 
 # --- corpus ------------------------------------------------------------------------------------------------------

@@ -106,6 +106,9 @@ def test_smoke_launch_checks_search_checkpoint_and_merge(
 
     caplog.set_level("INFO", logger="trainer.launch")
     monkeypatch.setenv("SMOKE", "1")
+    monkeypatch.setattr(
+        "trainer.launch.installed_cuda", lambda: None
+    )  # the lock's CUDA, whatever torch is here
     settings = TrainSettings(
         qa_source=str(qa_sample),
         data_dir=tmp_path / "data",
