@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality
+.PHONY: lock train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -81,8 +81,24 @@ serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkySer
 train: $(VENV)/.dev $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed multi-node job
 	$(BIN)/searchrl sky train $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
 
-train-local: $(VENV)/.dev  ## train on this machine's GPUs (GPU check, data, /retrieve health, verl); e.g. ENV="DATASET_SIZE=small"
-	env $(ENV) $(BIN)/searchrl train local
+# The trainer's GPU environment: exactly one lock (requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt), then this package
+# with --no-deps. ROLLOUT=vllm (default: resolves as published) | sglang (transformers override; docs/training.md).
+ROLLOUT  ?= vllm
+GPU_PY   ?= 311
+GPU_VENV ?= .venv-gpu
+GPU_LOCK := requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt
+$(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY): $(GPU_LOCK) pyproject.toml
+	uv venv --clear --seed --python $(subst 3,3.,$(GPU_PY)) $(GPU_VENV) && uv pip install --python $(GPU_VENV)/bin/python --require-hashes -r $(GPU_LOCK)
+	uv pip install --python $(GPU_VENV)/bin/python --no-deps -e . && touch $@
+
+lock: $(VENV)/.dev  ## re-resolve requirements/gpu-*-py3*.txt from requirements/*.in + pyproject extras (uv; no GPU needed)
+	$(BIN)/searchrl train lock
+
+train-local: $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); e.g. ENV="DATASET_SIZE=small"
+	env ROLLOUT=$(ROLLOUT) $(ENV) $(GPU_VENV)/bin/searchrl train local
+
+train-smoke: $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
+	env ROLLOUT=$(ROLLOUT) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local
 
 # --- inference and comparison (issue 7) ----------------------------------------------------------------------
 # MODELS: NAME@LLM_URL,...  BACKENDS: LABEL=RETRIEVAL_URL,...  TOOLS: on,off (search and the no-search baseline)

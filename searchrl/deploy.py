@@ -479,6 +479,12 @@ def plan_train(
             )
         log.info("retrieval service %s: %s", one, result.reason)
     task = load_task(path, envs, secrets)
+    # Search-R1 data against a corpus other than wiki-18 trains "search does not help": refuse before launching.
+    from searchrl.corpus_check import check_task_corpus
+
+    first_url = [u.strip() for u in url.split(",") if u.strip()][0]
+    corpus = check_task_corpus(dict(task.envs), first_url, secrets.get("RETRIEVAL_API_KEY"))
+    log.info("retrieval corpus: %s", corpus.describe())
     if num_nodes is not None:
         if num_nodes < 1:
             raise ConfigError(f"--num-nodes must be at least 1, got {num_nodes}")

@@ -8,9 +8,11 @@
     │   ├── QuotaExceededError         a web backend's request budget is spent (HTTP 429)
     │   └── CacheMissError             replay mode and the query was never recorded (HTTP 404: no retry helps)
     ├── RetrievalUnavailableError      /retrieve unreachable, timed out, or answered with an error
+    │   └── SearchFailureRateError     too many failed searches during training: the run stops (trainer/reward.py)
     ├── OverloadedError                the service is past its queue bound (HTTP 503 + Retry-After)
     ├── DataError                      QA data or training data that cannot be prepared
     ├── CheckpointError                checkpoint missing or merge output not loadable
+    ├── SmokeCheckError                a smoke run exited 0 but did not search, checkpoint or merge
     ├── DeployError                    SkyPilot task invalid, endpoint not ready, launch failed
     └── InferenceError                 the LLM server (or local model) cannot be reached, loaded or parsed
 
@@ -60,6 +62,13 @@ class RetrievalUnavailableError(SearchRLError):
         self.status = status
 
 
+class SearchFailureRateError(RetrievalUnavailableError):
+    """Too large a share of a training run's recent searches failed; training stops instead of learning it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind="failure_rate")
+
+
 class OverloadedError(SearchRLError):
     """The service's queue is full; the client should retry after `retry_after` seconds."""
 
@@ -74,6 +83,10 @@ class DataError(SearchRLError):
 
 class CheckpointError(SearchRLError):
     """A checkpoint is missing, or a merged model does not load."""
+
+
+class SmokeCheckError(SearchRLError):
+    """A smoke training run finished but missed what a real run needs (a search, a checkpoint, a merge)."""
 
 
 class DeployError(SearchRLError):
@@ -97,5 +110,7 @@ __all__ = [
     "OverloadedError",
     "QuotaExceededError",
     "RetrievalUnavailableError",
+    "SearchFailureRateError",
     "SearchRLError",
+    "SmokeCheckError",
 ]

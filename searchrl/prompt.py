@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,11 +122,16 @@ def parse_tool_calls(text: str) -> ParsedTurn:
     return ParsedTurn(calls=calls, errors=errors, content=content)
 
 
-def queries_from_arguments(arguments: dict[str, Any]) -> list[str]:
+def queries_from_arguments(arguments: Any) -> list[str]:
     """The non-empty queries of a `search` call; accepts `query_list` (schema) or a bare `query` string.
 
-    Raises ValueError with a message meant for the model when no usable query is present.
+    Raises ValueError with a message meant for the model when no usable query is present, including when the
+    arguments are not a JSON object at all (verl passes whatever `json.loads` made of them: a list, a string).
     """
+    if not isinstance(arguments, Mapping):
+        raise ValueError(
+            f'arguments must be a JSON object like {{"query_list": ["..."]}}, got {type(arguments).__name__}'
+        )
     raw: Any = arguments.get("query_list", arguments.get("query"))
     if isinstance(raw, str):
         raw = [raw]
@@ -155,6 +160,7 @@ def format_passages(contents: Sequence[str], *, max_chars_per_doc: int | None = 
     return "\n".join(lines)
 
 
+TRUNCATION_MARK = "..."  # ends a cut passage or observation
 # Characters of "Doc i (Title: ...) " framing per passage, plus a per-query header, when sizing the observation
 # budget in characters (verl truncates tool responses by characters, not tokens).
 DOC_OVERHEAD_CHARS = 96
@@ -187,8 +193,9 @@ def format_observation(
     if not text.strip():
         text = "search returned no results"
     if max_chars is not None and len(text) > max_chars:
-        text = text[:max_chars].rstrip() + "..."
-    return text
+        # The marker counts against the cap: verl truncates anything longer than max_tool_response_length again.
+        text = text[: max(max_chars - len(TRUNCATION_MARK), 0)].rstrip() + TRUNCATION_MARK
+    return text[:max_chars] if max_chars is not None else text
 
 
 __all__ = [

@@ -22,6 +22,20 @@ _LEAKY = (
     "GOOGLE_CSE_ID",
     "SERPER_API_KEY",
     "WANDB_API_KEY",
+    # TrainSettings' recipe names (trainer/settings.py): a shell exporting them must not change test results
+    "DATASET_SIZE",
+    "MODEL_NAME",
+    "TRAIN_BATCH_SIZE",
+    "TOTAL_STEPS",
+    "NUM_NODES",
+    "GPUS_PER_NODE",
+    "EXPERIMENT_NAME",
+    "CHECKPOINT_DIR",
+    "ROLLOUT_N",
+    "MAX_TURNS",
+    "ROLLOUT",
+    "SMOKE",
+    "ALLOW_SMALL_CORPUS",
 )
 
 

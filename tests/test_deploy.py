@@ -190,6 +190,7 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
     env = {**os.environ, "RETRIEVAL_API_KEY": TOKEN, "WANDB_API_KEY": "wandb-secret-77"}
     argv = ["sky", "train", "--dry-run", "--env", f"RETRIEVAL_SERVICE_URL={auth_url}",
             "--env", "CHECKPOINT_BUCKET=my-searchrl-ckpts", "--env", "DATASET_SIZE=small",
+            "--env", "ALLOW_SMALL_CORPUS=1",  # the fixture service serves 20 passages, not wiki-18
             "--secret", "WANDB_API_KEY", "--num-nodes", "3"]  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "searchrl", *argv], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -210,6 +211,20 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
     assert task["file_mounts"]["/checkpoints"]["mode"] == "MOUNT_CACHED"
     assert "exec searchrl train merge" in task["run"]  # block style: the printed run: reads like the file
     assert "ok:" in proc.stderr  # the health check ran against the live service before the task was built
+
+
+@pytest.mark.live
+def test_sky_train_refuses_search_r1_data_against_a_small_corpus(auth_url: str) -> None:
+    env = {**os.environ, "RETRIEVAL_API_KEY": TOKEN}
+    argv = ["sky", "train", "--dry-run", "--env", f"RETRIEVAL_SERVICE_URL={auth_url}",
+            "--env", "CHECKPOINT_BUCKET=my-searchrl-ckpts"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "searchrl", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert line.startswith("error: the retrieval service searches backend bm25, corpus ")
+    assert "not wiki-18 (21,015,324 passages)" in line and "ALLOW_SMALL_CORPUS=1" in line
+    assert TOKEN not in proc.stderr and not proc.stdout  # nothing printed, nothing launched
 
 
 def test_module_imports_without_skypilot() -> None:

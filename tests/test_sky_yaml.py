@@ -104,8 +104,8 @@ def test_train_yaml_follows_the_multinode_rules() -> None:
         run.index("searchrl health") < run.index("searchrl train local") < run.index("searchrl train merge")
     )
     assert "ray.init" not in run and "address=auto" not in run
-    for pin in ('"verl[sglang]==0.9.1"', '"sglang==0.5.12"', '"uvloop==0.21.0"'):
-        assert pin in setup
+    # installs exactly the lock (tests/trainer/test_lock.py checks every install line)
+    assert 'uv pip install --require-hashes -r "requirements/gpu-${ROLLOUT}-py311.txt"' in setup
     assert config["file_mounts"]["/checkpoints"]["name"] == "$CHECKPOINT_BUCKET"
     assert config["envs"]["CHECKPOINT_DIR"] == "/checkpoints"
     assert config["envs"]["RETRIEVAL_SERVICE_URL"] is None  # taken at launch, never baked in

@@ -2,16 +2,24 @@
 
 Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   1. GPU check: verl needs NVIDIA GPUs (no CPU rollout exists); without them we stop before touching anything.
-  2. Data: `trainer/data.py` writes (or reuses) <data_dir>/<size>/{train,test}.parquet.
-  3. Tool config: `trainer/toolconfig.py` writes the verl tool YAML for the current RETRIEVAL_SERVICE_URL.
-  4. Health: a real `POST /retrieve` against every URL; at least one must answer (the rest are failovers).
-  5. Record: the overrides and the resolved settings (no secrets) go into <run>/searchrl/, like nanoGPT keeps
-     its config inside the checkpoint, so a run can be explained and resumed with the same arguments.
-  6. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours.
+  2. Stack check: the NVIDIA driver is new enough for the CUDA in the lock this environment was installed from
+     (trainer/lock.py); flash-attn is importable when attn_implementation asks for it.
+  3. Resume check: a run folder that already holds a record must have been started with the same settings
+     (RESUME_KEYS); a finished run says so instead of training again.
+  4. Data: `trainer/data.py` writes (or reuses) <data_dir>/<size>/{train,test}.parquet; the train rows set
+     verl's epochs so training reaches TOTAL_STEPS (TrainSettings.epochs_for).
+  5. Tool config: `trainer/toolconfig.py` writes the verl tool YAML for the current RETRIEVAL_SERVICE_URL.
+  6. Health: a real `POST /retrieve` against every URL; at least one must answer (the rest are failovers).
+  7. Corpus: the healthy services' `GET /` must name wiki-18 for Search-R1 data (searchrl/corpus_check.py).
+  8. Record: the overrides, the resolved settings (no secrets) and the service's corpus checksum and index
+     fingerprint go into <run>/searchrl/, like nanoGPT keeps its config inside the checkpoint.
+  9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours. SMOKE=1
+     then checks the run (trainer/smoke.py): a search happened, a checkpoint was written, merged, and loads.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -19,18 +27,47 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from searchrl.corpus_check import CorpusIdentity, check_training_corpus, corpus_identity, fetch_service_info
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from trainer.data import prepare_data
+from trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
+from trainer.merge import TRACKER_FILE
 from trainer.overrides import main_ppo_command, render_overrides
-from trainer.settings import TrainSettings, redact_url
+from trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
 from trainer.toolconfig import write_tool_config
 
 log = logging.getLogger(__name__)
 
 RECORD_DIR = "searchrl"  # inside the run folder, next to verl's global_step_N folders
+# Settings that define a run: resuming a checkpoint under any other value would continue a different run (its
+# dataloader position, LR schedule and model shards all depend on them). Everything else may change on resume.
+RESUME_KEYS = (
+    "model_name",
+    "qa_source",
+    "dataset_size",
+    "seed",
+    "train_batch_size",
+    "ppo_mini_batch_size",
+    "rollout_n",
+    "lr",
+    "lr_warmup_ratio",
+    "kl_coef",
+    "kl_loss_type",
+    "entropy_coeff",
+    "temperature",
+    "total_steps",
+    "max_turns",
+    "max_prompt_length",
+    "max_response_length",
+    "topk",
+    "passage_max_chars",
+    "nnodes",
+    "gpus_per_node",
+)
 
 
 def count_gpus() -> int:
@@ -55,6 +92,68 @@ def check_gpus(settings: TrainSettings, found: int | None = None) -> int:
             f"GPUS_PER_NODE is {settings.gpus_per_node} but this machine has {found} GPU(s); set GPUS_PER_NODE={found}"
         )
     return found
+
+
+def check_stack(settings: TrainSettings, *, nvidia_smi: str = "nvidia-smi") -> str:
+    """The driver against the CUDA of the installed torch (installed from the lock; verl's image brings its
+    own), else of the lock for this engine and Python; flash-attn if asked for."""
+    cuda = installed_cuda()
+    if cuda is not None:
+        import torch
+
+        driver = check_driver_for(cuda, f"of the installed torch {torch.__version__}", nvidia_smi=nvidia_smi)
+    else:
+        lock = current_lock(settings.rollout_name)
+        if not lock.is_file():
+            raise ConfigError(f"{lock} is missing: run `make lock` (ROLLOUT={settings.rollout_name})")
+        driver = check_driver(lock, nvidia_smi=nvidia_smi)
+    log.info("NVIDIA driver %s is new enough for CUDA %s", driver, cuda or "in the lock")
+    if settings.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ConfigError(
+            "attn_implementation=flash_attention_2 but flash-attn is not installed (PyPI has no wheel for the "
+            "locked torch; see docs/training.md): install a matching wheel or use SEARCHRL_TRAIN_ATTN_IMPLEMENTATION=sdpa"
+        )
+    return driver
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What the run folder already holds."""
+
+    step: int | None  # newest finished checkpoint (verl's tracker file), None for a new run
+    finished: bool  # that checkpoint is the last step
+    merged_dir: Path | None  # <run>/merged/global_step_N when it holds a merged model
+
+
+def check_resume(settings: TrainSettings) -> RunState:
+    """Refuse to resume a run recorded with other settings; report a finished (and maybe merged) run."""
+    run_dir = settings.run_dir.expanduser().resolve()
+    tracker = run_dir / TRACKER_FILE
+    record = run_dir / RECORD_DIR / "settings.json"
+    step = None
+    if tracker.is_file():
+        text = tracker.read_text().strip()
+        step = int(text) if text.isdigit() else None
+    if record.is_file():
+        recorded = json.loads(record.read_text())
+        current = settings.redacted_dump()
+        differ = [k for k in RESUME_KEYS if k in recorded and recorded[k] != current.get(k)]
+        if differ:
+            changes = ", ".join(f"{k} {recorded[k]!r} -> {current.get(k)!r}" for k in differ)
+            raise ConfigError(
+                f"{run_dir} holds a run started with other settings ({changes}); resuming would continue that "
+                "run: restore them, or set a new EXPERIMENT_NAME (or leave it empty for the default name)"
+            )
+    elif step is not None:
+        raise ConfigError(
+            f"{run_dir} holds checkpoints (step {step}) but no {RECORD_DIR}/settings.json, so resuming cannot "
+            "check they belong to this run: set a new EXPERIMENT_NAME"
+        )
+    finished = step is not None and step >= settings.total_steps
+    merged = run_dir / "merged" / f"global_step_{step}"
+    return RunState(
+        step=step, finished=finished, merged_dir=merged if (merged / "config.json").is_file() else None
+    )
 
 
 def check_retrieval(settings: TrainSettings) -> list[str]:
@@ -86,14 +185,44 @@ def check_retrieval(settings: TrainSettings) -> list[str]:
     return healthy
 
 
-def record_run(settings: TrainSettings, overrides: Sequence[str]) -> Path:
-    """Write overrides.txt and settings.json (credentials redacted) into <run>/searchrl/."""
+def check_corpus(settings: TrainSettings, urls: Sequence[str]) -> CorpusIdentity:
+    """Every healthy URL serves the same corpus and index, and it fits the data (searchrl/corpus_check.py)."""
+    api_key = os.environ.get(settings.retrieval_api_key_env) or None
+    seen = [(url, corpus_identity(fetch_service_info(url, api_key))) for url in urls]
+    first_url, first = seen[0]
+    for url, other in seen[1:]:
+        if (other.corpus_checksum, other.index_fingerprint) != (
+            first.corpus_checksum,
+            first.index_fingerprint,
+        ):
+            raise ConfigError(
+                f"failover URLs serve different indexes ({redact_url(first_url)}: {first.describe()}; "
+                f"{redact_url(url)}: {other.describe()}): point RETRIEVAL_SERVICE_URL at replicas of one service"
+            )
+    return check_training_corpus(
+        first, search_r1_data=settings.qa_source == SEARCH_R1_DATASET, allow_small=settings.allow_small_corpus
+    )
+
+
+def _lock_name(settings: TrainSettings) -> str | None:
+    try:
+        return current_lock(settings.rollout_name).name
+    except ConfigError:  # a Python with no lock (verl's image): the record says so
+        return None
+
+
+def record_run(
+    settings: TrainSettings, overrides: Sequence[str], extra: dict[str, Any] | None = None
+) -> Path:
+    """Write overrides.txt, settings.json (credentials redacted) and run.json (corpus, stack) into <run>/searchrl/."""
     folder = settings.run_dir.expanduser().resolve() / RECORD_DIR
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "overrides.txt").write_text("\n".join(overrides) + "\n")
     (folder / "settings.json").write_text(
         json.dumps(settings.redacted_dump(), indent=2, sort_keys=True) + "\n"
     )
+    if extra is not None:
+        (folder / "run.json").write_text(json.dumps(extra, indent=2, sort_keys=True) + "\n")
     return folder
 
 
@@ -104,22 +233,56 @@ def _run_trainer(cmd: Sequence[str]) -> int:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    command: list[str]
-    record_dir: Path
-    healthy_urls: list[str]
+    command: list[str]  # empty when the run is already finished (nothing to train)
+    record_dir: Path | None
+    healthy_urls: list[str] = field(default_factory=list)
+    state: RunState | None = None
+    corpus: CorpusIdentity | None = None
 
 
-def prepare_launch(settings: TrainSettings, *, gpus: int | None = None) -> LaunchPlan:
-    """Steps 1-5: everything up to the verl command, which is returned (not run)."""
+def prepare_launch(
+    settings: TrainSettings, *, gpus: int | None = None, nvidia_smi: str = "nvidia-smi"
+) -> LaunchPlan:
+    """Steps 1-8: everything up to the verl command, which is returned (not run)."""
     check_gpus(settings, gpus)
+    driver = check_stack(settings, nvidia_smi=nvidia_smi)
+    state = check_resume(settings)
+    if state.finished:
+        if state.merged_dir is not None:
+            raise ConfigError(
+                f"{settings.experiment_name} already finished at step {state.step} of {settings.total_steps} and "
+                f"is merged in {state.merged_dir}: nothing to do; set a new EXPERIMENT_NAME to train again"
+            )
+        log.info(
+            "%s already finished at step %d of %d: not training again (merge it with `searchrl train merge`)",
+            settings.experiment_name,
+            state.step,
+            settings.total_steps,
+        )
+        return LaunchPlan(command=[], record_dir=None, state=state)
+    if state.step is not None:
+        log.info("resuming %s from step %d of %d", settings.experiment_name, state.step, settings.total_steps)
     data = prepare_data(settings)
     log.info("data: %d train / %d test rows in %s", data.train_rows, data.test_rows, data.train_file.parent)
+    overrides = render_overrides(settings, data.train_rows)  # refuses a schedule verl would cut short
     write_tool_config(settings)
     healthy = check_retrieval(settings)
-    overrides = render_overrides(settings)
-    record_dir = record_run(settings, overrides)
+    corpus = check_corpus(settings, healthy)
+    record = {
+        "corpus": corpus.as_record(),
+        "allow_small_corpus": settings.allow_small_corpus,
+        "lock": _lock_name(settings),
+        "nvidia_driver": driver,
+        "train_rows": data.train_rows,
+        "test_rows": data.test_rows,
+    }
+    record_dir = record_run(settings, overrides, record)
     return LaunchPlan(
-        command=main_ppo_command(settings, sys.executable), record_dir=record_dir, healthy_urls=healthy
+        command=main_ppo_command(settings, sys.executable, data.train_rows),
+        record_dir=record_dir,
+        healthy_urls=healthy,
+        state=state,
+        corpus=corpus,
     )
 
 
@@ -127,17 +290,31 @@ def train_local(
     settings: TrainSettings,
     *,
     gpus: int | None = None,
+    nvidia_smi: str = "nvidia-smi",
     runner: Callable[[Sequence[str]], int] = _run_trainer,
 ) -> int:
-    """Prepare and run verl in the foreground; return its exit code."""
-    plan = prepare_launch(settings, gpus=gpus)
-    return runner(plan.command)
+    """Prepare and run verl in the foreground; return its exit code (SMOKE=1: then check the run)."""
+    plan = prepare_launch(settings, gpus=gpus, nvidia_smi=nvidia_smi)
+    if not plan.command:
+        return 0
+    code = runner(plan.command)
+    if code == 0 and settings.smoke:
+        from trainer.smoke import check_smoke_run
+
+        report = check_smoke_run(settings)
+        log.info("smoke run passed: %s", report.summary())
+    return code
 
 
 __all__ = [
+    "RESUME_KEYS",
     "LaunchPlan",
+    "RunState",
+    "check_corpus",
     "check_gpus",
+    "check_resume",
     "check_retrieval",
+    "check_stack",
     "count_gpus",
     "prepare_launch",
     "record_run",

@@ -7,6 +7,9 @@ test instead of a GPU job. The ones that decide whether the model ever searches 
 `agent.default_agent_loop=tool_agent`, `max_tool_response_length` sized to top-k passages (verl's default 256
 characters would cut every observation to a stub), and `data.return_raw_chat=True`. Resume needs
 `resume_mode=auto`, `save_freq>0`, `max_actor_ckpt_to_keep>=2` and a per-experiment `default_local_dir`.
+`trainer.total_epochs` comes from the train rows (TrainSettings.epochs_for), because verl stops at
+epochs x steps-per-epoch whatever `total_training_steps` says. Keys verl's config does not declare are added
+with hydra's `+` (the attention override, the reward function's kwargs).
 """
 
 from __future__ import annotations
@@ -43,10 +46,19 @@ def _abs(path: Path) -> str:
     return str(path.expanduser().resolve())
 
 
-def render_overrides(settings: TrainSettings) -> list[str]:
-    """The full override list for one GRPO search-agent run, in a stable order."""
+def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> list[str]:
+    """The full override list for one GRPO search-agent run, in a stable order.
+
+    `train_rows` is the prepared train split's size (launch knows it); None reads it from an earlier data prep
+    or the dataset size (TrainSettings.expected_train_rows).
+    """
     s = settings
     use_kl = s.kl_coef > 0
+    total_epochs = s.epochs_for(s.expected_train_rows() if train_rows is None else train_rows)
+    # flash-attn has no prebuilt wheel for the locked torch/CUDA (docs/training.md): verl's FSDP engine reads
+    # attn_implementation from model.override_config (default flash_attention_2). Padding removal packs
+    # sequences for flash-attn's varlen kernels, so it is only on with flash-attn.
+    flash = s.attn_implementation == "flash_attention_2"
     pairs: list[tuple[str, object]] = [
         # --- algorithm: GRPO, KL as a loss term (Search-R1), not in the reward
         ("algorithm.adv_estimator", "grpo"),
@@ -63,9 +75,11 @@ def render_overrides(settings: TrainSettings) -> list[str]:
         ("data.shuffle", True),
         ("data.seed", s.seed),
         ("data.val_max_samples", s.val_max_samples),
+        ("data.val_batch_size", s.val_batch_size),
         # --- policy model and optimiser
         ("actor_rollout_ref.model.path", s.model_name),
-        ("actor_rollout_ref.model.use_remove_padding", True),
+        ("+actor_rollout_ref.model.override_config.attn_implementation", s.attn_implementation),
+        ("actor_rollout_ref.model.use_remove_padding", flash),
         ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
         ("actor_rollout_ref.actor.optim.lr", s.lr),
         ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", s.lr_warmup_ratio),
@@ -99,6 +113,8 @@ def render_overrides(settings: TrainSettings) -> list[str]:
         # --- reward: our EM scorer for every data source
         ("reward.custom_reward_function.path", REWARD_FN_PATH),
         ("reward.custom_reward_function.name", REWARD_FN_NAME),
+        ("+reward.custom_reward_function.reward_kwargs.max_failure_rate", s.max_search_failure_rate),
+        ("+reward.custom_reward_function.reward_kwargs.failure_window", s.search_failure_window),
         # --- trainer: cluster shape, schedule, checkpoints that survive preemption
         ("trainer.project_name", s.project_name),
         ("trainer.experiment_name", s.experiment_name),
@@ -106,7 +122,7 @@ def render_overrides(settings: TrainSettings) -> list[str]:
         ("trainer.nnodes", s.nnodes),
         ("trainer.n_gpus_per_node", s.gpus_per_node),
         ("trainer.total_training_steps", s.total_steps),
-        ("trainer.total_epochs", s.total_epochs),
+        ("trainer.total_epochs", total_epochs),
         ("trainer.save_freq", s.save_freq),
         ("trainer.test_freq", s.test_freq),
         ("trainer.val_before_train", s.val_before_train),
@@ -115,12 +131,16 @@ def render_overrides(settings: TrainSettings) -> list[str]:
         ("trainer.max_actor_ckpt_to_keep", s.max_ckpt_to_keep),
         ("trainer.default_local_dir", _abs(s.run_dir)),
     ]
+    if s.rollout_data_dir is not None:
+        pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
 
 
-def main_ppo_command(settings: TrainSettings, python: str = "python") -> list[str]:
+def main_ppo_command(
+    settings: TrainSettings, python: str = "python", train_rows: int | None = None
+) -> list[str]:
     """argv for verl's trainer with our overrides (run without a shell: no quoting issues)."""
-    return [python, "-m", "verl.trainer.main_ppo", *render_overrides(settings)]
+    return [python, "-m", "verl.trainer.main_ppo", *render_overrides(settings, train_rows)]
 
 
 __all__ = ["REWARD_FN_NAME", "REWARD_FN_PATH", "hydra_value", "main_ppo_command", "render_overrides"]

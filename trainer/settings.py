@@ -6,7 +6,11 @@ passages, up to 4 searches per answer, 1005 steps.
 
 Env names are SEARCHRL_TRAIN_<FIELD>, except those users know from the SkyPilot recipes (DATASET_SIZE,
 MODEL_NAME, TRAIN_BATCH_SIZE, TOTAL_STEPS, NUM_NODES, GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME,
-CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS), which are declared as aliases so `sky launch --env NAME=...` reaches them.
+CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS, ROLLOUT, SMOKE, ALLOW_SMALL_CORPUS), which are declared as aliases so
+`sky launch --env NAME=...` reaches them.
+
+SMOKE=1 is the first GPU run (`make train-smoke`): SMOKE_PRESET below replaces every default it names (a value
+the user sets still wins), so a tiny model trains for a few steps on one GPU against the bundled corpus.
 A misspelled SEARCHRL_TRAIN_* key (environment or `.env`), or an unknown keyword argument, is an error; other
 areas' variables in a shared `.env` are ignored.
 The retrieval token is never a setting: only the *name* of the environment variable that holds it is.
@@ -23,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from searchrl.corpus_check import SEARCH_R1_DATASET
 from searchrl.errors import ConfigError
 from searchrl.prompt import observation_budget
 
@@ -33,6 +38,8 @@ DATASET_SIZES: dict[str, tuple[int | None, int | None]] = {
     "medium": (10_000, 2_000),
     "full": (None, None),
 }
+# Rows in PeterJinGo/nq_hotpotqa_train's train split (what `full` reads), for step arithmetic before data prep.
+FULL_TRAIN_ROWS = 169_615
 KNOWN_LOGGERS = frozenset({"console", "wandb", "mlflow", "swanlab", "tensorboard", "trackio", "clearml"})
 
 
@@ -59,7 +66,7 @@ class TrainSettings(BaseSettings):
     dataset_size: DatasetSize = Field(default="full", validation_alias=_alias("DATASET_SIZE", "dataset_size"))
     # HF dataset repo id, or a local parquet/JSONL file (question, golden_answers, data_source), or a folder
     # holding train.{parquet,jsonl} and test.{parquet,jsonl}
-    qa_source: str = "PeterJinGo/nq_hotpotqa_train"
+    qa_source: str = SEARCH_R1_DATASET
     data_dir: Path = Path("data/train")  # verl parquet goes to <data_dir>/<dataset_size>/{train,test}.parquet
     seed: int = 42  # sampling of small/medium subsets and verl's data shuffle
 
@@ -85,7 +92,8 @@ class TrainSettings(BaseSettings):
     entropy_coeff: float = Field(default=0.0, ge=0)
     temperature: float = Field(default=1.0, gt=0)  # rollout sampling temperature (validation is greedy)
     total_steps: int = Field(default=1005, ge=1, validation_alias=_alias("TOTAL_STEPS", "total_steps"))
-    total_epochs: int = Field(default=100, ge=1)  # upper bound only: total_steps is what stops training
+    # None = enough epochs for total_steps from the train rows (see epochs_for); a set value must reach total_steps
+    total_epochs: int | None = Field(default=None, ge=1)
 
     # --- multi-turn search -----------------------------------------------------------------------------------
     max_turns: int = Field(
@@ -99,7 +107,12 @@ class TrainSettings(BaseSettings):
     passage_max_chars: int = Field(default=800, ge=50)  # cap per passage text (100-word wiki-18 ~ 600 chars)
 
     # --- rollout engine and cluster --------------------------------------------------------------------------
-    rollout_name: Literal["sglang", "vllm"] = "sglang"  # verl 0.9 has no hf rollout
+    rollout_name: Literal["vllm", "sglang"] = Field(
+        default="vllm", validation_alias=_alias("ROLLOUT", "rollout_name")
+    )  # the locked engine: vllm resolves as published; sglang needs a transformers override (requirements/)
+    # FSDP actor attention: sdpa (torch built-in) or flash_attention_2 (no prebuilt flash-attn wheel on PyPI for
+    # the locked torch 2.11/CUDA 13, so it must be installed separately; docs/training.md)
+    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
     rollout_tp: int = Field(default=1, ge=1)  # tensor parallel size of the rollout engine
     gpu_memory_utilization: float = Field(default=0.6, gt=0, lt=1)  # KV-cache share of rollout GPU memory
     nnodes: int = Field(default=1, ge=1, validation_alias=_alias("NUM_NODES", "nnodes"))
@@ -108,8 +121,8 @@ class TrainSettings(BaseSettings):
     # --- checkpoints, validation, logging --------------------------------------------------------------------
     project_name: str = "searchrl"  # tracker project (W&B)
     experiment_name: str = Field(
-        default="search-r1-qwen2.5-3b-grpo", validation_alias=_alias("EXPERIMENT_NAME", "experiment_name")
-    )
+        default="", validation_alias=_alias("EXPERIMENT_NAME", "experiment_name")
+    )  # "" = search-r1-<model>-<size>-<steps>steps, so smoke and full runs never share checkpoints
     checkpoint_dir: Path = Field(
         default=Path("checkpoints"), validation_alias=_alias("CHECKPOINT_DIR", "checkpoint_dir")
     )  # runs live in <checkpoint_dir>/<experiment_name>
@@ -117,7 +130,11 @@ class TrainSettings(BaseSettings):
     test_freq: int = Field(default=50, ge=-1)  # steps between validations; -1 disables
     max_ckpt_to_keep: int = Field(default=2, ge=2)  # >= 2 so a crash while saving leaves a good one
     val_before_train: bool = False  # validate the base model before step 1
-    val_max_samples: int = Field(default=-1, ge=-1)  # cap on validation rows; -1 = all of the test split
+    # Validation asks the service too: verl's default is every test row (51,713 for full) in ONE batch, i.e.
+    # that many concurrent trajectories. Cap the rows and the batch (rows in flight) instead.
+    val_max_samples: int = Field(default=1000, ge=-1)  # cap on validation rows; -1 = all of the test split
+    val_batch_size: int = Field(default=256, ge=1)  # validation prompts per batch (verl's None = all at once)
+    dump_rollouts: bool = False  # write every step's trajectories to <run>/rollouts/<step>.jsonl (SMOKE: on)
     logger: str = "auto"  # auto (console, plus wandb when WANDB_API_KEY is set) | comma list: console,wandb
 
     # --- retrieval service -----------------------------------------------------------------------------------
@@ -129,9 +146,25 @@ class TrainSettings(BaseSettings):
     retrieval_timeout_s: float = Field(default=10.0, gt=0)  # per request
     retrieval_max_retries: int = Field(default=3, ge=0)  # retries after the first try, over all URLs
     health_deadline_s: float = Field(default=120.0, gt=0)  # how long launch waits for /retrieve to answer
+    # Abort when more than this share of the last `search_failure_window` searches failed (0 disables): a policy
+    # trained against a failing service learns not to search (trainer/reward.py)
+    max_search_failure_rate: float = Field(default=0.05, ge=0, le=1)
+    search_failure_window: int = Field(default=200, ge=10)  # searches per rate window, per rollout worker
+    allow_small_corpus: bool = Field(
+        default=False, validation_alias=_alias("ALLOW_SMALL_CORPUS", "allow_small_corpus")
+    )  # 1 = train Search-R1 data against a corpus other than wiki-18 (smoke runs); recorded in the run
+    smoke: bool = Field(default=False, validation_alias=_alias("SMOKE", "smoke"))  # apply SMOKE_PRESET
     tool_config_path: Path | None = (
         None  # where the verl tool YAML is written; None = <data_dir>/search_tool.yaml
     )
+
+    @field_validator("experiment_name")
+    @classmethod
+    def _check_experiment_name(cls, value: str) -> str:
+        value = value.strip()
+        if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+            raise ValueError(f"EXPERIMENT_NAME {value!r} must be one folder name: letters, digits, . _ -")
+        return value
 
     @field_validator("retrieval_urls", mode="before")
     @classmethod
@@ -166,6 +199,14 @@ class TrainSettings(BaseSettings):
         stray = _stray_env_keys(type(self))
         if stray:
             raise ValueError(f"unknown setting(s) {stray}: check the spelling against trainer/settings.py")
+        if self.smoke:
+            for name, value in SMOKE_PRESET.items():
+                if name not in self.model_fields_set:
+                    setattr(self, name, value)
+        if not self.experiment_name:
+            self.experiment_name = default_experiment_name(
+                self.model_name, self.dataset_size, self.total_steps
+            )
         if self.logger == "auto":
             self.logger = "console,wandb" if os.environ.get("WANDB_API_KEY") else "console"
         unknown = set(self.loggers) - KNOWN_LOGGERS
@@ -244,6 +285,54 @@ class TrainSettings(BaseSettings):
         return self.checkpoint_dir / self.experiment_name
 
     @property
+    def rollout_data_dir(self) -> Path | None:
+        return self.run_dir / "rollouts" if self.dump_rollouts else None
+
+    def expected_train_rows(self) -> int:
+        """Train rows before data prep: meta.json of an earlier prep, else the size's row count."""
+        import json
+
+        meta = self.split_dir / "meta.json"
+        if meta.is_file():
+            rows = json.loads(meta.read_text()).get("train_rows")
+            if isinstance(rows, int):
+                return rows
+        rows = DATASET_SIZES[self.dataset_size][0]
+        if rows is None and self.qa_source == SEARCH_R1_DATASET:
+            rows = FULL_TRAIN_ROWS
+        if rows is None:
+            raise ConfigError(
+                f"the train row count of {self.qa_source} is unknown until `searchrl train data` has run"
+            )
+        return rows
+
+    def epochs_for(self, train_rows: int) -> int:
+        """verl's trainer.total_epochs so that training really reaches total_steps.
+
+        verl (trainer/ppo/ray_trainer.py) batches with drop_last=True, so an epoch is train_rows // batch steps,
+        and it stops at total_epochs x steps_per_epoch even when total_training_steps (which sizes the LR
+        schedule) is larger. One spare epoch covers prompts dropped by filter_overlong_prompts; verl still stops
+        at total_training_steps.
+        """
+        steps_per_epoch = train_rows // self.train_batch_size
+        if steps_per_epoch < 1:
+            raise ConfigError(
+                f"{train_rows} train rows (DATASET_SIZE={self.dataset_size}) make no full batch of "
+                f"TRAIN_BATCH_SIZE={self.train_batch_size} (verl drops the partial one): lower TRAIN_BATCH_SIZE "
+                "or use a larger DATASET_SIZE"
+            )
+        if self.total_epochs is not None:
+            reach = self.total_epochs * steps_per_epoch
+            if reach < self.total_steps:
+                raise ConfigError(
+                    f"verl would stop at step {reach} ({self.total_epochs} epochs x {steps_per_epoch} steps of "
+                    f"{train_rows} rows // batch {self.train_batch_size}) while TOTAL_STEPS={self.total_steps} "
+                    f"sizes the LR schedule: unset SEARCHRL_TRAIN_TOTAL_EPOCHS or set TOTAL_STEPS={reach}"
+                )
+            return self.total_epochs
+        return -(-self.total_steps // steps_per_epoch) + 1
+
+    @property
     def resolved_tool_config_path(self) -> Path:
         return self.tool_config_path or self.data_dir / "search_tool.yaml"
 
@@ -252,6 +341,34 @@ class TrainSettings(BaseSettings):
         data = self.model_dump(mode="json")
         data["retrieval_urls"] = [redact_url(u) for u in self.retrieval_urls]
         return data
+
+
+# SMOKE=1 (`make train-smoke`): Qwen2.5-0.5B-Instruct, 4 steps of 16 prompts x 2 samples on one GPU, a checkpoint
+# at steps 2 and 4, rollouts dumped so the post-run check can count searches, the bundled corpus allowed.
+SMOKE_PRESET: dict[str, Any] = {
+    "model_name": "Qwen/Qwen2.5-0.5B-Instruct",
+    "dataset_size": "small",
+    "train_batch_size": 16,
+    "rollout_n": 2,
+    "total_steps": 4,
+    "save_freq": 2,
+    "test_freq": -1,
+    "val_max_samples": 16,
+    "val_batch_size": 16,
+    "micro_batch_size_per_gpu": 4,
+    "max_response_length": 2048,
+    "gpu_memory_utilization": 0.4,
+    "nnodes": 1,
+    "gpus_per_node": 1,
+    "dump_rollouts": True,
+    "allow_small_corpus": True,
+}
+
+
+def default_experiment_name(model_name: str, dataset_size: str, total_steps: int) -> str:
+    """search-r1-<model>-<size>-<steps>steps: runs that differ in size or length never share a folder."""
+    model = re.sub(r"[^a-z0-9.]+", "-", model_name.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-.")
+    return f"search-r1-{model or 'model'}-{dataset_size}-{total_steps}steps"
 
 
 def _init_names(cls: type[BaseSettings]) -> set[str]:
@@ -286,4 +403,13 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
 
 
-__all__ = ["DATASET_SIZES", "DatasetSize", "TrainSettings", "redact_url"]
+__all__ = [
+    "DATASET_SIZES",
+    "FULL_TRAIN_ROWS",
+    "SEARCH_R1_DATASET",
+    "SMOKE_PRESET",
+    "DatasetSize",
+    "TrainSettings",
+    "default_experiment_name",
+    "redact_url",
+]

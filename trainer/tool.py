@@ -34,6 +34,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 from retrieval.client import RetrievalClient
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, format_observation, queries_from_arguments
+from trainer.reward import FAILURE_KINDS_FIELD
 from trainer.toolconfig import SearchToolConfig
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,11 @@ def _count(agent_data: Any, metrics: dict[str, Any]) -> None:
         return
     fields["search_calls"] = fields.get("search_calls", 0) + 1
     fields["search_failures"] = fields.get("search_failures", 0) + metrics["failed"]
+    if metrics[
+        "failed"
+    ]:  # the kinds name the cause when the reward function stops the run (trainer/reward.py)
+        kinds = fields.get(FAILURE_KINDS_FIELD) or ""
+        fields[FAILURE_KINDS_FIELD] = f"{kinds},{metrics['error']}" if kinds else metrics["error"]
     fields["search_latency_s"] = fields.get("search_latency_s", 0.0) + metrics["latency_s"]
 
 

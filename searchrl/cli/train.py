@@ -1,10 +1,11 @@
-"""`searchrl train data|tool-config|overrides|merge|local`: the trainer's verbs.
+"""`searchrl train data|tool-config|overrides|merge|local|lock`: the trainer's verbs.
 
     searchrl train data --dataset-size small            # verl parquet from PeterJinGo/nq_hotpotqa_train
     searchrl train tool-config                          # the verl tool YAML for RETRIEVAL_SERVICE_URL
     searchrl train overrides                            # hydra overrides for verl.trainer.main_ppo, one per line
     searchrl train local                                # GPU check, data, health check, then verl (make train-local)
     searchrl train merge --run-dir checkpoints/my-run   # newest checkpoint -> Hugging Face folder
+    searchrl train lock                                 # re-resolve requirements/gpu-*.txt with uv (make lock)
 
 Every knob is also an environment variable (DATASET_SIZE, MODEL_NAME, TRAIN_BATCH_SIZE, TOTAL_STEPS, NUM_NODES,
 GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME, CHECKPOINT_DIR, SEARCHRL_TRAIN_<FIELD>); flags win.
@@ -30,7 +31,12 @@ _SETTINGS_FLAGS: list[tuple[str, str, type, str]] = [
     ("--max-turns", "max_turns", int, "searches per answer (env MAX_TURNS)"),
     ("--nnodes", "nnodes", int, "nodes (env NUM_NODES)"),
     ("--gpus-per-node", "gpus_per_node", int, "GPUs per node (env GPUS_PER_NODE)"),
-    ("--experiment-name", "experiment_name", str, "run name (env EXPERIMENT_NAME)"),
+    (
+        "--experiment-name",
+        "experiment_name",
+        str,
+        "run name (env EXPERIMENT_NAME; default from model/size/steps)",
+    ),
     ("--checkpoint-dir", "checkpoint_dir", str, "runs live in <dir>/<experiment> (env CHECKPOINT_DIR)"),
     ("--tool-config-path", "tool_config_path", str, "where the verl tool YAML goes"),
 ]
@@ -99,6 +105,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip loading the result")
     p.set_defaults(handler=_merge)
 
+    p = verbs.add_parser(
+        "lock",
+        help="re-resolve the GPU locks in requirements/ with uv (make lock)",
+        description="uv pip compile requirements/gpu-<engine>.in + the train/retrieval extras for Linux x86_64, "
+        "Python 3.11 and 3.12, with hashes. Needs PyPI, no GPU.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.set_defaults(handler=_lock)
+
 
 def _data(args: argparse.Namespace) -> int:
     from searchrl.logs import setup_logging
@@ -151,4 +166,14 @@ def _merge(args: argparse.Namespace) -> int:
     target = Path(args.target_dir) if hasattr(args, "target_dir") else None
     result = merge_latest(run_dir, target, verify=getattr(args, "verify", True))
     print(result.target_dir)  # noqa: T201
+    return 0
+
+
+def _lock(args: argparse.Namespace) -> int:
+    from searchrl.logs import setup_logging
+    from trainer.lock import write_locks
+
+    setup_logging()
+    for path in write_locks():
+        print(path)  # noqa: T201
     return 0

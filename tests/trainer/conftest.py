@@ -63,3 +63,17 @@ def offline_tokenizer():  # -> PreTrainedTokenizerFast
     from tests.trainer.chatml import build_tokenizer
 
     return build_tokenizer(_training_texts())
+
+
+@pytest.fixture
+def nvidia_smi(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """A fake `nvidia-smi` that prints the given driver version the way `--query-gpu=driver_version` does."""
+
+    def make(version: str) -> str:
+        folder = tmp_path_factory.mktemp("bin")
+        script = folder / "nvidia-smi"
+        script.write_text(f"#!/bin/sh\nprintf '%s\\n' '{version}'\n")
+        script.chmod(0o755)
+        return str(script)
+
+    return make

@@ -206,3 +206,35 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     assert wrong_calls == [{"query_list": [SEVENTH_SEAL_QUESTION]}]
     assert wrong_reward["reward_score"] == 0.0
     assert wrong_reward["reward_extra_info"]["format_valid"] == 1.0
+
+
+def test_failed_searches_stop_the_run_through_verls_reward_path(
+    tmp_path, offline_tokenizer, compose, qa_sample, monkeypatch
+):
+    """Dead service -> our tool's failure kinds in the loop's extra_fields -> verl's reward manager -> our reward
+    function with the limits from reward_kwargs -> SearchFailureRateError out of verl's scoring call."""
+    import trainer.reward
+    from searchrl.errors import SearchFailureRateError
+    from tests.live import free_port
+
+    monkeypatch.setattr(trainer.reward, "_windows", {})
+    settings = _settings(tmp_path, qa_sample, f"http://127.0.0.1:{free_port()}").model_copy(
+        update={"retrieval_max_retries": 0, "max_search_failure_rate": 0.5, "search_failure_window": 10}
+    )
+    prepare_data(settings)
+    write_tool_config(settings)
+    cfg = compose(render_overrides(settings))
+    row = _dataset_row(settings, cfg, offline_tokenizer, tmp_path)
+
+    async def run():
+        replies = [tool_call_text(SEVENTH_SEAL_QUESTION), f"{THINK_ANSWER}\n{RIGHT}"]
+        output, _ = await _run_loop(cfg, offline_tokenizer, row, replies, [])
+        assert output.extra_fields["search_failure_kinds"] == "connect"
+        for _ in range(9):  # nine failed searches: the window of ten is not full yet
+            await _reward(cfg, offline_tokenizer, row, output)
+        with pytest.raises(
+            SearchFailureRateError, match=r"100\.0% of the last 10 searches failed \(connect x10\)"
+        ):
+            await _reward(cfg, offline_tokenizer, row, output)
+
+    asyncio.run(run())

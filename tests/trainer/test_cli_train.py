@@ -99,12 +99,17 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
         (["train", "local"], "error: no GPU on this machine"),
         (["train", "overrides", "--dataset-size", "huge"], "error: dataset_size"),
         (["train", "overrides", "--train-batch-size", "3"], "divisible by the GPU count"),
+        (
+            ["train", "overrides", "--dataset-size", "small", "--train-batch-size", "2048"],
+            "error: 1000 train rows (DATASET_SIZE=small) make no full batch of TRAIN_BATCH_SIZE=2048",
+        ),
         (["train", "data", "--qa-source", "./missing.jsonl"], "error: QA file missing.jsonl does not exist"),
         (["train", "merge", "--run-dir", "/nonexistent/run"], "error: no latest_checkpointed_iteration.txt"),
     ],
 )
 def test_errors_are_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("trainer.launch.count_gpus", lambda: 0)  # the same answer on a GPU machine
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
@@ -113,3 +118,20 @@ def test_errors_are_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch
 def test_bare_train_shows_help(capsys):
     assert main(["train"]) == 2
     assert "overrides" in capsys.readouterr().err
+
+
+def test_lock_prints_the_written_locks_and_fails_in_one_line(capsys, monkeypatch):
+    from searchrl.errors import ConfigError
+
+    monkeypatch.setattr("trainer.lock.write_locks", lambda: [Path("requirements/gpu-vllm-py311.txt")])
+    assert main(["train", "lock"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["requirements/gpu-vllm-py311.txt"]
+
+    def no_solution():
+        raise ConfigError("requirements/gpu-vllm-py311.txt does not resolve: No solution found ...")
+
+    monkeypatch.setattr("trainer.lock.write_locks", no_solution)
+    assert main(["train", "lock"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: requirements/gpu-vllm-py311.txt does not resolve: No solution found ..."
+    )

@@ -179,7 +179,15 @@ def test_verl_rlhf_dataset_reads_what_the_loop_needs(tmp_path, qa_sample, offlin
     from trainer.overrides import render_overrides
     from trainer.toolconfig import write_tool_config
 
-    settings = _settings(tmp_path, qa_sample, dataset_size="small", retrieval_urls="http://127.0.0.1:9")
+    # a batch the 20 fixture rows fill: render_overrides refuses a schedule verl would cut short
+    settings = _settings(
+        tmp_path,
+        qa_sample,
+        dataset_size="small",
+        retrieval_urls="http://127.0.0.1:9",
+        train_batch_size=8,
+        gpus_per_node=1,
+    )
     prepared = prepare_data(settings)
     write_tool_config(settings)  # RLHFDataset builds our tool to count tool-schema tokens: no network allowed
     cfg = compose(render_overrides(settings))

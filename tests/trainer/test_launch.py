@@ -1,4 +1,5 @@
-"""make train-local's logic: GPU check, data, tool config, live health check, run record, verl command."""
+"""make train-local's logic: GPU and driver checks, resume rules, data, tool config, live health and corpus checks,
+run record, verl command. The GPU count and nvidia-smi are faked, so the tests pass on any machine."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from tests.live import free_port
-from trainer.launch import check_gpus, count_gpus, prepare_launch, train_local
+from trainer.launch import check_corpus, check_gpus, check_resume, prepare_launch, record_run, train_local
 from trainer.overrides import main_ppo_command, render_overrides
 from trainer.settings import TrainSettings
 
@@ -27,8 +28,17 @@ def _settings(tmp_path, qa_sample, urls, **kw):
     )
 
 
-def test_this_machine_has_no_gpu_so_launch_stops_first(tmp_path, qa_sample):
-    assert count_gpus() == 0
+NEW_DRIVER = "580.95.05"
+
+
+@pytest.fixture(autouse=True)
+def _cpu_torch(monkeypatch):
+    """The driver check reads the lock, as with a CPU torch, whatever torch this machine has."""
+    monkeypatch.setattr("trainer.launch.installed_cuda", lambda: None)
+
+
+def test_no_gpu_so_launch_stops_first(tmp_path, qa_sample, monkeypatch):
+    monkeypatch.setattr("trainer.launch.count_gpus", lambda: 0)
     settings = _settings(tmp_path, qa_sample, ["http://127.0.0.1:1"])
     with pytest.raises(ConfigError, match="no GPU on this machine"):
         train_local(settings, runner=lambda cmd: pytest.fail("must not start verl"))
@@ -42,39 +52,194 @@ def test_too_few_gpus_names_the_knob():
 
 
 @pytest.mark.live
-def test_launch_on_a_gpu_node(tmp_path, qa_sample, live_bm25_url, monkeypatch):
+def test_launch_on_a_gpu_node(tmp_path, qa_sample, live_bm25_url, monkeypatch, nvidia_smi):
     monkeypatch.setenv("RETRIEVAL_API_KEY", "tok-abc-123")
     dead = f"http://127.0.0.1:{free_port()}"
     settings = _settings(tmp_path, qa_sample, [dead, live_bm25_url])
     started = []
-    rc = train_local(settings, gpus=1, runner=lambda cmd: started.append(cmd) or 0)
+    smi = nvidia_smi(NEW_DRIVER)
+    rc = train_local(settings, gpus=1, nvidia_smi=smi, runner=lambda cmd: started.append(cmd) or 0)
 
     assert rc == 0
     (cmd,) = started
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
-    assert cmd == main_ppo_command(settings, cmd[0])
+    assert cmd == main_ppo_command(settings, cmd[0], train_rows=20)
     assert settings.train_file.is_file() and settings.test_file.is_file()
     assert settings.resolved_tool_config_path.is_file()
 
     record = settings.run_dir / "searchrl"
-    assert (record / "overrides.txt").read_text().splitlines() == render_overrides(settings)
+    assert (record / "overrides.txt").read_text().splitlines() == render_overrides(settings, 20)
     saved = json.loads((record / "settings.json").read_text())
     assert saved["dataset_size"] == "small" and saved["retrieval_api_key_env"] == "RETRIEVAL_API_KEY"
+    # The run record names the corpus and index the service answered from (its GET /).
+    import httpx
+
+    described = httpx.get(live_bm25_url + "/").json()
+    run = json.loads((record / "run.json").read_text())
+    assert run["corpus"]["corpus_checksum"] == described["corpus_checksum"] is not None
+    assert run["corpus"]["index_fingerprint"] == described["index_fingerprint"] is not None
+    assert run["corpus"]["corpus_size"] == 20 and run["nvidia_driver"] == NEW_DRIVER
+    assert run["lock"] == "gpu-vllm-py311.txt"
     for path in record.iterdir():
         assert "tok-abc-123" not in path.read_text()
 
 
 @pytest.mark.live
-def test_failover_url_is_enough(tmp_path, qa_sample, live_bm25_url):
+def test_failover_url_is_enough(tmp_path, qa_sample, live_bm25_url, nvidia_smi):
     plan = prepare_launch(
-        _settings(tmp_path, qa_sample, [f"http://127.0.0.1:{free_port()}", live_bm25_url]), gpus=1
+        _settings(tmp_path, qa_sample, [f"http://127.0.0.1:{free_port()}", live_bm25_url]),
+        gpus=1,
+        nvidia_smi=nvidia_smi(NEW_DRIVER),
     )
     assert plan.healthy_urls == [live_bm25_url]
 
 
-def test_no_healthy_retrieval_stops_before_training(tmp_path, qa_sample):
+def test_no_healthy_retrieval_stops_before_training(tmp_path, qa_sample, nvidia_smi):
     settings = _settings(tmp_path, qa_sample, [f"http://127.0.0.1:{free_port()}"])
     with pytest.raises(RetrievalUnavailableError, match="no retrieval service answers") as info:
-        train_local(settings, gpus=1, runner=lambda cmd: pytest.fail("must not start verl"))
+        train_local(
+            settings,
+            gpus=1,
+            nvidia_smi=nvidia_smi(NEW_DRIVER),
+            runner=lambda cmd: pytest.fail("must not start verl"),
+        )
     assert "unreachable" in str(info.value)
     assert not (settings.run_dir / "searchrl").exists()
+
+
+# --- driver ------------------------------------------------------------------------------------------------------
+
+
+def test_old_driver_stops_before_any_work(tmp_path, qa_sample, nvidia_smi):
+    settings = _settings(tmp_path, qa_sample, ["http://127.0.0.1:1"])
+    with pytest.raises(ConfigError, match=r"NVIDIA driver 550\.54\.15 is too old for CUDA 13\.0"):
+        train_local(
+            settings, gpus=1, nvidia_smi=nvidia_smi("550.54.15"), runner=lambda cmd: pytest.fail("no")
+        )
+    assert not (tmp_path / "data").exists()
+
+
+def test_driver_is_checked_against_the_installed_torch_when_it_has_cuda(monkeypatch, nvidia_smi):
+    from trainer.launch import check_stack
+
+    monkeypatch.setattr("trainer.launch.installed_cuda", lambda: (12, 8))  # e.g. verl's image, not our lock
+    assert check_stack(TrainSettings(), nvidia_smi=nvidia_smi("570.86.15")) == "570.86.15"
+    with pytest.raises(
+        ConfigError, match=r"driver 560\.35\.03 is too old for CUDA 12\.8 of the installed torch"
+    ):
+        check_stack(TrainSettings(), nvidia_smi=nvidia_smi("560.35.03"))
+
+
+def test_flash_attention_without_flash_attn_is_refused(monkeypatch, nvidia_smi):
+    from trainer.launch import check_stack
+
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    settings = TrainSettings(attn_implementation="flash_attention_2")
+    with pytest.raises(ConfigError, match="flash-attn is not installed"):
+        check_stack(settings, nvidia_smi=nvidia_smi(NEW_DRIVER))
+
+
+# --- corpus ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.live
+def test_search_r1_data_against_the_small_corpus_is_refused(tmp_path, live_bm25_url):
+    settings = TrainSettings(data_dir=tmp_path, retrieval_urls=[live_bm25_url])  # the Search-R1 dataset
+    with pytest.raises(ConfigError) as caught:
+        check_corpus(settings, [live_bm25_url])
+    message = str(caught.value)
+    assert message.startswith("the retrieval service searches backend bm25, corpus ")
+    assert "(20 passages), not wiki-18 (21,015,324 passages)" in message
+    assert "ALLOW_SMALL_CORPUS=1" in message and "\n" not in message
+
+
+@pytest.mark.live
+def test_allow_small_corpus_lets_a_smoke_run_through(tmp_path, live_bm25_url, monkeypatch, caplog):
+    monkeypatch.setenv("ALLOW_SMALL_CORPUS", "1")
+    settings = TrainSettings(data_dir=tmp_path, retrieval_urls=[live_bm25_url])
+    identity = check_corpus(settings, [live_bm25_url])
+    assert identity.corpus_size == 20 and identity.corpus_checksum and identity.index_fingerprint
+    assert "not wiki-18 (ALLOW_SMALL_CORPUS=1)" in caplog.text
+
+
+def test_wiki18_and_other_data_pass_and_web_backends_do_not(caplog):
+    from searchrl.corpus_check import check_training_corpus, corpus_identity
+
+    wiki = {"backend": "dense", "corpus": "/data/wiki-18.jsonl", "corpus_size": 21_015_324}
+    assert check_training_corpus(corpus_identity(wiki), search_r1_data=True, allow_small=False).is_wiki18
+    hybrid = {"backend": "hybrid", "parts": [{"backend": "dense", **wiki}, {"backend": "bm25", **wiki}]}
+    assert corpus_identity(hybrid).is_wiki18 and corpus_identity(hybrid).backend == "hybrid"
+    web = corpus_identity({"backend": "serper", "upstream": "https://google.serper.dev"})
+    with pytest.raises(ConfigError, match="backend serper, corpus - \\(no corpus size\\), not wiki-18"):
+        check_training_corpus(web, search_r1_data=True, allow_small=False)
+    small = corpus_identity({"backend": "bm25", "corpus": "bundled", "corpus_size": 10_033})
+    assert (
+        check_training_corpus(small, search_r1_data=False, allow_small=False) is small
+    )  # the user's own data
+
+
+# --- resume ------------------------------------------------------------------------------------------------------
+
+
+def _finish(settings, step: int, merged: bool = False) -> None:
+    run = settings.run_dir.resolve()
+    (run / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (run / "latest_checkpointed_iteration.txt").write_text(str(step))
+    if merged:
+        (run / "merged" / f"global_step_{step}").mkdir(parents=True)
+        (run / "merged" / f"global_step_{step}" / "config.json").write_text("{}")
+
+
+def test_resume_with_other_settings_is_refused_naming_the_fields(tmp_path, qa_sample, nvidia_smi):
+    first = _settings(tmp_path, qa_sample, ["http://127.0.0.1:1"], total_steps=50, experiment_name="run")
+    record_run(first, render_overrides(first, 20))
+    _finish(first, 10)
+    again = _settings(
+        tmp_path, qa_sample, ["http://127.0.0.1:1"], total_steps=60, experiment_name="run", seed=7
+    )
+    with pytest.raises(ConfigError) as caught:
+        train_local(again, gpus=1, nvidia_smi=nvidia_smi(NEW_DRIVER), runner=lambda cmd: pytest.fail("no"))
+    message = str(caught.value)
+    assert "holds a run started with other settings (seed 42 -> 7, total_steps 50 -> 60)" in message
+    assert "set a new EXPERIMENT_NAME" in message and "\n" not in message
+    # the same settings resume: a different retrieval URL or logger is not a different run
+    state = check_resume(first.model_copy(update={"retrieval_urls": ["http://10.0.0.9:8000"]}))
+    assert (state.step, state.finished) == (10, False)
+
+
+def test_smoke_and_full_runs_never_share_a_folder(tmp_path):
+    smoke = TrainSettings(checkpoint_dir=tmp_path, smoke=True)
+    full = TrainSettings(checkpoint_dir=tmp_path)
+    assert smoke.run_dir != full.run_dir
+    record_run(smoke, [])
+    _finish(smoke, 4)
+    assert check_resume(full).step is None  # the full run starts fresh, not from the smoke checkpoint
+
+
+def test_checkpoints_without_a_record_are_not_resumed(tmp_path):
+    settings = TrainSettings(checkpoint_dir=tmp_path, experiment_name="old")
+    _finish(settings, 100)
+    with pytest.raises(ConfigError, match="holds checkpoints \\(step 100\\) but no searchrl/settings.json"):
+        check_resume(settings)
+
+
+def test_finished_run_is_not_trained_again(tmp_path, qa_sample, nvidia_smi, caplog):
+    caplog.set_level("INFO", logger="trainer.launch")
+    settings = _settings(tmp_path, qa_sample, ["http://127.0.0.1:1"], total_steps=20)
+    record_run(settings, [])
+    _finish(settings, 20)
+    smi = nvidia_smi(NEW_DRIVER)
+    # finished, not merged yet: say so and let `searchrl train merge` (next in the YAML) merge it
+    assert train_local(settings, gpus=1, nvidia_smi=smi, runner=lambda cmd: pytest.fail("no")) == 0
+    assert "already finished at step 20 of 20: not training again" in caplog.text
+    # finished and merged: nothing to do is an error, not a silent re-merge and exit 0
+    (settings.run_dir / "merged" / "global_step_20").mkdir(parents=True)
+    (settings.run_dir / "merged" / "global_step_20" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="already finished at step 20 of 20 and is merged in"):
+        train_local(settings, gpus=1, nvidia_smi=smi, runner=lambda cmd: pytest.fail("no"))
+
+
+def test_a_schedule_verl_would_cut_short_is_refused_before_training(tmp_path, qa_sample, nvidia_smi):
+    settings = _settings(tmp_path, qa_sample, ["http://127.0.0.1:1"], total_steps=50, total_epochs=2)
+    with pytest.raises(ConfigError, match="verl would stop at step 4 \\(2 epochs x 2 steps of 20 rows"):
+        train_local(settings, gpus=1, nvidia_smi=nvidia_smi(NEW_DRIVER), runner=lambda cmd: pytest.fail("no"))

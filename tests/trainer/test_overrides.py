@@ -26,7 +26,7 @@ def test_defaults_compose_into_a_search_agent_grpo_run(compose, tmp_path):
 
     # The settings that decide whether the model ever calls the tool (DESIGN.md section 3).
     assert type(rollout).__name__ == "RolloutConfig"
-    assert rollout.name == "sglang" and rollout.mode == "async"
+    assert rollout.name == "vllm" and rollout.mode == "async"  # the engine whose lock resolves as published
     assert rollout.multi_turn.enable is True
     assert rollout.multi_turn.format == "hermes"
     assert rollout.multi_turn.tool_config_path == str((tmp_path / "data" / "search_tool.yaml").resolve())
@@ -54,7 +54,18 @@ def test_defaults_compose_into_a_search_agent_grpo_run(compose, tmp_path):
     # Checkpoints that survive preemption.
     assert cfg.trainer.resume_mode == "auto"
     assert cfg.trainer.save_freq > 0 and cfg.trainer.max_actor_ckpt_to_keep >= 2
-    assert cfg.trainer.default_local_dir == str((tmp_path / "ckpt" / "search-r1-qwen2.5-3b-grpo").resolve())
+    assert cfg.trainer.default_local_dir == str(
+        (tmp_path / "ckpt" / "search-r1-qwen2.5-3b-instruct-full-1005steps").resolve()
+    )
+    # Enough epochs for 1005 steps of 169,615 rows // 512 = 331 steps each (verl stops at epochs x steps).
+    assert cfg.trainer.total_epochs * (169_615 // 512) >= 1005
+
+    # Validation is capped: verl's default sends the whole test split (51,713 rows) as one batch.
+    assert cfg.data.val_max_samples == 1000 and cfg.data.val_batch_size == 256
+
+    # SDPA, not flash-attn (no prebuilt wheel for the locked torch); padding removal only with flash-attn.
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert cfg.actor_rollout_ref.model.use_remove_padding is False
 
 
 def test_reward_function_path_loads_ours(compose, tmp_path):
@@ -119,10 +130,23 @@ def test_misspelled_key_inside_a_config_section_fails_dataclass_conversion(compo
         omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
 
 
-def test_override_keys_are_existing_and_unique(tmp_path):
-    # No "+"/"~": every key must already exist in verl's config, so compose (above) rejects a typo.
+def test_override_keys_are_existing_and_unique(tmp_path, compose):
+    # "+" only for keys verl's config does not declare (and reads anyway); every other key must already exist,
+    # so compose (above) rejects a typo.
+    added = {
+        "+actor_rollout_ref.model.override_config.attn_implementation",
+        "+reward.custom_reward_function.reward_kwargs.max_failure_rate",
+        "+reward.custom_reward_function.reward_kwargs.failure_window",
+    }
+    bare = compose([])
+    from omegaconf import OmegaConf
+
     for line in render_overrides(TrainSettings(data_dir=tmp_path)):
-        assert not line.startswith(("+", "~")), line
+        key = line.split("=", 1)[0]
+        assert not key.startswith("~"), line
+        if key.startswith("+"):
+            assert key in added, line
+            assert OmegaConf.select(bare, key[1:]) is None  # really absent from verl's config: "+" is needed
     keys = [line.split("=", 1)[0] for line in render_overrides(TrainSettings(data_dir=tmp_path))]
     assert len(keys) == len(set(keys)), "duplicate override keys"
 
@@ -155,3 +179,34 @@ def test_main_ppo_command():
     assert cmd[:3] == ["/usr/bin/python3", "-m", "verl.trainer.main_ppo"]
     assert cmd[3:] == render_overrides(TrainSettings())
     assert all(isinstance(part, str) for part in cmd)
+
+
+def test_verl_builds_the_policy_with_sdpa(compose, tmp_path, offline_tokenizer):
+    """verl's own HFModelConfig (what the FSDP engine loads the model with) reads our attention override."""
+    from transformers import Qwen2Config
+    from verl.utils.config import omega_conf_to_dataclass
+
+    model = tmp_path / "model"
+    Qwen2Config(
+        vocab_size=2048,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        architectures=["Qwen2ForCausalLM"],
+    ).save_pretrained(model)
+    offline_tokenizer.save_pretrained(model)
+    for attn, remove_padding in (("sdpa", False), ("flash_attention_2", True)):
+        settings = TrainSettings(data_dir=tmp_path, model_name=str(model), attn_implementation=attn)
+        model_config = omega_conf_to_dataclass(compose(render_overrides(settings)).actor_rollout_ref.model)
+        assert model_config.hf_config._attn_implementation == attn
+        assert model_config.use_remove_padding is remove_padding
+
+
+def test_smoke_dumps_rollouts_into_the_run(compose, tmp_path):
+    settings = TrainSettings(data_dir=tmp_path, checkpoint_dir=tmp_path / "ck", smoke=True)
+    cfg = compose(render_overrides(settings))
+    assert cfg.trainer.rollout_data_dir == str((settings.run_dir / "rollouts").resolve())
+    assert (cfg.trainer.n_gpus_per_node, cfg.trainer.total_training_steps, cfg.trainer.save_freq) == (1, 4, 2)
+    assert "trainer.rollout_data_dir" not in " ".join(render_overrides(TrainSettings(data_dir=tmp_path)))

@@ -78,3 +78,71 @@ def test_golden_answers_accepts_parquet_shapes():
     assert golden_answers(["a"]) == ["a"]
     assert golden_answers("a") == ["a"]
     assert golden_answers(None) == []
+
+
+@pytest.fixture(autouse=True)
+def _fresh_failure_windows(monkeypatch):
+    import trainer.reward
+
+    monkeypatch.setattr(trainer.reward, "_windows", {})
+
+
+def _trajectory(calls: int, failures: int, kinds: str = "") -> dict:
+    info = {"search_calls": calls, "search_failures": failures, "search_latency_s": 0.1}
+    if kinds:
+        info["search_failure_kinds"] = kinds
+    return info
+
+
+def _score(info: dict, **limits):
+    return compute_score("searchR1_nq", "<answer>x</answer>", {"target": ["x"]}, info, **limits)
+
+
+def test_failure_rate_over_the_window_stops_the_run_with_the_kinds():
+    from searchrl.errors import SearchFailureRateError
+
+    limits = {"max_failure_rate": 0.05, "failure_window": 40}
+    for _ in range(19):  # 38 good searches: the window is not full yet
+        _score(_trajectory(2, 0), **limits)
+    _score(_trajectory(2, 2, "timeout,connect"), **limits)  # 2 of 40 = 5%: at the limit, not above
+    with pytest.raises(SearchFailureRateError) as caught:
+        _score(_trajectory(1, 1, "timeout"), **limits)  # 3 of the last 40 = 7.5%
+    message = str(caught.value)
+    assert "7.5% of the last 40 searches failed (timeout x2, connect x1)" in message
+    assert "SEARCHRL_TRAIN_MAX_SEARCH_FAILURE_RATE" in message
+
+
+def test_old_failures_leave_the_window_and_bad_arguments_do_not_count():
+    limits = {"max_failure_rate": 0.1, "failure_window": 20}
+    _score(_trajectory(2, 2, "http_503,http_503"), **limits)
+    for _ in range(30):  # the policy's malformed calls are not the service's failures
+        _score(_trajectory(2, 1, "bad_arguments"), **limits)
+    for _ in range(20):
+        _score(_trajectory(1, 0), **limits)  # pushes the two 503s out of the window
+    _score(_trajectory(1, 1, "http_503"), **limits)  # 1 of 20 = 5% <= 10%
+
+
+def test_failure_rate_check_is_off_without_the_limit():
+    for _ in range(300):
+        assert _score(_trajectory(1, 1, "connect"))["search_failures"] == 1.0
+
+
+def test_verl_hands_the_limits_to_the_reward_function(compose, tmp_path):
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from searchrl.errors import SearchFailureRateError
+    from trainer.overrides import render_overrides
+    from trainer.settings import TrainSettings
+
+    settings = TrainSettings(data_dir=tmp_path, max_search_failure_rate=0.5, search_failure_window=10)
+    fn = get_custom_reward_fn(compose(render_overrides(settings)))
+    with pytest.raises(
+        SearchFailureRateError, match="100.0% of the last 10 searches failed \\(connect x10\\)"
+    ):
+        for _ in range(10):
+            fn(
+                data_source="searchR1_nq",
+                solution_str="<answer>x</answer>",
+                ground_truth={"target": ["x"]},
+                extra_info=_trajectory(1, 1, "connect"),
+            )

@@ -30,6 +30,9 @@ def test_defaults_are_the_search_r1_recipe():
         ("EXPERIMENT_NAME", "exp1", "experiment_name", "exp1"),
         ("ROLLOUT_N", "8", "rollout_n", 8),
         ("MAX_TURNS", "2", "max_turns", 2),
+        ("ROLLOUT", "sglang", "rollout_name", "sglang"),
+        ("ALLOW_SMALL_CORPUS", "1", "allow_small_corpus", True),
+        ("SMOKE", "1", "smoke", True),
         ("SEARCHRL_TRAIN_DATASET_SIZE", "medium", "dataset_size", "medium"),
         ("SEARCHRL_TRAIN_LR", "2e-6", "lr", 2e-6),
     ],
@@ -124,3 +127,93 @@ def test_redaction():
     assert redact_url("http://host:8000") == "http://host:8000"
     dump = TrainSettings(retrieval_urls="http://u:secret@h:1").redacted_dump()
     assert "secret" not in str(dump)
+
+
+# --- steps mean steps (verl's own dataloader arithmetic) -----------------------------------------------------
+
+
+def _verl_schedule(
+    settings: TrainSettings, overrides: list[str], train_rows: int, compose
+) -> tuple[int, int]:
+    """(total_training_steps, steps verl's fit loop runs) from verl's own RayPPOTrainer._create_dataloader."""
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    cfg = compose([*overrides, "data.dataloader_num_workers=0"])  # no worker processes in a unit test
+    trainer = SimpleNamespace(config=cfg)
+    dataset = [{"i": i} for i in range(train_rows)]
+    RayPPOTrainer._create_dataloader(trainer, dataset, dataset[:8], lambda batch: batch, None)
+    # fit() loops `for epoch in range(total_epochs): for batch in train_dataloader` and returns at
+    # global_steps >= total_training_steps: it runs whichever is smaller.
+    steps_run = min(trainer.total_training_steps, len(trainer.train_dataloader) * cfg.trainer.total_epochs)
+    return trainer.total_training_steps, steps_run
+
+
+@pytest.mark.parametrize(
+    ("rows", "batch", "steps"), [(1_000, 512, 1005), (10_000, 512, 1005), (1_000, 16, 4)]
+)
+def test_verl_runs_every_step_the_lr_schedule_assumes(compose, tmp_path, rows, batch, steps, capsys):
+    from trainer.overrides import render_overrides
+
+    settings = TrainSettings(
+        data_dir=tmp_path, train_batch_size=batch, total_steps=steps, ppo_mini_batch_size=min(batch, 256)
+    )
+    schedule, steps_run = _verl_schedule(settings, render_overrides(settings, train_rows=rows), rows, compose)
+    assert schedule == steps == steps_run
+
+
+def test_a_set_epoch_count_that_stops_early_is_refused_with_the_numbers(tmp_path):
+    settings = TrainSettings(data_dir=tmp_path, dataset_size="small", total_epochs=100)
+    with pytest.raises(ConfigError) as caught:
+        settings.epochs_for(1_000)
+    assert str(caught.value).startswith(
+        "verl would stop at step 100 (100 epochs x 1 steps of 1000 rows // batch 512) while TOTAL_STEPS=1005"
+    )
+    assert settings.model_copy(update={"total_steps": 100}).epochs_for(1_000) == 100
+
+
+def test_fewer_rows_than_one_batch_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="200 train rows .* no full batch of TRAIN_BATCH_SIZE=512"):
+        TrainSettings(data_dir=tmp_path).epochs_for(200)
+
+
+def test_expected_rows_before_and_after_data_prep(tmp_path):
+    s = TrainSettings(data_dir=tmp_path, dataset_size="small")
+    assert s.expected_train_rows() == 1_000
+    assert TrainSettings(data_dir=tmp_path).expected_train_rows() == 169_615
+    s.split_dir.mkdir(parents=True)
+    (s.split_dir / "meta.json").write_text('{"train_rows": 997}')
+    assert s.expected_train_rows() == 997
+    with pytest.raises(ConfigError, match="unknown until `searchrl train data`"):
+        TrainSettings(data_dir=tmp_path, qa_source=str(tmp_path / "qa.jsonl")).expected_train_rows()
+
+
+# --- one run, one folder ---------------------------------------------------------------------------------------
+
+
+def test_default_experiment_name_holds_model_size_and_steps(monkeypatch):
+    assert TrainSettings().experiment_name == "search-r1-qwen2.5-3b-instruct-full-1005steps"
+    monkeypatch.setenv("EXPERIMENT_NAME", "")  # the YAMLs' default: derive it
+    monkeypatch.setenv("DATASET_SIZE", "small")
+    monkeypatch.setenv("TOTAL_STEPS", "50")
+    assert TrainSettings().experiment_name == "search-r1-qwen2.5-3b-instruct-small-50steps"
+    assert TrainSettings(experiment_name="mine").experiment_name == "mine"
+    with pytest.raises(ValueError, match="must be one folder name"):
+        TrainSettings(experiment_name="../elsewhere")
+
+
+def test_smoke_preset_fills_defaults_but_user_values_win(monkeypatch):
+    monkeypatch.setenv("SMOKE", "1")
+    s = TrainSettings()
+    assert (s.model_name, s.dataset_size, s.total_steps, s.gpus_per_node) == (
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        "small",
+        4,
+        1,
+    )
+    assert s.allow_small_corpus and s.dump_rollouts and s.save_freq == 2
+    assert s.experiment_name == "search-r1-qwen2.5-0.5b-instruct-small-4steps"
+    assert s.experiment_name != TrainSettings(smoke=False).experiment_name  # smoke never resumes a full run
+    monkeypatch.setenv("TOTAL_STEPS", "6")
+    assert TrainSettings().total_steps == 6

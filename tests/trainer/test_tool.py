@@ -118,3 +118,34 @@ def test_construction_is_free_of_io_and_validates_config():
         _tool(["http://127.0.0.1:1"], top_k=3)
     with pytest.raises(ConfigError, match="http"):
         _tool(["127.0.0.1:1"])
+
+
+@pytest.mark.parametrize("arguments", [["Seventh Seal"], "Seventh Seal", 7, None])
+def test_non_object_arguments_are_a_bad_arguments_observation(arguments):
+    # verl hands the tool whatever json.loads made of the model's arguments; a list used to raise AttributeError.
+    agent_data = SimpleNamespace(extra_fields={})
+    response, _, metrics = _call(_tool([_dead_url()]), arguments, agent_data=agent_data)  # type: ignore[arg-type]
+    assert response.text.startswith("search failed: bad arguments: arguments must be a JSON object")
+    assert metrics["error"] == "bad_arguments"
+    assert agent_data.extra_fields["search_failure_kinds"] == "bad_arguments"
+
+
+def test_observation_fits_the_budget_so_verl_never_truncates_again(live_bm25_url):
+    """The tool's cap is verl's max_tool_response_length: an observation cut to it must not grow past it."""
+    from trainer.settings import TrainSettings
+
+    budget = TrainSettings(topk=3, passage_max_chars=60).max_tool_response_chars
+    many = [f"Seventh Seal Bergman {i}" for i in range(12)]  # 12 blocks of 3 passages: far above the budget
+    response, _, _ = _call(
+        _tool([live_bm25_url], topk=3, passage_max_chars=60, max_chars=budget), {"query_list": many}
+    )
+    assert budget - 5 < len(response.text) <= budget and response.text.endswith("...")
+
+
+def test_failure_kinds_accumulate_per_trajectory():
+    agent_data = SimpleNamespace(extra_fields={})
+    tool = _tool([_dead_url()])
+    _call(tool, {"query_list": ["a"]}, agent_data=agent_data)
+    _call(_tool([_dead_url()]), {"query_list": []}, agent_data=agent_data)
+    assert agent_data.extra_fields["search_failure_kinds"] == "connect,bad_arguments"
+    assert agent_data.extra_fields["search_failures"] == 2

@@ -1,0 +1,128 @@
+"""The smoke run's post-run checks (trainer/smoke.py) on real files: rollout dumps written by verl's own
+RayPPOTrainer._write_generations from our reward's output, a checkpoint written by verl's FSDPCheckpointManager
+(gloo, CPU), and verl's merger. The training step itself needs a GPU and is replaced by a function writing what
+verl writes; `make train-smoke` on a GPU runs the real thing (not run here: no GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from searchrl.errors import SmokeCheckError
+from tests.trainer.test_merge import _write_fsdp_checkpoints
+from trainer.merge import TRACKER_FILE
+from trainer.reward import compute_score
+from trainer.settings import TrainSettings
+from trainer.smoke import check_smoke_run, count_searches
+
+
+def _dump_rollouts(rollout_dir: Path, step: int, searches: list[tuple[int, int]]) -> None:
+    """verl's own dump of one step: one row per trajectory with our reward's extra info."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    results = [
+        compute_score(
+            "searchR1_nq",
+            "<answer>Ingmar Bergman</answer>",
+            {"target": ["Ingmar Bergman"]},
+            {"search_calls": calls, "search_failures": failed, "search_latency_s": 0.01},
+        )
+        for calls, failed in searches
+    ]
+    extra = {key: [r[key] for r in results] for key in results[0] if key != "score"}
+    n = len(results)
+    RayPPOTrainer._write_generations(
+        ["question"] * n,
+        ["<answer>Ingmar Bergman</answer>"] * n,
+        [["Ingmar Bergman"]] * n,
+        [r["score"] for r in results],
+        extra,
+        str(rollout_dir),
+        step,
+    )
+
+
+def _settings(tmp_path: Path) -> TrainSettings:
+    return TrainSettings(checkpoint_dir=tmp_path / "ckpt", data_dir=tmp_path / "data", smoke=True)
+
+
+def _train_like_verl(
+    settings: TrainSettings, tokenizer, searches: list[tuple[int, int]], last_step: int
+) -> None:
+    run = settings.run_dir.resolve()
+    for step in range(1, last_step + 1):
+        _dump_rollouts(run / "rollouts", step, searches)
+    _write_fsdp_checkpoints(run, tokenizer, [(last_step, 0)], version=2)
+    (run / TRACKER_FILE).write_text(str(last_step))
+
+
+def test_count_searches_reads_verls_dumps(tmp_path):
+    _dump_rollouts(tmp_path, 1, [(2, 0), (0, 0), (1, 1)])
+    _dump_rollouts(tmp_path, 2, [(1, 0)])
+    assert count_searches(tmp_path) == (4, 4, 1)
+    with pytest.raises(SmokeCheckError, match="no rollout dumps in"):
+        count_searches(tmp_path / "absent")
+
+
+def test_no_search_fails_the_smoke_run(tmp_path):
+    settings = _settings(tmp_path)
+    _dump_rollouts(settings.run_dir / "rollouts", 1, [(0, 0), (0, 0)])
+    with pytest.raises(SmokeCheckError, match="never called the search tool in 2 trajectories"):
+        check_smoke_run(settings)
+
+
+def test_only_failed_searches_fail_the_smoke_run(tmp_path):
+    settings = _settings(tmp_path)
+    _dump_rollouts(settings.run_dir / "rollouts", 1, [(1, 1), (2, 2)])
+    with pytest.raises(SmokeCheckError, match="all 3 searches failed"):
+        check_smoke_run(settings)
+
+
+def test_missing_checkpoint_fails_the_smoke_run(tmp_path):
+    settings = _settings(tmp_path)
+    _dump_rollouts(settings.run_dir / "rollouts", 1, [(1, 0)])
+    with pytest.raises(SmokeCheckError, match="no checkpoint after the smoke run: no latest_checkpointed"):
+        check_smoke_run(settings)
+
+
+@pytest.mark.slow
+def test_early_checkpoint_fails_the_smoke_run(tmp_path, offline_tokenizer):
+    settings = _settings(tmp_path)
+    _train_like_verl(settings, offline_tokenizer, [(1, 0)], last_step=2)
+    with pytest.raises(SmokeCheckError, match="newest checkpoint is step 2, not the last step 4"):
+        check_smoke_run(settings)
+
+
+@pytest.mark.slow
+@pytest.mark.live
+def test_smoke_launch_checks_search_checkpoint_and_merge(
+    tmp_path, qa_sample, live_bm25_url, nvidia_smi, offline_tokenizer, monkeypatch, caplog
+):
+    """`SMOKE=1 searchrl train local` end to end on CPU: bundled-corpus service allowed, verl replaced by a
+    function writing verl's files, then the real checks: searches counted, checkpoint found, merged, loaded."""
+    from trainer.launch import train_local
+
+    caplog.set_level("INFO", logger="trainer.launch")
+    monkeypatch.setenv("SMOKE", "1")
+    monkeypatch.setattr(
+        "trainer.launch.installed_cuda", lambda: None
+    )  # the lock's CUDA, whatever torch is here
+    settings = TrainSettings(
+        qa_source=str(qa_sample),
+        data_dir=tmp_path / "data",
+        checkpoint_dir=tmp_path / "ckpt",
+        retrieval_urls=[live_bm25_url],
+    )
+    assert settings.allow_small_corpus and settings.total_steps == 4 and settings.gpus_per_node == 1
+
+    def fake_verl(cmd: list[str]) -> int:
+        assert f"trainer.rollout_data_dir={(settings.run_dir / 'rollouts').resolve()}" in cmd
+        _train_like_verl(settings, offline_tokenizer, [(1, 0), (2, 1)], last_step=4)
+        return 0
+
+    assert train_local(settings, gpus=1, nvidia_smi=nvidia_smi("580.95.05"), runner=fake_verl) == 0
+    assert "smoke run passed: 12 searches (4 failed) in 8 trajectories, checkpoint at step 4" in caplog.text
+    merged = settings.run_dir.resolve() / "merged" / "global_step_4"
+    assert json.loads((merged / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]

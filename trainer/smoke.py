@@ -1,0 +1,90 @@
+"""The checks after a smoke run (`make train-smoke`, SMOKE=1): did the pipeline do what a real run needs?
+
+A smoke run that exits 0 proves little: the model may never have called the tool, or no checkpoint may exist.
+So after verl returns, `searchrl train local` with SMOKE=1 checks, and fails with one line naming what is missing:
+  1. at least one search happened: verl's rollout dumps (`trainer.rollout_data_dir` = <run>/rollouts, one
+     `<step>.jsonl` per step) carry our reward's `search_calls` for every trajectory (trainer/reward.py);
+  2. a checkpoint was written for the last step (verl's `latest_checkpointed_iteration.txt`);
+  3. verl's merger turns it into a Hugging Face folder, and that folder loads with transformers (trainer/merge.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from searchrl.errors import CheckpointError, SmokeCheckError
+from trainer.merge import MergeResult, find_latest_checkpoint, merge_latest
+from trainer.settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    trajectories: int
+    searches: int
+    failed_searches: int
+    checkpoint_step: int
+    merged: MergeResult
+
+    def summary(self) -> str:
+        return (
+            f"{self.searches} searches ({self.failed_searches} failed) in {self.trajectories} trajectories, "
+            f"checkpoint at step {self.checkpoint_step}, merged into {self.merged.target_dir} "
+            f"({self.merged.num_parameters} parameters)"
+        )
+
+
+def count_searches(rollout_dir: Path) -> tuple[int, int, int]:
+    """(trajectories, searches, failed searches) over every `<step>.jsonl` verl dumped."""
+    files = sorted(rollout_dir.glob("*.jsonl")) if rollout_dir.is_dir() else []
+    if not files:
+        raise SmokeCheckError(
+            f"no rollout dumps in {rollout_dir}: verl wrote none (is trainer.rollout_data_dir set? SMOKE=1 sets it)"
+        )
+    trajectories = searches = failed = 0
+    for path in files:
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            trajectories += 1
+            searches += int(row.get("search_calls") or 0)
+            failed += int(row.get("search_failures") or 0)
+    return trajectories, searches, failed
+
+
+def check_smoke_run(settings: TrainSettings) -> SmokeReport:
+    """Checks 1-3 of the module docstring on settings.run_dir; raise SmokeCheckError naming the first miss."""
+    run_dir = settings.run_dir.expanduser().resolve()
+    trajectories, searches, failed = count_searches(run_dir / "rollouts")
+    if searches == 0:
+        raise SmokeCheckError(
+            f"the model never called the search tool in {trajectories} trajectories ({run_dir / 'rollouts'}): "
+            "check the tool config (searchrl train tool-config) and that rollout.multi_turn is on (searchrl train "
+            "overrides)"
+        )
+    if failed == searches:
+        raise SmokeCheckError(
+            f"all {searches} searches failed: the retrieval service never answered the rollout workers "
+            "(RETRIEVAL_SERVICE_URL, RETRIEVAL_API_KEY on every node)"
+        )
+    try:
+        step, _ = find_latest_checkpoint(run_dir)
+    except CheckpointError as exc:
+        raise SmokeCheckError(f"no checkpoint after the smoke run: {exc}") from None
+    if step < settings.total_steps:
+        raise SmokeCheckError(
+            f"the newest checkpoint is step {step}, not the last step {settings.total_steps}: verl stopped early"
+        )
+    try:
+        merged = merge_latest(run_dir, verify=True)
+    except CheckpointError as exc:
+        raise SmokeCheckError(f"the smoke checkpoint does not merge into a loadable model: {exc}") from None
+    return SmokeReport(trajectories, searches, failed, step, merged)
+
+
+__all__ = ["SmokeReport", "check_smoke_run", "count_searches"]
