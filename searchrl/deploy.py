@@ -354,12 +354,30 @@ def send_probe(base_url: str, probe: Probe) -> tuple[int, str]:
 
 
 # --- endpoint ---------------------------------------------------------------------------------------------------
-
-_TERMINAL = {"FAILED", "CONTROLLER_FAILED", "FAILED_CLEANUP", "SHUTTING_DOWN", "NO_REPLICA"}
+# SkyServe 0.14.1 (sky/serve/serve_state.py, serve_utils.set_service_status_and_active_versions_from_replica)
+# derives the service status from the READY replicas only: until one replica is READY it reads NO_REPLICA
+# (REPLICA_INIT is never set, and failed replicas never make it FAILED). So NO_REPLICA means "starting" and a
+# failure is read from each replica's own status in `replica_info`.
+_SERVICE_PENDING = frozenset({"CONTROLLER_INIT", "REPLICA_INIT", "NO_REPLICA"})
+_SERVICE_TERMINAL = frozenset({"CONTROLLER_FAILED", "FAILED_CLEANUP", "SHUTTING_DOWN", "FAILED"})
+# ReplicaStatus.failed_statuses() (UNKNOWN included, as SkyServe counts it), plus PREEMPTED/NOT_READY are not
+# failures: SkyServe replaces a preempted replica and a NOT_READY one may recover.
+_REPLICA_FAILED = frozenset(
+    {"FAILED", "FAILED_CLEANUP", "FAILED_INITIAL_DELAY", "FAILED_PROBING", "FAILED_PROVISION", "UNKNOWN"}
+)
+_REPLICA_HINT = {
+    "FAILED": "its setup or run exited non-zero",
+    "FAILED_CLEANUP": "its setup or run failed and the teardown failed too (check the cloud console for leaks)",
+    "FAILED_INITIAL_DELAY": "it did not pass the readiness probe within initial_delay_seconds (setup + index "
+    "load took longer: raise service.readiness_probe.initial_delay_seconds, docs/deploy.md)",
+    "FAILED_PROBING": "it stopped answering the readiness probe",
+    "FAILED_PROVISION": "no cloud could provision it (quota, capacity or resources)",
+    "UNKNOWN": "SkyServe lost track of it",
+}
 
 
 def service_records(name: str) -> list[dict[str, Any]]:
-    """`sky.get(sky.serve.status(name))`: one dict per service with `status` and `endpoint`."""
+    """`sky.get(sky.serve.status(name))`: one dict per service with `status`, `endpoint` and `replica_info`."""
     sky = _sky()
     try:
         return list(sky.get(sky.serve.status(name)))
@@ -374,6 +392,23 @@ def _status_name(status: Any) -> str:
     return str(getattr(status, "value", status)).upper()
 
 
+def _replica_states(record: Mapping[str, Any]) -> list[tuple[Any, str]]:
+    """(replica_id, STATUS) for every replica SkyServe reports (launched, starting, ready, failed...)."""
+    return [
+        (info.get("replica_id", "?"), _status_name(info.get("status")))
+        for info in record.get("replica_info") or []
+    ]
+
+
+def _summary(replicas: Sequence[tuple[Any, str]]) -> str:
+    if not replicas:
+        return "no replicas yet"
+    counts: dict[str, int] = {}
+    for _, status in replicas:
+        counts[status] = counts.get(status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
 def wait_for_endpoint(
     name: str,
     *,
@@ -383,9 +418,13 @@ def wait_for_endpoint(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> str:
-    """Poll SkyServe until service `name` is READY with an endpoint, and return it as http://IP:PORT."""
-    deadline = clock() + timeout_s
-    last = "unknown"
+    """Poll SkyServe until service `name` is READY with an endpoint, and return it as http://IP:PORT.
+
+    Pending while the service reads CONTROLLER_INIT/NO_REPLICA/REPLICA_INIT and no replica has failed; a replica
+    in a FAILED_* state ends the wait with one line naming it, its state and the command that shows its log.
+    """
+    start = clock()
+    deadline = start + timeout_s
     while True:
         records = status_fn(name)
         if not records:
@@ -394,18 +433,38 @@ def wait_for_endpoint(
                 f"`sky serve up -n {name} sky/retrieval.yaml --secret RETRIEVAL_API_KEY`"
             )
         record = records[0]
-        last = _status_name(record.get("status"))
+        status = _status_name(record.get("status"))
+        replicas = _replica_states(record)
         endpoint = record.get("endpoint")
-        if last == "READY" and endpoint:
+        if status == "READY" and endpoint:
             endpoint = str(endpoint)
             return endpoint if "://" in endpoint else f"http://{endpoint}"
-        if last in _TERMINAL:
+        failed = [(rid, st) for rid, st in replicas if st in _REPLICA_FAILED]
+        if failed:
+            rid, st = failed[0]
             raise DeployError(
-                f"service {name!r} is {last}: see `sky serve logs {name} 1` and `sky serve status {name}`"
+                f"service {name!r}: replica {rid} is {st}: {_REPLICA_HINT[st]}; its log: "
+                f"`sky serve logs {name} {rid}` (controller: `sky serve logs --controller {name}`)"
             )
+        if status in _SERVICE_TERMINAL or status not in _SERVICE_PENDING | {"READY"}:
+            raise DeployError(
+                f"service {name!r} is {status} ({_summary(replicas)}): see `sky serve status {name}` and "
+                f"`sky serve logs --controller {name}`"
+            )
+        waited = clock() - start
         if clock() + interval_s > deadline:
-            raise DeployError(f"service {name!r} not READY after {timeout_s:.0f}s (last status {last})")
-        log.info("service %s is %s; waiting %.0fs", name, last, interval_s)
+            raise DeployError(
+                f"service {name!r} not READY after {timeout_s:.0f}s (last status {status}; "
+                f"replicas: {_summary(replicas)}); see `sky serve status {name}`"
+            )
+        log.info(
+            "service %s is %s; replicas: %s; waited %.0fs of %.0fs",
+            name,
+            status,
+            _summary(replicas),
+            waited,
+            timeout_s,
+        )
         sleep(interval_s)
 
 
@@ -478,6 +537,13 @@ def plan_train(
                 f"retrieval service {one} failed its health check, not launching: {result.reason}"
             )
         log.info("retrieval service %s: %s", one, result.reason)
+    if num_nodes is None and envs.get("NUM_NODES"):
+        # `run:` sets NUM_NODES from SKYPILOT_NUM_NODES, so an --env NUM_NODES=4 alone would be overwritten: it
+        # means the node count, and the node count is the task's num_nodes (as `sky jobs launch --num-nodes`).
+        try:
+            num_nodes = int(envs.pop("NUM_NODES"))
+        except ValueError:
+            raise ConfigError("NUM_NODES must be a whole number of nodes, e.g. --num-nodes 4") from None
     task = load_task(path, envs, secrets)
     if num_nodes is not None:
         if num_nodes < 1:

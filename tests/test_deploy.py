@@ -7,7 +7,7 @@ service with auth for the health check, and SkyPilot's parser building the task 
 
 from __future__ import annotations
 
-import enum
+import json
 import os
 import subprocess
 import sys
@@ -28,13 +28,6 @@ from tests.live import free_port, serve_in_thread
 TOKEN = "deploy-test-token-91ab"
 
 
-class ServiceStatus(enum.Enum):  # the values of sky.serve.ServiceStatus
-    CONTROLLER_INIT = "CONTROLLER_INIT"
-    REPLICA_INIT = "REPLICA_INIT"
-    READY = "READY"
-    FAILED = "FAILED"
-
-
 def scripted(*records: list[dict]) -> tuple[list[str], object]:
     calls: list[str] = []
     queue = list(records)
@@ -46,40 +39,150 @@ def scripted(*records: list[dict]) -> tuple[list[str], object]:
     return calls, status
 
 
-def test_wait_for_endpoint_polls_until_ready() -> None:
-    calls, status = scripted(
-        [{"name": "svc", "status": ServiceStatus.CONTROLLER_INIT, "endpoint": None}],
-        [{"name": "svc", "status": ServiceStatus.REPLICA_INIT, "endpoint": "34.1.2.3:30001"}],
-        [{"name": "svc", "status": ServiceStatus.READY, "endpoint": "http://34.1.2.3:30001"}],
+# --- the endpoint wait against SkyServe 0.14.1's own state machine ------------------------------------------------
+# A script run with SkyPilot's python: replicas are SkyServe's own `ReplicaInfo` objects whose status comes from
+# `ReplicaStatusProperty.to_replica_status()`, moved through the fields the replica manager sets (launch
+# scheduled -> running -> succeeded -> probe passes, or the initial delay runs out). The service status is
+# computed as `serve_utils.set_service_status_and_active_versions_from_replica` does: `ServiceStatus.
+# from_replica_statuses` over the READY replicas only. `wait_for_endpoint` then polls that sequence.
+SKYSERVE_SEQUENCE = r"""
+import json, logging, sys
+from sky.serve import serve_state
+from sky.serve.replica_managers import ReplicaInfo
+from sky.utils.common_utils import ProcessStatus
+from searchrl import deploy
+from searchrl.errors import DeployError
+
+ENDPOINT = "http://34.1.2.3:30001"
+outcome = sys.argv[1]  # ready | initial-delay | app-failed
+info = ReplicaInfo(1, "searchrl-retrieval-1", "8000", False, None, 1, None)
+prop = info.status_property
+steps = [
+    lambda: None,                                                  # the controller is up, no replica yet
+    lambda: None,                                                  # the replica is scheduled
+    lambda: setattr(prop, "sky_launch_status", ProcessStatus.RUNNING),  # sky.launch provisions the VM
+    lambda: setattr(prop, "sky_launch_status", ProcessStatus.SUCCEEDED),  # setup runs, probes fail
+    lambda: None,
+]
+if outcome == "ready":
+    steps += [lambda: (setattr(prop, "service_ready_now", True), setattr(prop, "first_ready_time", 100.0))]
+elif outcome == "initial-delay":  # replica_managers: past initial_delay_seconds -> first_ready_time = -1, sky.down
+    steps += [
+        lambda: (setattr(prop, "first_ready_time", -1.0), setattr(prop, "sky_down_status", ProcessStatus.SCHEDULED)),
+        lambda: setattr(prop, "sky_down_status", ProcessStatus.SUCCEEDED),
+    ]
+else:  # the run section exited non-zero
+    steps += [
+        lambda: (setattr(prop, "user_app_failed", True), setattr(prop, "sky_down_status", ProcessStatus.RUNNING)),
+        lambda: setattr(prop, "sky_down_status", ProcessStatus.SUCCEEDED),
+    ]
+seen = []
+
+def status(name):
+    i = len(seen)
+    if i == 0:  # the controller VM is still coming up: no replica yet
+        record = {"name": name, "status": serve_state.ServiceStatus.CONTROLLER_INIT, "endpoint": None,
+                  "replica_info": []}
+    else:
+        steps[min(i - 1, len(steps) - 1)]()
+        replicas = [info] if i > 1 else []
+        ready = [r.status for r in replicas if r.is_ready]  # serve_utils passes the READY replicas only
+        record = {"name": name, "status": serve_state.ServiceStatus.from_replica_statuses(ready),
+                  "endpoint": ENDPOINT,
+                  "replica_info": [{"replica_id": r.replica_id, "name": r.cluster_name, "status": r.status}
+                                   for r in replicas]}
+    seen.append([record["status"].value, [r["status"].value for r in record["replica_info"]]])
+    return [record]
+
+lines = []
+handler = logging.Handler()
+handler.emit = lambda rec: lines.append(rec.getMessage())
+logging.getLogger("searchrl.deploy").addHandler(handler)
+logging.getLogger("searchrl.deploy").setLevel(logging.INFO)
+try:
+    result = {"endpoint": deploy.wait_for_endpoint("searchrl-retrieval", interval_s=10, status_fn=status,
+                                                   sleep=lambda s: None)}
+except DeployError as exc:
+    result = {"error": str(exc)}
+print(json.dumps({**result, "seen": seen, "log": lines}))
+"""
+
+
+def skyserve_wait(outcome: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [deploy.sky_python(), "-c", SKYSERVE_SEQUENCE, outcome],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    slept: list[float] = []
-    url = deploy.wait_for_endpoint("svc", interval_s=5, status_fn=status, sleep=slept.append)  # type: ignore[arg-type]
-    assert url == "http://34.1.2.3:30001"
-    assert calls == ["svc"] * 3 and slept == [5, 5]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_wait_follows_skyserves_own_sequence_to_the_endpoint() -> None:
+    result = skyserve_wait("ready")
+    assert result.get("endpoint") == "http://34.1.2.3:30001", result
+    assert result["seen"] == [
+        ["CONTROLLER_INIT", []],
+        ["NO_REPLICA", []],
+        ["NO_REPLICA", ["PENDING"]],
+        ["NO_REPLICA", ["PROVISIONING"]],
+        ["NO_REPLICA", ["STARTING"]],
+        ["NO_REPLICA", ["STARTING"]],
+        ["READY", ["READY"]],
+    ]  # SkyServe never says REPLICA_INIT: NO_REPLICA until a replica is READY (the old wait stopped there)
+    assert len(result["log"]) == 6
+    assert "NO_REPLICA; replicas: 1 STARTING; waited" in result["log"][-1]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state", "why"),
+    [
+        ("initial-delay", "FAILED_INITIAL_DELAY", "within initial_delay_seconds"),
+        ("app-failed", "FAILED", "setup or run exited non-zero"),
+    ],
+)
+def test_a_failed_replica_ends_the_wait_with_one_line(outcome: str, state: str, why: str) -> None:
+    result = skyserve_wait(outcome)
+    assert "endpoint" not in result, result
+    error = result["error"]
+    assert "\n" not in error
+    assert error.startswith(f"service 'searchrl-retrieval': replica 1 is {state}: "), error
+    assert why in error and "`sky serve logs searchrl-retrieval 1`" in error
+    assert result["seen"][-2][1] == ["SHUTTING_DOWN"]  # tearing down is not a failure yet: still waiting
+    assert result["seen"][-1] == ["NO_REPLICA", [state]]  # the service itself never reads FAILED
 
 
 def test_wait_for_endpoint_adds_a_scheme_and_fails_fast() -> None:
-    _, ready = scripted([{"status": ServiceStatus.READY, "endpoint": "10.0.0.1:30001"}])
+    _, ready = scripted([{"status": "READY", "endpoint": "10.0.0.1:30001"}])
     assert deploy.wait_for_endpoint("s", status_fn=ready) == "http://10.0.0.1:30001"  # type: ignore[arg-type]
     _, none = scripted([])
     with pytest.raises(
         DeployError, match=r"no service named 'gone'.*sky serve up -n gone sky/retrieval.yaml"
     ):
         deploy.wait_for_endpoint("gone", status_fn=none)  # type: ignore[arg-type]
-    _, failed = scripted([{"status": ServiceStatus.FAILED, "endpoint": None}])
-    with pytest.raises(DeployError, match=r"is FAILED: see `sky serve logs s 1`"):
-        deploy.wait_for_endpoint("s", status_fn=failed)  # type: ignore[arg-type]
+    _, broken = scripted([{"status": "CONTROLLER_FAILED", "endpoint": None, "replica_info": []}])
+    with pytest.raises(DeployError, match=r"is CONTROLLER_FAILED \(no replicas yet\).*--controller s"):
+        deploy.wait_for_endpoint("s", status_fn=broken)  # type: ignore[arg-type]
 
 
-def test_wait_for_endpoint_times_out_with_the_last_status() -> None:
-    _, stuck = scripted([{"status": ServiceStatus.REPLICA_INIT, "endpoint": None}])
+def test_wait_for_endpoint_times_out_with_the_replica_states() -> None:
+    starting = {"status": "NO_REPLICA", "endpoint": None,
+                "replica_info": [{"replica_id": 1, "status": "STARTING"}, {"replica_id": 2, "status": "PROVISIONING"}]}  # fmt: skip
+    _, stuck = scripted([starting])
     now = [0.0]
 
     def sleep(s: float) -> None:
         now[0] += s
 
     status_fn: Any = stuck
-    with pytest.raises(DeployError, match=r"not READY after 30s \(last status REPLICA_INIT\)"):
+    with pytest.raises(
+        DeployError,
+        match=r"not READY after 30s \(last status NO_REPLICA; replicas: 1 PROVISIONING, 1 STARTING\)",
+    ):
         deploy.wait_for_endpoint(
             "s", timeout_s=30, interval_s=10, status_fn=status_fn, sleep=sleep, clock=lambda: now[0]
         )
@@ -208,7 +311,8 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
     }
     assert task["file_mounts"]["/checkpoints"]["name"] == "my-searchrl-ckpts"
     assert task["file_mounts"]["/checkpoints"]["mode"] == "MOUNT_CACHED"
-    assert "exec searchrl train merge" in task["run"]  # block style: the printed run: reads like the file
+    assert "\nsearchrl train merge" in task["run"]  # block style: the printed run: reads like the file
+    assert "exec " not in task["run"]  # the MOUNT_CACHED flush loop SkyPilot appends must be reached
     assert "ok:" in proc.stderr  # the health check ran against the live service before the task was built
 
 
