@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError
+from trainer.checkpoint import check_resume
 from trainer.data import prepare_data
 from trainer.overrides import main_ppo_command, render_overrides
 from trainer.settings import TrainSettings, redact_url
@@ -112,6 +113,9 @@ class LaunchPlan:
 def prepare_launch(settings: TrainSettings, *, gpus: int | None = None) -> LaunchPlan:
     """Steps 1-5: everything up to the verl command, which is returned (not run)."""
     check_gpus(settings, gpus)
+    # Resume hook (issue 16): verl's resume_mode=auto loads the step the tracker names; wait until every rank's
+    # shard of it is in the bucket, or refuse with one line before any GPU work starts.
+    check_resume(settings.run_dir.expanduser(), deadline_s=settings.checkpoint_wait_s)
     data = prepare_data(settings)
     log.info("data: %d train / %d test rows in %s", data.train_rows, data.test_rows, data.train_file.parent)
     write_tool_config(settings)
