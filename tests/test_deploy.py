@@ -323,3 +323,53 @@ def test_module_imports_without_skypilot() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def _make_n(*args: str) -> list[str]:
+    """The commands `make -n ARGS` would run (printed, none executed)."""
+    proc = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.live
+@pytest.mark.parametrize(
+    ("make_args", "nodes"),
+    [(["NODES=4"], 4), (["ENV_EXTRA=NUM_NODES=3"], 3)],
+    ids=["NODES=4", "ENV=NUM_NODES=3"],
+)
+def test_make_train_dry_run_launches_the_asked_node_count(
+    auth_url: str, make_args: list[str], nodes: int
+) -> None:
+    env_items = [f"RETRIEVAL_SERVICE_URL={auth_url}", "CHECKPOINT_BUCKET=b"]
+    args = [a for a in make_args if not a.startswith("ENV_EXTRA=")]
+    env_items += [a.removeprefix("ENV_EXTRA=") for a in make_args if a.startswith("ENV_EXTRA=")]
+    (line,) = [
+        ln for ln in _make_n("train", "DRY_RUN=1", *args, f"ENV={' '.join(env_items)}") if "sky train" in ln
+    ]
+    argv = line.split()
+    assert argv[0] == ".venv/bin/searchrl" and "--dry-run" in argv
+    proc = subprocess.run([sys.executable, "-m", "searchrl", *argv[1:]], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "RETRIEVAL_API_KEY": TOKEN}, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    task = yaml.safe_load(proc.stdout)
+    assert task["num_nodes"] == nodes
+    assert task["resources"]["network_tier"] == "best"
+    assert task["resources"]["job_recovery"]["max_restarts_on_errors"] >= 1
+
+
+def test_sky_venv_stamp_follows_sky_spec(tmp_path: Path) -> None:
+    venv = tmp_path / "sky-venv"
+    venv.mkdir()
+    (venv / ".sky").write_text("skypilot==0.14.1\n")
+    (venv / ".sky").touch()
+    same = _make_n("sky-venv", f"SKY_VENV={venv}", "SKY_SPEC=skypilot==0.14.1")
+    assert not any("pip install" in ln for ln in same), same
+    changed = _make_n("sky-venv", f"SKY_VENV={venv}", "SKY_SPEC=skypilot[aws]==0.14.1")
+    assert any('pip install -q "skypilot[aws]==0.14.1" -e .' in ln for ln in changed), changed
+
+
+def test_serve_retrieval_sky_needs_only_the_sky_venv() -> None:
+    lines = _make_n("serve-retrieval-sky", "SKY_VENV=.venv-sky")
+    assert not any(ln.startswith(".venv/") for ln in lines), lines  # no .venv it does not depend on
+    assert lines[-1] == ".venv-sky/bin/python -m searchrl sky endpoint searchrl-retrieval"
