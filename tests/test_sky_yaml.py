@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -403,3 +404,118 @@ def test_the_harness_catches_a_run_that_ends_under_pipefail(tmp_path: Path) -> N
     (tmp_path / "sky/infer.yaml").write_text(old.replace(body, broken))
     rc, stdout, _ = run_node(str(tmp_path / "sky/infer.yaml"), tmp_path / "node")
     assert rc == 141 and "upload complete" not in stdout  # SIGPIPE from `tac | grep -m 1` under pipefail
+
+
+# --- setup re-runs on a restarted cluster or a recovered job ----------------------------------------------------
+BUILD_SETUP = r"""
+import json, sys
+from pathlib import Path
+from sky.skylet import log_lib
+from searchrl import deploy
+
+path = Path(sys.argv[1])
+need_envs, need_secrets = deploy.required_names(path)
+task = deploy.load_task(path, {n: "placeholder" for n in need_envs}, {n: "secret" for n in need_secrets})
+# RayCodeGen.add_setup prefixes the command like this, and run_bash_command_with_log wraps it the same way as run.
+print(json.dumps(log_lib.make_task_bash_script("unset CUDA_VISIBLE_DEVICES; " + task.setup, env_vars=task.envs_and_secrets)))
+"""
+
+
+def real_uv() -> str:
+    found = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    assert Path(found).is_file(), "uv is a dev dependency (pyproject [dev]): pip install uv"
+    return found
+
+
+@pytest.mark.parametrize("yaml_name", [p.name for p in YAMLS])
+def test_setup_runs_twice_on_the_same_node(yaml_name: str, tmp_path: Path) -> None:
+    """Real `uv venv` on the same folder twice; installs and downloads are stubbed (no network, no GPU wheels)."""
+    script = json.loads(in_sky_python_argv(BUILD_SETUP, str(SKY / yaml_name)).strip().splitlines()[-1])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "sky_workdir").mkdir()
+    stubs = {
+        # the real `uv venv` minus --seed (which would fetch pip from PyPI): re-running is about the folder
+        "uv": f'echo "uv $*" >> "$HOME/calls.log"\n[ "$1" != venv ] || exec {real_uv()} ${{@/--seed/}}\n'
+        '[ "$1 $2" != "pip freeze" ] || echo "click==8.5.1"',
+        "searchrl": 'echo "searchrl $*" >> "$HOME/calls.log"',
+        "pip": 'echo "pip $*" >> "$HOME/calls.log"',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "setup.sh").write_text(script)
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+    }
+    for attempt in (1, 2):
+        proc = subprocess.run(["/bin/bash", "-i", str(tmp_path / "setup.sh")], env=env, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert proc.returncode == 0, (
+            f"setup run {attempt} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
+        )
+    venv = tmp_path / "sky_workdir" / ".venv"
+    assert (venv / "bin" / "python").exists()
+    calls = (tmp_path / "calls.log").read_text()
+    assert calls.count("uv venv") == 2 and calls.count("uv pip install") >= 2
+    if yaml_name.startswith("train"):  # the pins start_cluster's install is held to
+        assert (venv / "searchrl-pins.txt").read_text() == "click==8.5.1\n"
+    if yaml_name == "retrieval.yaml":
+        assert "searchrl sky start-budget --corpus bundled --backend bm25 --delay 3600" in calls
+        assert "setup finished after " in proc.stdout and "of the 3600s readiness delay" in proc.stdout
+
+
+def test_plain_uv_venv_fails_on_a_rerun(tmp_path: Path) -> None:
+    """The control: what setup did before (`uv venv DIR` without --allow-existing/--clear) breaks a re-run."""
+    cmd = [real_uv(), "venv", "-q", "--python", "3.11", str(tmp_path / ".venv")]
+    assert subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode != 0 and "already exists" in again.stderr
+
+
+def test_probe_delay_env_matches_the_probe_and_covers_the_measured_starts() -> None:
+    config = yaml.safe_load((SKY / "retrieval.yaml").read_text())
+    delay = config["service"]["readiness_probe"]["initial_delay_seconds"]
+    assert config["envs"]["SEARCHRL_PROBE_DELAY_S"] == str(delay)
+    for corpus, backend in [
+        ("bundled", "bm25"),
+        ("bundled", "dense"),
+        ("wiki18-100k", "dense"),
+        ("wiki18", "dense"),
+    ]:
+        assert deploy.start_budget(corpus, backend, delay).startswith("replica start: ")
+    with pytest.raises(deploy.DeployError, match=r"needs ~4272s .* at least 5127 in sky/retrieval.yaml"):
+        deploy.start_budget("wiki18", "hybrid", delay)
+    policy = config["service"]["replica_policy"]
+    bundled_start = deploy.START_ESTIMATES_S[("bundled", "bm25")][0]
+    # scale up for load that lasts about as long as a new replica takes to start; keep replicas > 2 starts
+    assert abs(policy["upscale_delay_seconds"] - bundled_start) < 0.1 * bundled_start
+    assert policy["downscale_delay_seconds"] >= 2 * bundled_start
+
+
+def test_validate_catches_a_probe_delay_env_out_of_step(tmp_path: Path) -> None:
+    copy = tmp_path / "retrieval.yaml"
+    copy.write_text(
+        (SKY / "retrieval.yaml")
+        .read_text()
+        .replace("initial_delay_seconds: 3600", "initial_delay_seconds: 600")
+    )
+    proc = searchrl("sky", "validate", str(copy))
+    assert proc.returncode == 2
+    assert "SEARCHRL_PROBE_DELAY_S=3600 but readiness_probe.initial_delay_seconds is 600" in proc.stdout
+
+
+def test_the_documented_tls_block_passes_skypilots_parser(tmp_path: Path) -> None:
+    text = (SKY / "retrieval.yaml").read_text()
+    block = "  # tls:\n  #   keyfile: ~/.searchrl/tls/key.pem\n  #   certfile: ~/.searchrl/tls/cert.pem"
+    assert block in text
+    (tmp_path / "key.pem").write_text("key")
+    (tmp_path / "cert.pem").write_text("cert")
+    enabled = text.replace(
+        block, f"  tls:\n    keyfile: {tmp_path}/key.pem\n    certfile: {tmp_path}/cert.pem"
+    )
+    (tmp_path / "retrieval.yaml").write_text(enabled)
+    proc = searchrl("sky", "validate", str(tmp_path / "retrieval.yaml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
