@@ -155,6 +155,7 @@ def test_train_local_checks_the_resume_step_before_any_work(
         checkpoint_dir=tmp_path / "ckpt", experiment_name="exp", gpus_per_node=1, checkpoint_wait_s=0
     )
     with pytest.raises(
-        CheckpointError, match=r"not resuming: .*rank 1 extra_state shard .* is missing; .*; no earlier complete step"
+        CheckpointError,
+        match=r"not resuming: .*rank 1 extra_state shard .* is missing; .*; no earlier complete step",
     ):
         prepare_launch(settings, gpus=1)
