@@ -519,3 +519,21 @@ def test_the_documented_tls_block_passes_skypilots_parser(tmp_path: Path) -> Non
     (tmp_path / "retrieval.yaml").write_text(enabled)
     proc = searchrl("sky", "validate", str(tmp_path / "retrieval.yaml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_sky_launch_the_repo_documents_deletes_its_cluster() -> None:
+    """`sky launch -c` leaves a cluster up: every one we document carries `-i N --down`, and the files it launches
+    set `resources.autostop` with `down: true` for a launch that forgets the flags."""
+    docs = [REPO / "README.md", REPO / "Makefile", *REPO.glob("docs/*.md"), *SKY.glob("*.md"), *YAMLS]
+    launches = [
+        (path.name, line)
+        for path in docs
+        for line in path.read_text().splitlines()
+        if re.search(r"\bsky launch -c \S", line)  # a launch command (prose says `sky launch`)
+    ]
+    assert len(launches) >= 4, launches
+    for name, line in launches:
+        assert re.search(r"sky launch -c \S+ -i \d+ --down ", line), f"{name}: {line.strip()}"
+    for yaml_name in ("train-single.yaml", "infer.yaml"):
+        autostop = yaml.safe_load((SKY / yaml_name).read_text())["resources"]["autostop"]
+        assert autostop["down"] is True and autostop["idle_minutes"] <= 15
