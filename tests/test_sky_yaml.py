@@ -311,6 +311,9 @@ def run_node(
     start = home / "sky_templates/ray/start_cluster"
     start.write_text('#!/bin/bash\necho "start_cluster UV_OVERRIDE=$UV_OVERRIDE" >> "$HOME/calls.log"\n')
     start.chmod(0o755)
+    stop = home / "sky_templates/ray/stop_cluster"
+    stop.write_text('#!/bin/bash\necho "stop_cluster" >> "$HOME/calls.log"\n')
+    stop.chmod(0o755)
     (home / "sky_workdir/.venv/bin/activate").write_text("")
     (home / "sky_workdir/.venv/searchrl-pins.txt").write_text("click==8.5.1\nray==2.60.0\n")
     # A real-sized rclone log (≈200 KB, more than a pipe buffer): `tac | grep -m 1` then really gets SIGPIPE.
@@ -373,6 +376,8 @@ def test_head_run_script_exits_0_after_the_flush_loop(yaml_name: str, last: str,
     assert calls.index(last) < calls.index("sleep 10")
     if yaml_name != "infer.yaml":
         assert "start_cluster UV_OVERRIDE=" in calls and "searchrl-pins.txt" in calls
+    if yaml_name == "train.yaml":
+        assert calls.index("searchrl train merge") < calls.index("stop_cluster") < calls.index("sleep 10")
         assert calls.index("searchrl train local") < calls.index("searchrl train merge")
 
 
@@ -391,7 +396,8 @@ def test_a_failed_head_still_flushes_and_reports_the_failure(tmp_path: Path) -> 
     rc, stdout, calls = run_node("train.yaml", tmp_path, nodes=2, FAIL_ON="train local")
     assert rc == 7  # the trainer's exit code is the job's
     assert "searchrl train merge" not in calls
-    assert "ray stop --force" in calls  # workers see the head's Ray go and end (and flush) too
+    assert "stop_cluster" in calls  # workers see the head's Ray go and end (and flush) too
+    assert "ray stop" not in calls  # it would kill SkyPilot's own Ray (6380) and the job with it
     assert _flushed(stdout)
 
 
