@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--wait",
         dest="checkpoint_wait_s",
         type=float,
-        help="seconds to wait for every rank's shard (env SEARCHRL_TRAIN_CHECKPOINT_WAIT_S, default 1800)",
+        help="seconds to wait for every rank's shard (env SEARCHRL_TRAIN_CHECKPOINT_WAIT_S, default 600)",
     )
     p.set_defaults(handler=_merge)
 

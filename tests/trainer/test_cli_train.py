@@ -97,7 +97,7 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
 
     seen.clear()
     main(["train", "merge", "--checkpoint-dir", str(tmp_path / "ck"), "--experiment-name", "e1"])
-    assert seen == {"run_dir": tmp_path / "ck" / "e1", "target_dir": None, "verify": True, "wait_s": 1800.0}
+    assert seen == {"run_dir": tmp_path / "ck" / "e1", "target_dir": None, "verify": True, "wait_s": 600.0}
 
 
 @pytest.mark.parametrize(
