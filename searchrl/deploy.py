@@ -359,71 +359,6 @@ def send_probe(base_url: str, probe: Probe) -> tuple[int, str]:
     return resp.status_code, resp.text[:300]
 
 
-# --- replica start budget --------------------------------------------------------------------------------------
-# SkyServe starts probing a replica while its setup still runs, and `initial_delay_seconds` counts from the first
-# failed probe: setup (install, download, index build) plus the index load must fit inside it, or the replica
-# ends FAILED_INITIAL_DELAY, which stops the service for good. Seconds from setup start to the first 200 on
-# /retrieve, per corpus and backend; docs/deploy.md "Probe delay" gives the measurements and the arithmetic.
-INSTALL_S = 300.0  # uv: CPU torch + the retrieval extra (~1 GB of wheels); NOT measured here (no cloud)
-DISK_MB_S = (
-    125.0  # AWS gp3 baseline throughput, the slowest default disk; downloads and copies are disk-bound
-)
-_BUNDLED_DENSE_BUILD_S = 10_033 / 10.9  # MiniLM at 10.9 passages/s on 2 busy cores (42/s idle)
-# wiki18 setup I/O in MB: write the 78.5 GB download, read + write the 64.5 GB index parts to join them, write the
-# 14 GB gunzipped corpus (gzip itself runs at 128 MB/s here, no faster than the disk)
-_WIKI18_FETCH_S = (78_500 + 2 * 64_500 + 14_000) / DISK_MB_S
-_WIKI18_BM25_BUILD_S = 21_015_324 / 16_700  # bm25s at 16.7k passages/s (bundled: 10,033 in 0.6 s)
-START_ESTIMATES_S: dict[tuple[str, str], tuple[float, str]] = {
-    ("bundled", "bm25"): (INSTALL_S + 1.2 + 1.2, "install + build 1.2 s + first 200 1.2 s"),
-    ("bundled", "dense"): (
-        INSTALL_S + _BUNDLED_DENSE_BUILD_S + 13.5,
-        "install + MiniLM build 920 s on 2 busy cores + first 200 13.5 s",
-    ),
-    ("wiki18-100k", "dense"): (INSTALL_S + 30 + 30, "install + 0.8 GB download + E5 load and first 200"),
-    ("wiki18-100k", "bm25"): (INSTALL_S + 10 + 10, "install + download + build 100k passages"),
-    ("wiki18", "dense"): (
-        INSTALL_S + _WIKI18_FETCH_S + 14_000 / DISK_MB_S + 64_500 / DISK_MB_S + 30,
-        "install + download/join/gunzip 221.5 GB of disk I/O + corpus offsets + first Flat query reads 64.5 GB",
-    ),
-    ("wiki18", "bm25"): (
-        INSTALL_S + (14_000 + 14_000) / DISK_MB_S + _WIKI18_BM25_BUILD_S + 60,
-        "install + 14 GB download and gunzip + bm25 build over 21M passages",
-    ),
-}
-for _corpus in ("bundled", "wiki18-100k", "wiki18"):  # hybrid builds both indexes
-    _d, _b = START_ESTIMATES_S[(_corpus, "dense")], START_ESTIMATES_S[(_corpus, "bm25")]
-    START_ESTIMATES_S[(_corpus, "hybrid")] = (_d[0] + _b[0] - INSTALL_S, "dense + bm25 builds")
-for _web in ("google", "serper"):
-    for _corpus in ("bundled", "wiki18-100k", "wiki18"):
-        START_ESTIMATES_S[(_corpus, _web)] = (INSTALL_S + 5.0, "install; nothing to build")
-
-
-def start_budget(corpus: str, backend: str, delay_s: float, *, margin: float = 1.2) -> str:
-    """One line on whether a replica of `corpus`/`backend` starts within the probe's initial delay.
-
-    Raises DeployError (before the long part of setup runs) when the estimate times `margin` exceeds `delay_s`,
-    so the replica fails with this line in its log instead of going FAILED_INITIAL_DELAY an hour later.
-    """
-    estimate = START_ESTIMATES_S.get((corpus, backend))
-    if estimate is None:
-        return (
-            f"replica start: no estimate for corpus {corpus!r} with backend {backend!r}; setup + index load must "
-            f"finish within initial_delay_seconds={delay_s:.0f}s (docs/deploy.md)"
-        )
-    seconds, how = estimate
-    if seconds * margin > delay_s:
-        raise DeployError(
-            f"corpus {corpus} with backend {backend} needs ~{seconds:.0f}s to start ({how}) but "
-            f"initial_delay_seconds is {delay_s:.0f}s: raise service.readiness_probe.initial_delay_seconds and "
-            f"SEARCHRL_PROBE_DELAY_S to at least {seconds * margin:.0f} in sky/retrieval.yaml, or the replica "
-            "ends FAILED_INITIAL_DELAY"
-        )
-    return (
-        f"replica start: corpus {corpus} with backend {backend} needs ~{seconds:.0f}s ({how}); "
-        f"the readiness probe allows {delay_s:.0f}s"
-    )
-
-
 # --- endpoint ---------------------------------------------------------------------------------------------------
 # SkyServe 0.14.1 (sky/serve/serve_state.py, serve_utils.set_service_status_and_active_versions_from_replica)
 # derives the service status from the READY replicas only: until one replica is READY it reads NO_REPLICA
@@ -431,9 +366,10 @@ def start_budget(corpus: str, backend: str, delay_s: float, *, margin: float = 1
 # failure is read from each replica's own status in `replica_info`.
 _SERVICE_PENDING = frozenset({"CONTROLLER_INIT", "REPLICA_INIT", "NO_REPLICA"})
 _SERVICE_TERMINAL = frozenset({"CONTROLLER_FAILED", "FAILED_CLEANUP", "SHUTTING_DOWN", "FAILED"})
-# ReplicaStatus.failed_statuses() (UNKNOWN included, as SkyServe counts it), plus PREEMPTED/NOT_READY are not
-# failures: SkyServe replaces a preempted replica and a NOT_READY one may recover.
-_REPLICA_FAILED = frozenset(
+# SkyServe 0.14.1's `ReplicaStatus.failed_statuses()`, used when SkyPilot is not importable (tests of the pure
+# logic); with SkyPilot the installed package's own list is used. PREEMPTED and NOT_READY are not failures:
+# SkyServe replaces a preempted replica, and a NOT_READY one may recover.
+_REPLICA_FAILED_0_14_1 = frozenset(
     {"FAILED", "FAILED_CLEANUP", "FAILED_INITIAL_DELAY", "FAILED_PROBING", "FAILED_PROVISION", "UNKNOWN"}
 )
 _REPLICA_HINT = {
@@ -461,6 +397,15 @@ def service_records(name: str) -> list[dict[str, Any]]:
 
 def _status_name(status: Any) -> str:
     return str(getattr(status, "value", status)).upper()
+
+
+def failed_replica_states() -> frozenset[str]:
+    """Replica states SkyServe counts as failed: from the installed SkyPilot when there is one."""
+    try:
+        from sky.serve.serve_state import ReplicaStatus
+    except ImportError:
+        return _REPLICA_FAILED_0_14_1
+    return frozenset(s.value for s in ReplicaStatus.failed_statuses())
 
 
 def _replica_states(record: Mapping[str, Any]) -> list[tuple[Any, str]]:
@@ -496,6 +441,7 @@ def wait_for_endpoint(
     """
     start = clock()
     deadline = start + timeout_s
+    failed_states = failed_replica_states()
     while True:
         records = status_fn(name)
         if not records:
@@ -510,11 +456,11 @@ def wait_for_endpoint(
         if status == "READY" and endpoint:
             endpoint = str(endpoint)
             return endpoint if "://" in endpoint else f"http://{endpoint}"
-        failed = [(rid, st) for rid, st in replicas if st in _REPLICA_FAILED]
+        failed = [(rid, st) for rid, st in replicas if st in failed_states]
         if failed:
             rid, st = failed[0]
             raise DeployError(
-                f"service {name!r}: replica {rid} is {st}: {_REPLICA_HINT[st]}; its log: "
+                f"service {name!r}: replica {rid} is {st}: {_REPLICA_HINT.get(st, 'it failed')}; its log: "
                 f"`sky serve logs {name} {rid}` (controller: `sky serve logs --controller {name}`)"
             )
         if status in _SERVICE_TERMINAL or status not in _SERVICE_PENDING | {"READY"}:
@@ -642,9 +588,9 @@ __all__ = [
     "Probe",
     "Report",
     "SKY_DIR",
-    "START_ESTIMATES_S",
     "TrainPlan",
     "check_task",
+    "failed_replica_states",
     "inline_secrets",
     "launch_train",
     "leftover_vars",
@@ -658,7 +604,6 @@ __all__ = [
     "secrets_from_env",
     "send_probe",
     "service_records",
-    "start_budget",
     "sky_importable",
     "sky_python",
     "task_files",

@@ -373,3 +373,28 @@ def test_serve_retrieval_sky_needs_only_the_sky_venv() -> None:
     lines = _make_n("serve-retrieval-sky", "SKY_VENV=.venv-sky")
     assert not any(ln.startswith(".venv/") for ln in lines), lines  # no .venv it does not depend on
     assert lines[-1] == ".venv-sky/bin/python -m searchrl sky endpoint searchrl-retrieval"
+
+
+def test_failed_replica_states_come_from_the_installed_skyserve() -> None:
+    code = "from searchrl import deploy; print(','.join(sorted(deploy.failed_replica_states())))"
+    proc = subprocess.run([deploy.sky_python(), "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from_sky = set(proc.stdout.strip().split(","))
+    assert from_sky == set(deploy._REPLICA_FAILED_0_14_1)  # the fallback matches SkyServe 0.14.1
+    assert {"FAILED_INITIAL_DELAY", "FAILED_PROVISION"} <= from_sky and "NOT_READY" not in from_sky
+
+
+def test_start_budget_runs_without_skypilot_and_refuses_in_one_line() -> None:
+    argv = ["sky", "start-budget", "--corpus", "wiki18", "--backend", "hybrid", "--delay", "3600"]
+    env = {k: v for k, v in os.environ.items() if k != "SEARCHRL_SKY_PYTHON"}
+    proc = subprocess.run([sys.executable, "-m", "searchrl", *argv], cwd=REPO, capture_output=True, text=True,
+                          env={**env, "PATH": "/usr/bin:/bin"}, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: corpus wiki18 with backend hybrid needs ~4272s to start")
+    ok = subprocess.run([sys.executable, "-m", "searchrl", *argv[:-3], "bm25", "--delay", "3600"], cwd=REPO,
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0 and ok.stderr.startswith(
+        "replica start: corpus wiki18 with backend bm25 needs ~"
+    )

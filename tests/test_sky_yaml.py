@@ -21,7 +21,8 @@ import httpx
 import pytest
 import yaml
 
-from searchrl import deploy
+from searchrl import deploy, replica_budget
+from searchrl.errors import DeployError
 from tests.conftest import REPO, TINY_CORPUS
 from tests.live import free_port
 
@@ -491,11 +492,11 @@ def test_probe_delay_env_matches_the_probe_and_covers_the_measured_starts() -> N
         ("wiki18-100k", "dense"),
         ("wiki18", "dense"),
     ]:
-        assert deploy.start_budget(corpus, backend, delay).startswith("replica start: ")
-    with pytest.raises(deploy.DeployError, match=r"needs ~4272s .* at least 5127 in sky/retrieval.yaml"):
-        deploy.start_budget("wiki18", "hybrid", delay)
+        assert replica_budget.start_budget(corpus, backend, delay).startswith("replica start: ")
+    with pytest.raises(DeployError, match=r"needs ~4272s .* at least 5127 in sky/retrieval.yaml"):
+        replica_budget.start_budget("wiki18", "hybrid", delay)
     policy = config["service"]["replica_policy"]
-    bundled_start = deploy.START_ESTIMATES_S[("bundled", "bm25")][0]
+    bundled_start = replica_budget.START_ESTIMATES_S[("bundled", "bm25")][0]
     # scale up for load that lasts about as long as a new replica takes to start; keep replicas > 2 starts
     assert abs(policy["upscale_delay_seconds"] - bundled_start) < 0.1 * bundled_start
     assert policy["downscale_delay_seconds"] >= 2 * bundled_start

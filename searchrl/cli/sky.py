@@ -177,10 +177,10 @@ def _endpoint(args: argparse.Namespace) -> int:
 
 
 def _start_budget(args: argparse.Namespace) -> int:
-    from searchrl import deploy
+    from searchrl.replica_budget import start_budget
 
     # Runs on a replica, whose venv has no SkyPilot: never re-executes itself in .venv-sky.
-    print(deploy.start_budget(args.corpus, args.backend, args.delay), file=sys.stderr)  # noqa: T201
+    print(start_budget(args.corpus, args.backend, args.delay), file=sys.stderr)  # noqa: T201
     return 0
 
 
