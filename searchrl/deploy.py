@@ -49,6 +49,9 @@ SKY_INSTALL_HINT = (
 )
 DEFAULT_SERVICE = "searchrl-retrieval"
 DEFAULT_JOB = "searchrl-train"
+# How long `searchrl sky endpoint` waits for READY by default: sky/retrieval.yaml's initial_delay_seconds (3600,
+# the slowest supported replica start; searchrl/replica_budget.py) plus ~10 min for the controller and provisioning.
+ENDPOINT_TIMEOUT_S = 4200.0
 
 # Accelerators we have sized the tasks for (docs/deploy.md). SkyPilot accepts any name offline (its catalog is
 # a download), so a typo such as H1000 would only fail at launch time, after the controller is up.
@@ -428,7 +431,7 @@ def _summary(replicas: Sequence[tuple[Any, str]]) -> str:
 def wait_for_endpoint(
     name: str,
     *,
-    timeout_s: float = 1800.0,
+    timeout_s: float = ENDPOINT_TIMEOUT_S,
     interval_s: float = 10.0,
     status_fn: Callable[[str], list[dict[str, Any]]] = service_records,
     sleep: Callable[[float], None] = time.sleep,
@@ -531,7 +534,7 @@ def plan_train(
     service: str = DEFAULT_SERVICE,
     yaml_path: Path | None = None,
     health_deadline_s: float = 120.0,
-    endpoint_timeout_s: float = 1800.0,
+    endpoint_timeout_s: float = ENDPOINT_TIMEOUT_S,
     num_nodes: int | None = None,
 ) -> TrainPlan:
     """Resolve the endpoint, health-check it, and build the task with the overrides and secrets."""
@@ -585,6 +588,7 @@ __all__ = [
     "ALLOWED_ACCELERATORS",
     "DEFAULT_JOB",
     "DEFAULT_SERVICE",
+    "ENDPOINT_TIMEOUT_S",
     "Probe",
     "Report",
     "SKY_DIR",

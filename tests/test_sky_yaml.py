@@ -544,3 +544,10 @@ def test_every_sky_launch_the_repo_documents_deletes_its_cluster() -> None:
     for yaml_name in ("train-single.yaml", "infer.yaml"):
         autostop = yaml.safe_load((SKY / yaml_name).read_text())["resources"]["autostop"]
         assert autostop["down"] is True and autostop["idle_minutes"] <= 15
+
+
+def test_the_endpoint_wait_outlasts_the_probe_delay() -> None:
+    delay = yaml.safe_load((SKY / "retrieval.yaml").read_text())["service"]["readiness_probe"][
+        "initial_delay_seconds"
+    ]
+    assert deploy.ENDPOINT_TIMEOUT_S >= delay + 300  # a replica may use all of its delay, after provisioning

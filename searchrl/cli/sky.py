@@ -57,7 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         argument_default=argparse.SUPPRESS,
     )
     e.add_argument("service_name", metavar="NAME", help="service name, e.g. searchrl-retrieval")
-    e.add_argument("--timeout", type=float, help="seconds to wait for READY (default 1800)")
+    e.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds to wait for READY (default 4200: the probe's 3600 s initial delay + provisioning)",
+    )
     e.set_defaults(handler=_endpoint)
 
     r = verbs.add_parser(
@@ -172,7 +176,8 @@ def _endpoint(args: argparse.Namespace) -> int:
     from searchrl import deploy
 
     _setup_logging()
-    print(deploy.wait_for_endpoint(args.service_name, timeout_s=getattr(args, "timeout", 1800.0)))  # noqa: T201
+    timeout = getattr(args, "timeout", deploy.ENDPOINT_TIMEOUT_S)
+    print(deploy.wait_for_endpoint(args.service_name, timeout_s=timeout))  # noqa: T201
     return 0
 
 
