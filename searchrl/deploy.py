@@ -375,6 +375,12 @@ _SERVICE_TERMINAL = frozenset({"CONTROLLER_FAILED", "FAILED_CLEANUP", "SHUTTING_
 _REPLICA_FAILED_0_14_1 = frozenset(
     {"FAILED", "FAILED_CLEANUP", "FAILED_INITIAL_DELAY", "FAILED_PROBING", "FAILED_PROVISION", "UNKNOWN"}
 )
+# Of those, the ones after which SkyServe's autoscaler stops launching replicas (`ReplicaStatusProperty.
+# unrecoverable_failure`: the app failed, or the initial delay ran out, before any replica was READY) and
+# FAILED_CLEANUP (a possible leak, never relaunched). The others (FAILED_PROVISION, FAILED_PROBING, UNKNOWN) are
+# replaced by a new replica, so the wait goes on until MAX_REPLACED_REPLICAS of them have failed.
+_REPLICA_FATAL = frozenset({"FAILED", "FAILED_INITIAL_DELAY", "FAILED_CLEANUP"})
+MAX_REPLACED_REPLICAS = 3
 _REPLICA_HINT = {
     "FAILED": "its setup or run exited non-zero",
     "FAILED_CLEANUP": "its setup or run failed and the teardown failed too (check the cloud console for leaks)",
@@ -439,12 +445,15 @@ def wait_for_endpoint(
 ) -> str:
     """Poll SkyServe until service `name` is READY with an endpoint, and return it as http://IP:PORT.
 
-    Pending while the service reads CONTROLLER_INIT/NO_REPLICA/REPLICA_INIT and no replica has failed; a replica
-    in a FAILED_* state ends the wait with one line naming it, its state and the command that shows its log.
+    Pending while the service reads CONTROLLER_INIT/NO_REPLICA/REPLICA_INIT. A replica in a state after which
+    SkyServe stops scaling (FAILED, FAILED_INITIAL_DELAY, FAILED_CLEANUP) ends the wait with one line naming it,
+    its state and the command that shows its log; one SkyServe replaces (FAILED_PROVISION, ...) is logged, and
+    MAX_REPLACED_REPLICAS of those end it too.
     """
     start = clock()
     deadline = start + timeout_s
     failed_states = failed_replica_states()
+    replaced: dict[Any, str] = {}  # replica id -> failed state, for replicas SkyServe replaces
     while True:
         records = status_fn(name)
         if not records:
@@ -460,11 +469,23 @@ def wait_for_endpoint(
             endpoint = str(endpoint)
             return endpoint if "://" in endpoint else f"http://{endpoint}"
         failed = [(rid, st) for rid, st in replicas if st in failed_states]
-        if failed:
-            rid, st = failed[0]
+        new = [(rid, st) for rid, st in failed if rid not in replaced]
+        replaced.update(failed)
+        fatal = [(rid, st) for rid, st in failed if st in _REPLICA_FATAL]
+        if fatal or len(replaced) >= MAX_REPLACED_REPLICAS:
+            rid, st = fatal[0] if fatal else list(replaced.items())[-1]
+            count = "" if fatal else f"{len(replaced)} replicas failed, the last: "
             raise DeployError(
-                f"service {name!r}: replica {rid} is {st}: {_REPLICA_HINT.get(st, 'it failed')}; its log: "
+                f"service {name!r}: {count}replica {rid} is {st}: {_REPLICA_HINT.get(st, 'it failed')}; its log: "
                 f"`sky serve logs {name} {rid}` (controller: `sky serve logs --controller {name}`)"
+            )
+        for rid, st in new:
+            log.warning(
+                "service %s: replica %s is %s (%s); SkyServe launches a replacement",
+                name,
+                rid,
+                st,
+                _REPLICA_HINT.get(st, "it failed"),
             )
         if status in _SERVICE_TERMINAL or status not in _SERVICE_PENDING | {"READY"}:
             raise DeployError(
@@ -589,6 +610,7 @@ __all__ = [
     "DEFAULT_JOB",
     "DEFAULT_SERVICE",
     "ENDPOINT_TIMEOUT_S",
+    "MAX_REPLACED_REPLICAS",
     "Probe",
     "Report",
     "SKY_DIR",

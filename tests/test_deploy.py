@@ -49,50 +49,56 @@ SKYSERVE_SEQUENCE = r"""
 import json, logging, sys
 from sky.serve import serve_state
 from sky.serve.replica_managers import ReplicaInfo
-from sky.utils.common_utils import ProcessStatus
+from sky.utils.common_utils import ProcessStatus as P
 from searchrl import deploy
 from searchrl.errors import DeployError
 
 ENDPOINT = "http://34.1.2.3:30001"
-outcome = sys.argv[1]  # ready | initial-delay | app-failed
-info = ReplicaInfo(1, "searchrl-retrieval-1", "8000", False, None, 1, None)
-prop = info.status_property
-steps = [
-    lambda: None,                                                  # the controller is up, no replica yet
-    lambda: None,                                                  # the replica is scheduled
-    lambda: setattr(prop, "sky_launch_status", ProcessStatus.RUNNING),  # sky.launch provisions the VM
-    lambda: setattr(prop, "sky_launch_status", ProcessStatus.SUCCEEDED),  # setup runs, probes fail
-    lambda: None,
-]
-if outcome == "ready":
-    steps += [lambda: (setattr(prop, "service_ready_now", True), setattr(prop, "first_ready_time", 100.0))]
-elif outcome == "initial-delay":  # replica_managers: past initial_delay_seconds -> first_ready_time = -1, sky.down
-    steps += [
-        lambda: (setattr(prop, "first_ready_time", -1.0), setattr(prop, "sky_down_status", ProcessStatus.SCHEDULED)),
-        lambda: setattr(prop, "sky_down_status", ProcessStatus.SUCCEEDED),
-    ]
-else:  # the run section exited non-zero
-    steps += [
-        lambda: (setattr(prop, "user_app_failed", True), setattr(prop, "sky_down_status", ProcessStatus.RUNNING)),
-        lambda: setattr(prop, "sky_down_status", ProcessStatus.SUCCEEDED),
-    ]
+outcome = sys.argv[1]  # ready | initial-delay | app-failed | provision-retry | provision-thrice
+replicas = []  # what SkyServe's replica table holds, in order
+
+
+def launch():  # the autoscaler schedules a replica (its status property starts at sky.launch SCHEDULED)
+    n = len(replicas) + 1
+    replicas.append(ReplicaInfo(n, f"searchrl-retrieval-{n}", "8000", False, None, 1, None))
+
+
+def set_(**fields):  # the replica manager updates the newest replica's status property
+    return lambda: [setattr(replicas[-1].status_property, k, v) for k, v in fields.items()]
+
+
+start = [launch, set_(sky_launch_status=P.RUNNING), set_(sky_launch_status=P.SUCCEEDED), lambda: None]
+provision_fails = [launch, set_(sky_launch_status=P.RUNNING),
+                   set_(sky_launch_status=P.FAILED, sky_down_status=P.SUCCEEDED)]
+ready = [set_(service_ready_now=True, first_ready_time=100.0)]
+steps = [lambda: None] + {  # step 0: the controller is up, no replica yet
+    "ready": start + ready,
+    # replica_managers: past initial_delay_seconds -> first_ready_time = -1 and sky.down
+    "initial-delay": start + [set_(first_ready_time=-1.0, sky_down_status=P.SCHEDULED),
+                              set_(sky_down_status=P.SUCCEEDED)],
+    "app-failed": start + [set_(user_app_failed=True, sky_down_status=P.RUNNING),
+                           set_(sky_down_status=P.SUCCEEDED)],
+    "provision-retry": provision_fails + start + ready,  # no capacity once; the autoscaler launches another
+    "provision-thrice": provision_fails * 3,
+}[outcome]
 seen = []
+
 
 def status(name):
     i = len(seen)
-    if i == 0:  # the controller VM is still coming up: no replica yet
+    if i == 0:  # the controller VM is still coming up
         record = {"name": name, "status": serve_state.ServiceStatus.CONTROLLER_INIT, "endpoint": None,
                   "replica_info": []}
     else:
         steps[min(i - 1, len(steps) - 1)]()
-        replicas = [info] if i > 1 else []
-        ready = [r.status for r in replicas if r.is_ready]  # serve_utils passes the READY replicas only
-        record = {"name": name, "status": serve_state.ServiceStatus.from_replica_statuses(ready),
+        ready_statuses = [r.status for r in replicas if r.is_ready]  # serve_utils passes the READY ones only
+        record = {"name": name, "status": serve_state.ServiceStatus.from_replica_statuses(ready_statuses),
                   "endpoint": ENDPOINT,
                   "replica_info": [{"replica_id": r.replica_id, "name": r.cluster_name, "status": r.status}
                                    for r in replicas]}
     seen.append([record["status"].value, [r["status"].value for r in record["replica_info"]]])
     return [record]
+
 
 lines = []
 handler = logging.Handler()
@@ -154,6 +160,26 @@ def test_a_failed_replica_ends_the_wait_with_one_line(outcome: str, state: str, 
     assert why in error and "`sky serve logs searchrl-retrieval 1`" in error
     assert result["seen"][-2][1] == ["SHUTTING_DOWN"]  # tearing down is not a failure yet: still waiting
     assert result["seen"][-1] == ["NO_REPLICA", [state]]  # the service itself never reads FAILED
+
+
+def test_a_replica_skyserve_replaces_is_waited_through() -> None:
+    result = skyserve_wait("provision-retry")
+    assert result.get("endpoint") == "http://34.1.2.3:30001", result
+    assert ["NO_REPLICA", ["FAILED_PROVISION", "STARTING"]] in result["seen"]
+    assert result["seen"][-1] == ["READY", ["FAILED_PROVISION", "READY"]]
+    warnings = [ln for ln in result["log"] if "launches a replacement" in ln]
+    assert len(warnings) == 1 and "replica 1 is FAILED_PROVISION" in warnings[0]
+
+
+def test_replicas_that_keep_failing_to_provision_end_the_wait() -> None:
+    result = skyserve_wait("provision-thrice")
+    error = result["error"]
+    assert "\n" not in error
+    assert error.startswith(
+        f"service 'searchrl-retrieval': {deploy.MAX_REPLACED_REPLICAS} replicas failed, the last: replica 3 is "
+        "FAILED_PROVISION: no cloud could provision it"
+    ), error
+    assert "`sky serve logs searchrl-retrieval 3`" in error
 
 
 def test_wait_for_endpoint_adds_a_scheme_and_fails_fast() -> None:
