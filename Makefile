@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: lock train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality
+.PHONY: FORCE lock train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,10 +44,15 @@ $(VENV)/.dev: pyproject.toml $(VENV)/.torch
 SKY_VENV ?= .venv-sky
 # for real clouds: SKY_SPEC='skypilot[aws,kubernetes]==0.14.1'
 SKY_SPEC ?= skypilot==0.14.1
-$(SKY_VENV)/.sky: pyproject.toml
+# The stamp holds the spec it was built with: a changed SKY_SPEC (e.g. adding [aws]) reinstalls.
+SKY_BUILT := $(shell cat $(SKY_VENV)/.sky 2>/dev/null)
+SKY_STALE := $(if $(SKY_BUILT),$(if $(filter $(SKY_SPEC),$(SKY_BUILT)),,FORCE))
+$(SKY_VENV)/.sky: pyproject.toml $(SKY_STALE)
 	$(PYTHON) -m venv $(SKY_VENV)
 	$(SKY_VENV)/bin/pip install -q "$(SKY_SPEC)" -e .
-	@touch $@
+	@echo '$(SKY_SPEC)' > $@
+
+FORCE:
 
 sky-venv: $(SKY_VENV)/.sky  ## SkyPilot in its own venv
 install: $(VENV)/.retrieval  ## install the retrieval service into .venv
@@ -71,15 +76,17 @@ bench-index: $(VENV)/.retrieval  ## recall@k vs Flat, memory, disk, build/load t
 
 # --- deployment (issue 5) -------------------------------------------------------------------------------------
 # make serve-retrieval-sky ENV="SEARCHRL_RETRIEVAL_BACKEND=bm25"   (export RETRIEVAL_API_KEY first)
-# make train ENV="NUM_NODES=2 DATASET_SIZE=small" SECRETS="WANDB_API_KEY"
+# make train NODES=4 ENV="DATASET_SIZE=small" SECRETS="WANDB_API_KEY"   (DRY_RUN=1: print the task, launch nothing)
 SERVICE ?= searchrl-retrieval
 SECRETS ?=
+NODES   ?=
+DRY_RUN ?=
 serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkyServe and print its endpoint
 	$(SKY_VENV)/bin/sky serve up -y -n $(SERVICE) sky/retrieval.yaml --secret RETRIEVAL_API_KEY $(addprefix --env ,$(ENV))
-	$(BIN)/searchrl sky endpoint $(SERVICE)
+	$(SKY_VENV)/bin/python -m searchrl sky endpoint $(SERVICE)
 
-train: $(VENV)/.dev $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed multi-node job
-	$(BIN)/searchrl sky train $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
+train: $(VENV)/.dev $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed job on NODES nodes
+	$(BIN)/searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
 
 # The trainer's GPU environment: exactly one lock (requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt), then this package
 # with --no-deps. ROLLOUT=vllm (default: resolves as published) | sglang (transformers override; docs/training.md).

@@ -49,6 +49,9 @@ SKY_INSTALL_HINT = (
 )
 DEFAULT_SERVICE = "searchrl-retrieval"
 DEFAULT_JOB = "searchrl-train"
+# How long `searchrl sky endpoint` waits for READY by default: sky/retrieval.yaml's initial_delay_seconds (3600,
+# the slowest supported replica start; searchrl/replica_budget.py) plus ~10 min for the controller and provisioning.
+ENDPOINT_TIMEOUT_S = 4200.0
 
 # Accelerators we have sized the tasks for (docs/deploy.md). SkyPilot accepts any name offline (its catalog is
 # a download), so a typo such as H1000 would only fail at launch time, after the controller is up.
@@ -247,6 +250,12 @@ def _check_probe(task: sky.Task) -> list[str]:
         problems.append(
             f"readiness probe is a GET of {spec.readiness_path}: probe with a real POST (post_data)"
         )
+    delay_env = (task.envs or {}).get("SEARCHRL_PROBE_DELAY_S")
+    if delay_env is not None and delay_env != str(spec.initial_delay_seconds):
+        problems.append(
+            f"SEARCHRL_PROBE_DELAY_S={delay_env} but readiness_probe.initial_delay_seconds is "
+            f"{spec.initial_delay_seconds}: setup checks its start budget against the env, so keep them equal"
+        )
     port_env = (task.envs or {}).get("SEARCHRL_RETRIEVAL_PORT")
     ports = {str(p) for r in task.resources for p in (r.ports or [])}
     if spec.ports is not None:
@@ -354,12 +363,37 @@ def send_probe(base_url: str, probe: Probe) -> tuple[int, str]:
 
 
 # --- endpoint ---------------------------------------------------------------------------------------------------
-
-_TERMINAL = {"FAILED", "CONTROLLER_FAILED", "FAILED_CLEANUP", "SHUTTING_DOWN", "NO_REPLICA"}
+# SkyServe 0.14.1 (sky/serve/serve_state.py, serve_utils.set_service_status_and_active_versions_from_replica)
+# derives the service status from the READY replicas only: until one replica is READY it reads NO_REPLICA
+# (REPLICA_INIT is never set, and failed replicas never make it FAILED). So NO_REPLICA means "starting" and a
+# failure is read from each replica's own status in `replica_info`.
+_SERVICE_PENDING = frozenset({"CONTROLLER_INIT", "REPLICA_INIT", "NO_REPLICA"})
+_SERVICE_TERMINAL = frozenset({"CONTROLLER_FAILED", "FAILED_CLEANUP", "SHUTTING_DOWN", "FAILED"})
+# SkyServe 0.14.1's `ReplicaStatus.failed_statuses()`, used when SkyPilot is not importable (tests of the pure
+# logic); with SkyPilot the installed package's own list is used. PREEMPTED and NOT_READY are not failures:
+# SkyServe replaces a preempted replica, and a NOT_READY one may recover.
+_REPLICA_FAILED_0_14_1 = frozenset(
+    {"FAILED", "FAILED_CLEANUP", "FAILED_INITIAL_DELAY", "FAILED_PROBING", "FAILED_PROVISION", "UNKNOWN"}
+)
+# Of those, the ones after which SkyServe's autoscaler stops launching replicas (`ReplicaStatusProperty.
+# unrecoverable_failure`: the app failed, or the initial delay ran out, before any replica was READY) and
+# FAILED_CLEANUP (a possible leak, never relaunched). The others (FAILED_PROVISION, FAILED_PROBING, UNKNOWN) are
+# replaced by a new replica, so the wait goes on until MAX_REPLACED_REPLICAS of them have failed.
+_REPLICA_FATAL = frozenset({"FAILED", "FAILED_INITIAL_DELAY", "FAILED_CLEANUP"})
+MAX_REPLACED_REPLICAS = 3
+_REPLICA_HINT = {
+    "FAILED": "its setup or run exited non-zero",
+    "FAILED_CLEANUP": "its setup or run failed and the teardown failed too (check the cloud console for leaks)",
+    "FAILED_INITIAL_DELAY": "it did not pass the readiness probe within initial_delay_seconds (setup + index "
+    "load took longer: raise service.readiness_probe.initial_delay_seconds, docs/deploy.md)",
+    "FAILED_PROBING": "it stopped answering the readiness probe",
+    "FAILED_PROVISION": "no cloud could provision it (quota, capacity or resources)",
+    "UNKNOWN": "SkyServe lost track of it",
+}
 
 
 def service_records(name: str) -> list[dict[str, Any]]:
-    """`sky.get(sky.serve.status(name))`: one dict per service with `status` and `endpoint`."""
+    """`sky.get(sky.serve.status(name))`: one dict per service with `status`, `endpoint` and `replica_info`."""
     sky = _sky()
     try:
         return list(sky.get(sky.serve.status(name)))
@@ -374,18 +408,52 @@ def _status_name(status: Any) -> str:
     return str(getattr(status, "value", status)).upper()
 
 
+def failed_replica_states() -> frozenset[str]:
+    """Replica states SkyServe counts as failed: from the installed SkyPilot when there is one."""
+    try:
+        from sky.serve.serve_state import ReplicaStatus
+    except ImportError:
+        return _REPLICA_FAILED_0_14_1
+    return frozenset(s.value for s in ReplicaStatus.failed_statuses())
+
+
+def _replica_states(record: Mapping[str, Any]) -> list[tuple[Any, str]]:
+    """(replica_id, STATUS) for every replica SkyServe reports (launched, starting, ready, failed...)."""
+    return [
+        (info.get("replica_id", "?"), _status_name(info.get("status")))
+        for info in record.get("replica_info") or []
+    ]
+
+
+def _summary(replicas: Sequence[tuple[Any, str]]) -> str:
+    if not replicas:
+        return "no replicas yet"
+    counts: dict[str, int] = {}
+    for _, status in replicas:
+        counts[status] = counts.get(status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
 def wait_for_endpoint(
     name: str,
     *,
-    timeout_s: float = 1800.0,
+    timeout_s: float = ENDPOINT_TIMEOUT_S,
     interval_s: float = 10.0,
     status_fn: Callable[[str], list[dict[str, Any]]] = service_records,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> str:
-    """Poll SkyServe until service `name` is READY with an endpoint, and return it as http://IP:PORT."""
-    deadline = clock() + timeout_s
-    last = "unknown"
+    """Poll SkyServe until service `name` is READY with an endpoint, and return it as http://IP:PORT.
+
+    Pending while the service reads CONTROLLER_INIT/NO_REPLICA/REPLICA_INIT. A replica in a state after which
+    SkyServe stops scaling (FAILED, FAILED_INITIAL_DELAY, FAILED_CLEANUP) ends the wait with one line naming it,
+    its state and the command that shows its log; one SkyServe replaces (FAILED_PROVISION, ...) is logged, and
+    MAX_REPLACED_REPLICAS of those end it too.
+    """
+    start = clock()
+    deadline = start + timeout_s
+    failed_states = failed_replica_states()
+    replaced: dict[Any, str] = {}  # replica id -> failed state, for replicas SkyServe replaces
     while True:
         records = status_fn(name)
         if not records:
@@ -394,18 +462,50 @@ def wait_for_endpoint(
                 f"`sky serve up -n {name} sky/retrieval.yaml --secret RETRIEVAL_API_KEY`"
             )
         record = records[0]
-        last = _status_name(record.get("status"))
+        status = _status_name(record.get("status"))
+        replicas = _replica_states(record)
         endpoint = record.get("endpoint")
-        if last == "READY" and endpoint:
+        if status == "READY" and endpoint:
             endpoint = str(endpoint)
             return endpoint if "://" in endpoint else f"http://{endpoint}"
-        if last in _TERMINAL:
+        failed = [(rid, st) for rid, st in replicas if st in failed_states]
+        new = [(rid, st) for rid, st in failed if rid not in replaced]
+        replaced.update(failed)
+        fatal = [(rid, st) for rid, st in failed if st in _REPLICA_FATAL]
+        if fatal or len(replaced) >= MAX_REPLACED_REPLICAS:
+            rid, st = fatal[0] if fatal else list(replaced.items())[-1]
+            count = "" if fatal else f"{len(replaced)} replicas failed, the last: "
             raise DeployError(
-                f"service {name!r} is {last}: see `sky serve logs {name} 1` and `sky serve status {name}`"
+                f"service {name!r}: {count}replica {rid} is {st}: {_REPLICA_HINT.get(st, 'it failed')}; its log: "
+                f"`sky serve logs {name} {rid}` (controller: `sky serve logs --controller {name}`)"
             )
+        for rid, st in new:
+            log.warning(
+                "service %s: replica %s is %s (%s); SkyServe launches a replacement",
+                name,
+                rid,
+                st,
+                _REPLICA_HINT.get(st, "it failed"),
+            )
+        if status in _SERVICE_TERMINAL or status not in _SERVICE_PENDING | {"READY"}:
+            raise DeployError(
+                f"service {name!r} is {status} ({_summary(replicas)}): see `sky serve status {name}` and "
+                f"`sky serve logs --controller {name}`"
+            )
+        waited = clock() - start
         if clock() + interval_s > deadline:
-            raise DeployError(f"service {name!r} not READY after {timeout_s:.0f}s (last status {last})")
-        log.info("service %s is %s; waiting %.0fs", name, last, interval_s)
+            raise DeployError(
+                f"service {name!r} not READY after {timeout_s:.0f}s (last status {status}; "
+                f"replicas: {_summary(replicas)}); see `sky serve status {name}`"
+            )
+        log.info(
+            "service %s is %s; replicas: %s; waited %.0fs of %.0fs",
+            name,
+            status,
+            _summary(replicas),
+            waited,
+            timeout_s,
+        )
         sleep(interval_s)
 
 
@@ -455,7 +555,7 @@ def plan_train(
     service: str = DEFAULT_SERVICE,
     yaml_path: Path | None = None,
     health_deadline_s: float = 120.0,
-    endpoint_timeout_s: float = 1800.0,
+    endpoint_timeout_s: float = ENDPOINT_TIMEOUT_S,
     num_nodes: int | None = None,
 ) -> TrainPlan:
     """Resolve the endpoint, health-check it, and build the task with the overrides and secrets."""
@@ -478,6 +578,13 @@ def plan_train(
                 f"retrieval service {one} failed its health check, not launching: {result.reason}"
             )
         log.info("retrieval service %s: %s", one, result.reason)
+    if num_nodes is None and envs.get("NUM_NODES"):
+        # `run:` sets NUM_NODES from SKYPILOT_NUM_NODES, so an --env NUM_NODES=4 alone would be overwritten: it
+        # means the node count, and the node count is the task's num_nodes (as `sky jobs launch --num-nodes`).
+        try:
+            num_nodes = int(envs.pop("NUM_NODES"))
+        except ValueError:
+            raise ConfigError("NUM_NODES must be a whole number of nodes, e.g. --num-nodes 4") from None
     task = load_task(path, envs, secrets)
     # Search-R1 data against a corpus other than wiki-18 trains "search does not help": refuse before launching.
     from searchrl.corpus_check import check_task_corpus
@@ -508,11 +615,14 @@ __all__ = [
     "ALLOWED_ACCELERATORS",
     "DEFAULT_JOB",
     "DEFAULT_SERVICE",
+    "ENDPOINT_TIMEOUT_S",
+    "MAX_REPLACED_REPLICAS",
     "Probe",
     "Report",
     "SKY_DIR",
     "TrainPlan",
     "check_task",
+    "failed_replica_states",
     "inline_secrets",
     "launch_train",
     "leftover_vars",

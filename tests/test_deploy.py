@@ -7,7 +7,7 @@ service with auth for the health check, and SkyPilot's parser building the task 
 
 from __future__ import annotations
 
-import enum
+import json
 import os
 import subprocess
 import sys
@@ -28,13 +28,6 @@ from tests.live import free_port, serve_in_thread
 TOKEN = "deploy-test-token-91ab"
 
 
-class ServiceStatus(enum.Enum):  # the values of sky.serve.ServiceStatus
-    CONTROLLER_INIT = "CONTROLLER_INIT"
-    REPLICA_INIT = "REPLICA_INIT"
-    READY = "READY"
-    FAILED = "FAILED"
-
-
 def scripted(*records: list[dict]) -> tuple[list[str], object]:
     calls: list[str] = []
     queue = list(records)
@@ -46,40 +39,176 @@ def scripted(*records: list[dict]) -> tuple[list[str], object]:
     return calls, status
 
 
-def test_wait_for_endpoint_polls_until_ready() -> None:
-    calls, status = scripted(
-        [{"name": "svc", "status": ServiceStatus.CONTROLLER_INIT, "endpoint": None}],
-        [{"name": "svc", "status": ServiceStatus.REPLICA_INIT, "endpoint": "34.1.2.3:30001"}],
-        [{"name": "svc", "status": ServiceStatus.READY, "endpoint": "http://34.1.2.3:30001"}],
+# --- the endpoint wait against SkyServe 0.14.1's own state machine ------------------------------------------------
+# A script run with SkyPilot's python: replicas are SkyServe's own `ReplicaInfo` objects whose status comes from
+# `ReplicaStatusProperty.to_replica_status()`, moved through the fields the replica manager sets (launch
+# scheduled -> running -> succeeded -> probe passes, or the initial delay runs out). The service status is
+# computed as `serve_utils.set_service_status_and_active_versions_from_replica` does: `ServiceStatus.
+# from_replica_statuses` over the READY replicas only. `wait_for_endpoint` then polls that sequence.
+SKYSERVE_SEQUENCE = r"""
+import json, logging, sys
+from sky.serve import serve_state
+from sky.serve.replica_managers import ReplicaInfo
+from sky.utils.common_utils import ProcessStatus as P
+from searchrl import deploy
+from searchrl.errors import DeployError
+
+ENDPOINT = "http://34.1.2.3:30001"
+outcome = sys.argv[1]  # ready | initial-delay | app-failed | provision-retry | provision-thrice
+replicas = []  # what SkyServe's replica table holds, in order
+
+
+def launch():  # the autoscaler schedules a replica (its status property starts at sky.launch SCHEDULED)
+    n = len(replicas) + 1
+    replicas.append(ReplicaInfo(n, f"searchrl-retrieval-{n}", "8000", False, None, 1, None))
+
+
+def set_(**fields):  # the replica manager updates the newest replica's status property
+    return lambda: [setattr(replicas[-1].status_property, k, v) for k, v in fields.items()]
+
+
+start = [launch, set_(sky_launch_status=P.RUNNING), set_(sky_launch_status=P.SUCCEEDED), lambda: None]
+provision_fails = [launch, set_(sky_launch_status=P.RUNNING),
+                   set_(sky_launch_status=P.FAILED, sky_down_status=P.SUCCEEDED)]
+ready = [set_(service_ready_now=True, first_ready_time=100.0)]
+steps = [lambda: None] + {  # step 0: the controller is up, no replica yet
+    "ready": start + ready,
+    # replica_managers: past initial_delay_seconds -> first_ready_time = -1 and sky.down
+    "initial-delay": start + [set_(first_ready_time=-1.0, sky_down_status=P.SCHEDULED),
+                              set_(sky_down_status=P.SUCCEEDED)],
+    "app-failed": start + [set_(user_app_failed=True, sky_down_status=P.RUNNING),
+                           set_(sky_down_status=P.SUCCEEDED)],
+    "provision-retry": provision_fails + start + ready,  # no capacity once; the autoscaler launches another
+    "provision-thrice": provision_fails * 3,
+}[outcome]
+seen = []
+
+
+def status(name):
+    i = len(seen)
+    if i == 0:  # the controller VM is still coming up
+        record = {"name": name, "status": serve_state.ServiceStatus.CONTROLLER_INIT, "endpoint": None,
+                  "replica_info": []}
+    else:
+        steps[min(i - 1, len(steps) - 1)]()
+        ready_statuses = [r.status for r in replicas if r.is_ready]  # serve_utils passes the READY ones only
+        record = {"name": name, "status": serve_state.ServiceStatus.from_replica_statuses(ready_statuses),
+                  "endpoint": ENDPOINT,
+                  "replica_info": [{"replica_id": r.replica_id, "name": r.cluster_name, "status": r.status}
+                                   for r in replicas]}
+    seen.append([record["status"].value, [r["status"].value for r in record["replica_info"]]])
+    return [record]
+
+
+lines = []
+handler = logging.Handler()
+handler.emit = lambda rec: lines.append(rec.getMessage())
+logging.getLogger("searchrl.deploy").addHandler(handler)
+logging.getLogger("searchrl.deploy").setLevel(logging.INFO)
+try:
+    result = {"endpoint": deploy.wait_for_endpoint("searchrl-retrieval", interval_s=10, status_fn=status,
+                                                   sleep=lambda s: None)}
+except DeployError as exc:
+    result = {"error": str(exc)}
+print(json.dumps({**result, "seen": seen, "log": lines}))
+"""
+
+
+def skyserve_wait(outcome: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [deploy.sky_python(), "-c", SKYSERVE_SEQUENCE, outcome],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    slept: list[float] = []
-    url = deploy.wait_for_endpoint("svc", interval_s=5, status_fn=status, sleep=slept.append)  # type: ignore[arg-type]
-    assert url == "http://34.1.2.3:30001"
-    assert calls == ["svc"] * 3 and slept == [5, 5]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_wait_follows_skyserves_own_sequence_to_the_endpoint() -> None:
+    result = skyserve_wait("ready")
+    assert result.get("endpoint") == "http://34.1.2.3:30001", result
+    assert result["seen"] == [
+        ["CONTROLLER_INIT", []],
+        ["NO_REPLICA", []],
+        ["NO_REPLICA", ["PENDING"]],
+        ["NO_REPLICA", ["PROVISIONING"]],
+        ["NO_REPLICA", ["STARTING"]],
+        ["NO_REPLICA", ["STARTING"]],
+        ["READY", ["READY"]],
+    ]  # SkyServe never says REPLICA_INIT: NO_REPLICA until a replica is READY (the old wait stopped there)
+    assert len(result["log"]) == 6
+    assert "NO_REPLICA; replicas: 1 STARTING; waited" in result["log"][-1]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state", "why"),
+    [
+        ("initial-delay", "FAILED_INITIAL_DELAY", "within initial_delay_seconds"),
+        ("app-failed", "FAILED", "setup or run exited non-zero"),
+    ],
+)
+def test_a_failed_replica_ends_the_wait_with_one_line(outcome: str, state: str, why: str) -> None:
+    result = skyserve_wait(outcome)
+    assert "endpoint" not in result, result
+    error = result["error"]
+    assert "\n" not in error
+    assert error.startswith(f"service 'searchrl-retrieval': replica 1 is {state}: "), error
+    assert why in error and "`sky serve logs searchrl-retrieval 1`" in error
+    assert result["seen"][-2][1] == ["SHUTTING_DOWN"]  # tearing down is not a failure yet: still waiting
+    assert result["seen"][-1] == ["NO_REPLICA", [state]]  # the service itself never reads FAILED
+
+
+def test_a_replica_skyserve_replaces_is_waited_through() -> None:
+    result = skyserve_wait("provision-retry")
+    assert result.get("endpoint") == "http://34.1.2.3:30001", result
+    assert ["NO_REPLICA", ["FAILED_PROVISION", "STARTING"]] in result["seen"]
+    assert result["seen"][-1] == ["READY", ["FAILED_PROVISION", "READY"]]
+    warnings = [ln for ln in result["log"] if "launches a replacement" in ln]
+    assert len(warnings) == 1 and "replica 1 is FAILED_PROVISION" in warnings[0]
+
+
+def test_replicas_that_keep_failing_to_provision_end_the_wait() -> None:
+    result = skyserve_wait("provision-thrice")
+    error = result["error"]
+    assert "\n" not in error
+    assert error.startswith(
+        f"service 'searchrl-retrieval': {deploy.MAX_REPLACED_REPLICAS} replicas failed, the last: replica 3 is "
+        "FAILED_PROVISION: no cloud could provision it"
+    ), error
+    assert "`sky serve logs searchrl-retrieval 3`" in error
 
 
 def test_wait_for_endpoint_adds_a_scheme_and_fails_fast() -> None:
-    _, ready = scripted([{"status": ServiceStatus.READY, "endpoint": "10.0.0.1:30001"}])
+    _, ready = scripted([{"status": "READY", "endpoint": "10.0.0.1:30001"}])
     assert deploy.wait_for_endpoint("s", status_fn=ready) == "http://10.0.0.1:30001"  # type: ignore[arg-type]
     _, none = scripted([])
     with pytest.raises(
         DeployError, match=r"no service named 'gone'.*sky serve up -n gone sky/retrieval.yaml"
     ):
         deploy.wait_for_endpoint("gone", status_fn=none)  # type: ignore[arg-type]
-    _, failed = scripted([{"status": ServiceStatus.FAILED, "endpoint": None}])
-    with pytest.raises(DeployError, match=r"is FAILED: see `sky serve logs s 1`"):
-        deploy.wait_for_endpoint("s", status_fn=failed)  # type: ignore[arg-type]
+    _, broken = scripted([{"status": "CONTROLLER_FAILED", "endpoint": None, "replica_info": []}])
+    with pytest.raises(DeployError, match=r"is CONTROLLER_FAILED \(no replicas yet\).*--controller s"):
+        deploy.wait_for_endpoint("s", status_fn=broken)  # type: ignore[arg-type]
 
 
-def test_wait_for_endpoint_times_out_with_the_last_status() -> None:
-    _, stuck = scripted([{"status": ServiceStatus.REPLICA_INIT, "endpoint": None}])
+def test_wait_for_endpoint_times_out_with_the_replica_states() -> None:
+    starting = {"status": "NO_REPLICA", "endpoint": None,
+                "replica_info": [{"replica_id": 1, "status": "STARTING"}, {"replica_id": 2, "status": "PROVISIONING"}]}  # fmt: skip
+    _, stuck = scripted([starting])
     now = [0.0]
 
     def sleep(s: float) -> None:
         now[0] += s
 
     status_fn: Any = stuck
-    with pytest.raises(DeployError, match=r"not READY after 30s \(last status REPLICA_INIT\)"):
+    with pytest.raises(
+        DeployError,
+        match=r"not READY after 30s \(last status NO_REPLICA; replicas: 1 PROVISIONING, 1 STARTING\)",
+    ):
         deploy.wait_for_endpoint(
             "s", timeout_s=30, interval_s=10, status_fn=status_fn, sleep=sleep, clock=lambda: now[0]
         )
@@ -209,7 +338,8 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
     }
     assert task["file_mounts"]["/checkpoints"]["name"] == "my-searchrl-ckpts"
     assert task["file_mounts"]["/checkpoints"]["mode"] == "MOUNT_CACHED"
-    assert "exec searchrl train merge" in task["run"]  # block style: the printed run: reads like the file
+    assert "\nsearchrl train merge" in task["run"]  # block style: the printed run: reads like the file
+    assert "exec " not in task["run"]  # the MOUNT_CACHED flush loop SkyPilot appends must be reached
     assert "ok:" in proc.stderr  # the health check ran against the live service before the task was built
 
 
@@ -234,3 +364,79 @@ def test_module_imports_without_skypilot() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def _make_n(*args: str) -> list[str]:
+    """The commands `make -n ARGS` would run (printed, none executed)."""
+    proc = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.live
+@pytest.mark.parametrize(
+    ("make_args", "nodes"),
+    [(["NODES=4"], 4), (["ENV_EXTRA=NUM_NODES=3"], 3)],
+    ids=["NODES=4", "ENV=NUM_NODES=3"],
+)
+def test_make_train_dry_run_launches_the_asked_node_count(
+    auth_url: str, make_args: list[str], nodes: int
+) -> None:
+    # the fixture serves a 20-passage corpus: the launch refuses it for Search-R1 data without ALLOW_SMALL_CORPUS
+    env_items = [f"RETRIEVAL_SERVICE_URL={auth_url}", "CHECKPOINT_BUCKET=b", "ALLOW_SMALL_CORPUS=1"]
+    args = [a for a in make_args if not a.startswith("ENV_EXTRA=")]
+    env_items += [a.removeprefix("ENV_EXTRA=") for a in make_args if a.startswith("ENV_EXTRA=")]
+    (line,) = [
+        ln for ln in _make_n("train", "DRY_RUN=1", *args, f"ENV={' '.join(env_items)}") if "sky train" in ln
+    ]
+    argv = line.split()
+    assert argv[0] == ".venv/bin/searchrl" and "--dry-run" in argv
+    proc = subprocess.run([sys.executable, "-m", "searchrl", *argv[1:]], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "RETRIEVAL_API_KEY": TOKEN}, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    task = yaml.safe_load(proc.stdout)
+    assert task["num_nodes"] == nodes
+    assert task["resources"]["network_tier"] == "best"
+    assert task["resources"]["job_recovery"]["max_restarts_on_errors"] >= 1
+
+
+def test_sky_venv_stamp_follows_sky_spec(tmp_path: Path) -> None:
+    venv = tmp_path / "sky-venv"
+    venv.mkdir()
+    (venv / ".sky").write_text("skypilot==0.14.1\n")
+    (venv / ".sky").touch()
+    same = _make_n("sky-venv", f"SKY_VENV={venv}", "SKY_SPEC=skypilot==0.14.1")
+    assert not any("pip install" in ln for ln in same), same
+    changed = _make_n("sky-venv", f"SKY_VENV={venv}", "SKY_SPEC=skypilot[aws]==0.14.1")
+    assert any('pip install -q "skypilot[aws]==0.14.1" -e .' in ln for ln in changed), changed
+
+
+def test_serve_retrieval_sky_needs_only_the_sky_venv() -> None:
+    lines = _make_n("serve-retrieval-sky", "SKY_VENV=.venv-sky")
+    assert not any(ln.startswith(".venv/") for ln in lines), lines  # no .venv it does not depend on
+    assert lines[-1] == ".venv-sky/bin/python -m searchrl sky endpoint searchrl-retrieval"
+
+
+def test_failed_replica_states_come_from_the_installed_skyserve() -> None:
+    code = "from searchrl import deploy; print(','.join(sorted(deploy.failed_replica_states())))"
+    proc = subprocess.run([deploy.sky_python(), "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from_sky = set(proc.stdout.strip().split(","))
+    assert from_sky == set(deploy._REPLICA_FAILED_0_14_1)  # the fallback matches SkyServe 0.14.1
+    assert {"FAILED_INITIAL_DELAY", "FAILED_PROVISION"} <= from_sky and "NOT_READY" not in from_sky
+
+
+def test_start_budget_runs_without_skypilot_and_refuses_in_one_line() -> None:
+    argv = ["sky", "start-budget", "--corpus", "wiki18", "--backend", "hybrid", "--delay", "3600"]
+    env = {k: v for k, v in os.environ.items() if k != "SEARCHRL_SKY_PYTHON"}
+    proc = subprocess.run([sys.executable, "-m", "searchrl", *argv], cwd=REPO, capture_output=True, text=True,
+                          env={**env, "PATH": "/usr/bin:/bin"}, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: corpus wiki18 with backend hybrid needs ~4272s to start")
+    ok = subprocess.run([sys.executable, "-m", "searchrl", *argv[:-3], "bm25", "--delay", "3600"], cwd=REPO,
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0 and ok.stderr.startswith(
+        "replica start: corpus wiki18 with backend bm25 needs ~"
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +21,8 @@ import httpx
 import pytest
 import yaml
 
-from searchrl import deploy
+from searchrl import deploy, replica_budget
+from searchrl.errors import DeployError
 from tests.conftest import REPO, TINY_CORPUS
 from tests.live import free_port
 
@@ -242,3 +244,310 @@ def test_readiness_probe_gets_200_from_a_service_started_like_run(service_like_r
     forgot = searchrl("sky", "probe", base)  # no --secret: SkyPilot would leave the header as literal text
     assert forgot.returncode == 2
     assert "literal service: $RETRIEVAL_API_KEY: pass --secret RETRIEVAL_API_KEY" in forgot.stderr
+
+
+# --- each node's run script as SkyPilot builds it, with its MOUNT_CACHED flush loop ------------------------------
+# SkyPilot's own generator: `TaskCodeGen.build_task_bash_script` (the run section, prefixed with the Ray env unset
+# and followed by `get_rclone_flush_script()`), wrapped by `log_lib.make_task_bash_script` (cd ~/sky_workdir,
+# exports) and run as `/bin/bash -i <file>`, as `run_bash_command_with_log` does on every node.
+BUILD_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from sky.backends.task_codegen import UNSET_RAY_ENV_VARS, TaskCodeGen
+from sky.skylet import log_lib
+from searchrl import deploy
+
+path, rank, nodes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+need_envs, need_secrets = deploy.required_names(path)
+task = deploy.load_task(path, {n: "placeholder" for n in need_envs}, {n: "secret" for n in need_secrets})
+body = TaskCodeGen.build_task_bash_script(task.run, env_prefix=" && ".join(f"unset {v}" for v in UNSET_RAY_ENV_VARS))
+env = {**task.envs_and_secrets, "SKYPILOT_NODE_RANK": rank, "SKYPILOT_NUM_NODES": nodes,
+       "SKYPILOT_NODE_IPS": "\n".join(f"10.0.0.{i + 1}" for i in range(nodes)), "SKYPILOT_NUM_GPUS_PER_NODE": 8}
+print(json.dumps({"script": log_lib.make_task_bash_script(body, env_vars=env),
+                  "mount_cached": [d for d, s in (task.storage_mounts or {}).items() if s.mode.value == "MOUNT_CACHED"]}))
+"""
+
+# Commands the run sections call, stubbed: each logs its argv to $HOME/calls.log. `sleep` returns at once; the
+# flush loop's `sleep 10` marks the fake rclone log uploaded on its second call. `ray health-check` answers for
+# HEAD_RAY_CHECKS calls (the head's Ray alive), then fails (gone).
+STUBS = {
+    "searchrl": 'echo "searchrl $*" >> "$HOME/calls.log"; [ "$*" != "${FAIL_ON:-}" ] || exit 7',
+    "python": 'echo "python $*" >> "$HOME/calls.log"',
+    "curl": 'echo "curl $*" >> "$HOME/calls.log"',
+    "findmnt": 'echo "/checkpoints bucket:my-ckpts fuse.rclone rw"',
+    "uv": 'echo "uv $*" >> "$HOME/calls.log"; [ "$1 $2" != "pip freeze" ] || cat "$HOME/sky_workdir/.venv/searchrl-pins.txt"',
+    "ray": (
+        'echo "ray $*" >> "$HOME/calls.log"\n'
+        'if [ "$1" = health-check ]; then n=$(grep -c "^ray health-check" "$HOME/calls.log");'
+        ' [ "$n" -le "${HEAD_RAY_CHECKS:-0}" ] || exit 1; fi'
+    ),
+    "sleep": (
+        'echo "sleep $*" >> "$HOME/calls.log"\n'
+        'if [ "$1" = 10 ] && [ "$(grep -c "^sleep 10$" "$HOME/calls.log")" -ge 2 ]; then\n'
+        '  echo "2026/11/23 12:00:00 INFO  : vfs cache: cleaned: objects 40 (was 40) in use 0, to upload 0, '
+        'uploading 0, total size 6.1Gi (was 6.1Gi)" >> "$HOME"/.sky/rclone_log/*.log\nfi'
+    ),
+}
+
+
+def run_node(
+    yaml_name: str, home: Path, *, rank: int = 0, nodes: int = 1, **env: str
+) -> tuple[int, str, str]:
+    """Build `yaml_name`'s script for node `rank` with SkyPilot's codegen, run it in a fake node at `home`."""
+    built = json.loads(
+        in_sky_python_argv(BUILD_SCRIPT, str(SKY / yaml_name), str(rank), str(nodes)).strip().splitlines()[-1]
+    )
+    assert built["mount_cached"] == ["/checkpoints"]
+    bin_dir = home / "bin"
+    for folder in (
+        bin_dir,
+        home / "sky_workdir/.venv/bin",
+        home / ".sky/rclone_log",
+        home / "sky_templates/ray",
+    ):
+        folder.mkdir(parents=True, exist_ok=True)
+    for name, body in STUBS.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    start = home / "sky_templates/ray/start_cluster"
+    start.write_text('#!/bin/bash\necho "start_cluster UV_OVERRIDE=$UV_OVERRIDE" >> "$HOME/calls.log"\n')
+    start.chmod(0o755)
+    stop = home / "sky_templates/ray/stop_cluster"
+    stop.write_text('#!/bin/bash\necho "stop_cluster" >> "$HOME/calls.log"\n')
+    stop.chmod(0o755)
+    (home / "sky_workdir/.venv/bin/activate").write_text("")
+    (home / "sky_workdir/.venv/searchrl-pins.txt").write_text("click==8.5.1\nray==2.60.0\n")
+    # A real-sized rclone log (≈200 KB, more than a pipe buffer): `tac | grep -m 1` then really gets SIGPIPE.
+    lines = [
+        f"2026/11/23 11:59:0{i % 10} INFO  : global_step_1005/actor/model_world_size_16_rank_{i % 16}.pt: vfs cache: "
+        "queuing for upload in 5s"
+        for i in range(2000)
+    ]
+    lines.append(
+        "2026/11/23 11:59:59 INFO  : vfs cache: cleaned: objects 40 (was 40) in use 0, to upload 3, uploading 2"
+    )
+    (home / ".sky/rclone_log/5f1c.log").write_text("\n".join(lines) + "\n")
+    script = home / "run.sh"
+    script.write_text(built["script"])
+    proc = subprocess.run(
+        ["/bin/bash", "-i", str(script)],
+        env={"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    calls = (home / "calls.log").read_text() if (home / "calls.log").is_file() else ""
+    return proc.returncode, proc.stdout, calls
+
+
+def in_sky_python_argv(code: str, *argv: str) -> str:
+    proc = subprocess.run(
+        [deploy.sky_python(), "-c", code, *argv],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def _flushed(stdout: str) -> bool:
+    return (
+        "skypilot: cached mount is still uploading" in stdout
+        and "skypilot: cached mount upload complete" in stdout
+    )
+
+
+@pytest.mark.parametrize(
+    ("yaml_name", "last"),
+    [
+        ("train.yaml", "searchrl train merge"),
+        ("train-single.yaml", "searchrl train merge"),
+        ("infer.yaml", "searchrl compare"),
+    ],
+)
+def test_head_run_script_exits_0_after_the_flush_loop(yaml_name: str, last: str, tmp_path: Path) -> None:
+    rc, stdout, calls = run_node(yaml_name, tmp_path, nodes=2 if yaml_name == "train.yaml" else 1)
+    assert rc == 0, stdout[-2000:]
+    assert _flushed(stdout), stdout[-2000:]
+    assert calls.splitlines()[-1].startswith("sleep 10")  # the flush loop ran after the last command
+    assert calls.index(last) < calls.index("sleep 10")
+    if yaml_name != "infer.yaml":
+        assert "start_cluster UV_OVERRIDE=" in calls and "searchrl-pins.txt" in calls
+    if yaml_name == "train.yaml":
+        assert calls.index("searchrl train merge") < calls.index("stop_cluster") < calls.index("sleep 10")
+        assert calls.index("searchrl train local") < calls.index("searchrl train merge")
+
+
+def test_worker_stays_until_the_heads_ray_is_gone_then_flushes(tmp_path: Path) -> None:
+    rc, stdout, calls = run_node("train.yaml", tmp_path, rank=1, nodes=2, HEAD_RAY_CHECKS="4")
+    assert rc == 0, stdout[-2000:]
+    assert "searchrl train local" not in calls and "searchrl train merge" not in calls
+    checks = [ln for ln in calls.splitlines() if ln.startswith("ray health-check")]
+    assert checks[0] == "ray health-check --address 10.0.0.1:6379"
+    assert len(checks) == 4 + 3  # alive 4 times, then 3 misses in a row before it leaves
+    assert "head's Ray at 10.0.0.1:6379 is gone" in stdout
+    assert _flushed(stdout) and calls.splitlines()[-1].startswith("sleep 10")
+
+
+def test_a_failed_head_still_flushes_and_reports_the_failure(tmp_path: Path) -> None:
+    rc, stdout, calls = run_node("train.yaml", tmp_path, nodes=2, FAIL_ON="train local")
+    assert rc == 7  # the trainer's exit code is the job's
+    assert "searchrl train merge" not in calls
+    assert "stop_cluster" in calls  # workers see the head's Ray go and end (and flush) too
+    assert "ray stop" not in calls  # it would kill SkyPilot's own Ray (6380) and the job with it
+    assert _flushed(stdout)
+
+
+def test_the_harness_catches_a_run_that_ends_under_pipefail(tmp_path: Path) -> None:
+    """The old run sections (`set -euo pipefail` at top level, `exec` at the end) through the same harness."""
+    old = (SKY / "infer.yaml").read_text()
+    body = old[old.index("run: |") :]
+    broken = body.replace("  (\n  set -euo pipefail", "  set -euo pipefail").replace("\n  )\n", "\n")
+    (tmp_path / "sky").mkdir()
+    (tmp_path / "sky/infer.yaml").write_text(old.replace(body, broken))
+    rc, stdout, _ = run_node(str(tmp_path / "sky/infer.yaml"), tmp_path / "node")
+    assert rc == 141 and "upload complete" not in stdout  # SIGPIPE from `tac | grep -m 1` under pipefail
+
+
+# --- setup re-runs on a restarted cluster or a recovered job ----------------------------------------------------
+BUILD_SETUP = r"""
+import json, sys
+from pathlib import Path
+from sky.skylet import log_lib
+from searchrl import deploy
+
+path = Path(sys.argv[1])
+need_envs, need_secrets = deploy.required_names(path)
+task = deploy.load_task(path, {n: "placeholder" for n in need_envs}, {n: "secret" for n in need_secrets})
+# RayCodeGen.add_setup prefixes the command like this, and run_bash_command_with_log wraps it the same way as run.
+print(json.dumps(log_lib.make_task_bash_script("unset CUDA_VISIBLE_DEVICES; " + task.setup, env_vars=task.envs_and_secrets)))
+"""
+
+
+def real_uv() -> str:
+    found = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    assert Path(found).is_file(), "uv is a dev dependency (pyproject [dev]): pip install uv"
+    return found
+
+
+@pytest.mark.parametrize("yaml_name", [p.name for p in YAMLS])
+def test_setup_runs_twice_on_the_same_node(yaml_name: str, tmp_path: Path) -> None:
+    """Real `uv venv` on the same folder twice; installs and downloads are stubbed (no network, no GPU wheels)."""
+    script = json.loads(in_sky_python_argv(BUILD_SETUP, str(SKY / yaml_name)).strip().splitlines()[-1])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "sky_workdir").mkdir()
+    stubs = {
+        # the real `uv venv` minus --seed (which would fetch pip from PyPI): re-running is about the folder
+        "uv": f'echo "uv $*" >> "$HOME/calls.log"\n[ "$1" != venv ] || exec {real_uv()} ${{@/--seed/}}\n'
+        '[ "$1 $2" != "pip freeze" ] || echo "click==8.5.1"',
+        "searchrl": 'echo "searchrl $*" >> "$HOME/calls.log"',
+        "pip": 'echo "pip $*" >> "$HOME/calls.log"',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "setup.sh").write_text(script)
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+    }
+    for attempt in (1, 2):
+        proc = subprocess.run(["/bin/bash", "-i", str(tmp_path / "setup.sh")], env=env, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert proc.returncode == 0, (
+            f"setup run {attempt} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
+        )
+    venv = tmp_path / "sky_workdir" / ".venv"
+    assert (venv / "bin" / "python").exists()
+    calls = (tmp_path / "calls.log").read_text()
+    assert calls.count("uv venv") == 2 and calls.count("uv pip install") >= 2
+    if yaml_name.startswith("train"):  # the pins start_cluster's install is held to
+        assert (venv / "searchrl-pins.txt").read_text() == "click==8.5.1\n"
+    if yaml_name == "retrieval.yaml":
+        assert "searchrl sky start-budget --corpus bundled --backend bm25 --delay 3600" in calls
+        assert "setup finished after " in proc.stdout and "of the 3600s readiness delay" in proc.stdout
+
+
+def test_plain_uv_venv_fails_on_a_rerun(tmp_path: Path) -> None:
+    """The control: what setup did before (`uv venv DIR` without --allow-existing/--clear) breaks a re-run."""
+    cmd = [real_uv(), "venv", "-q", "--python", "3.11", str(tmp_path / ".venv")]
+    assert subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode != 0 and "already exists" in again.stderr
+
+
+def test_probe_delay_env_matches_the_probe_and_covers_the_measured_starts() -> None:
+    config = yaml.safe_load((SKY / "retrieval.yaml").read_text())
+    delay = config["service"]["readiness_probe"]["initial_delay_seconds"]
+    assert config["envs"]["SEARCHRL_PROBE_DELAY_S"] == str(delay)
+    for corpus, backend in [
+        ("bundled", "bm25"),
+        ("bundled", "dense"),
+        ("wiki18-100k", "dense"),
+        ("wiki18", "dense"),
+    ]:
+        assert replica_budget.start_budget(corpus, backend, delay).startswith("replica start: ")
+    with pytest.raises(DeployError, match=r"needs ~4272s .* at least 5127 in sky/retrieval.yaml"):
+        replica_budget.start_budget("wiki18", "hybrid", delay)
+    policy = config["service"]["replica_policy"]
+    bundled_start = replica_budget.START_ESTIMATES_S[("bundled", "bm25")][0]
+    # scale up for load that lasts about as long as a new replica takes to start; keep replicas > 2 starts
+    assert abs(policy["upscale_delay_seconds"] - bundled_start) < 0.1 * bundled_start
+    assert policy["downscale_delay_seconds"] >= 2 * bundled_start
+
+
+def test_validate_catches_a_probe_delay_env_out_of_step(tmp_path: Path) -> None:
+    copy = tmp_path / "retrieval.yaml"
+    copy.write_text(
+        (SKY / "retrieval.yaml")
+        .read_text()
+        .replace("initial_delay_seconds: 3600", "initial_delay_seconds: 600")
+    )
+    proc = searchrl("sky", "validate", str(copy))
+    assert proc.returncode == 2
+    assert "SEARCHRL_PROBE_DELAY_S=3600 but readiness_probe.initial_delay_seconds is 600" in proc.stdout
+
+
+def test_the_documented_tls_block_passes_skypilots_parser(tmp_path: Path) -> None:
+    text = (SKY / "retrieval.yaml").read_text()
+    block = "  # tls:\n  #   keyfile: ~/.searchrl/tls/key.pem\n  #   certfile: ~/.searchrl/tls/cert.pem"
+    assert block in text
+    (tmp_path / "key.pem").write_text("key")
+    (tmp_path / "cert.pem").write_text("cert")
+    enabled = text.replace(
+        block, f"  tls:\n    keyfile: {tmp_path}/key.pem\n    certfile: {tmp_path}/cert.pem"
+    )
+    (tmp_path / "retrieval.yaml").write_text(enabled)
+    proc = searchrl("sky", "validate", str(tmp_path / "retrieval.yaml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_sky_launch_the_repo_documents_deletes_its_cluster() -> None:
+    """`sky launch -c` leaves a cluster up: every one we document carries `-i N --down`, and the files it launches
+    set `resources.autostop` with `down: true` for a launch that forgets the flags."""
+    docs = [REPO / "README.md", REPO / "Makefile", *REPO.glob("docs/*.md"), *SKY.glob("*.md"), *YAMLS]
+    launches = [
+        (path.name, line)
+        for path in docs
+        for line in path.read_text().splitlines()
+        if re.search(r"\bsky launch -c \S", line)  # a launch command (prose says `sky launch`)
+    ]
+    assert len(launches) >= 4, launches
+    for name, line in launches:
+        assert re.search(r"sky launch -c \S+ -i \d+ --down ", line), f"{name}: {line.strip()}"
+    for yaml_name in ("train-single.yaml", "infer.yaml"):
+        autostop = yaml.safe_load((SKY / yaml_name).read_text())["resources"]["autostop"]
+        assert autostop["down"] is True and autostop["idle_minutes"] <= 15
+
+
+def test_the_endpoint_wait_outlasts_the_probe_delay() -> None:
+    delay = yaml.safe_load((SKY / "retrieval.yaml").read_text())["service"]["readiness_probe"][
+        "initial_delay_seconds"
+    ]
+    assert deploy.ENDPOINT_TIMEOUT_S >= delay + 300  # a replica may use all of its delay, after provisioning

@@ -33,6 +33,7 @@ from typing import Any
 
 from searchrl.corpus_check import CorpusIdentity, check_training_corpus, corpus_identity, fetch_service_info
 from searchrl.errors import ConfigError, RetrievalUnavailableError
+from trainer.checkpoint import check_resume as check_checkpoint
 from trainer.data import prepare_data
 from trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
 from trainer.merge import TRACKER_FILE
@@ -261,6 +262,9 @@ def prepare_launch(
         )
         return LaunchPlan(command=[], record_dir=None, state=state)
     if state.step is not None:
+        # verl's resume_mode=auto loads the step the tracker names: wait until every rank's shard of it is in
+        # the bucket, or refuse with one line before any GPU work starts.
+        check_checkpoint(settings.run_dir.expanduser(), deadline_s=settings.checkpoint_wait_s)
         log.info("resuming %s from step %d of %d", settings.experiment_name, state.step, settings.total_steps)
     data = prepare_data(settings)
     log.info("data: %d train / %d test rows in %s", data.train_rows, data.test_rows, data.train_file.parent)

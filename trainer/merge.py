@@ -85,10 +85,19 @@ def verify_hf_model(target_dir: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def merge_latest(run_dir: Path, target_dir: Path | None = None, *, verify: bool = True) -> MergeResult:
-    """Merge the newest finished checkpoint of `run_dir` (default output: <run>/merged/global_step_N)."""
+def merge_latest(
+    run_dir: Path, target_dir: Path | None = None, *, verify: bool = True, wait_s: float = 0.0
+) -> MergeResult:
+    """Merge the newest finished checkpoint of `run_dir` (default output: <run>/merged/global_step_N).
+
+    First waits up to `wait_s` for every rank's shard (trainer/checkpoint.py): on a multi-node run the workers'
+    shards reach the bucket after the head's tracker file does.
+    """
+    from trainer.checkpoint import wait_for_checkpoint
+
     run_dir = run_dir.expanduser().resolve()
     step, actor_dir = find_latest_checkpoint(run_dir)
+    wait_for_checkpoint(actor_dir, deadline_s=wait_s)
     target = (target_dir or run_dir / "merged" / f"global_step_{step}").expanduser().resolve()
     run_verl_merger(actor_dir, target)
     n_params = verify_hf_model(target) if verify else None

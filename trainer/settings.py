@@ -129,6 +129,9 @@ class TrainSettings(BaseSettings):
     save_freq: int = Field(default=100, ge=1)  # steps between checkpoints (verl's default -1 never saves)
     test_freq: int = Field(default=50, ge=-1)  # steps between validations; -1 disables
     max_ckpt_to_keep: int = Field(default=2, ge=2)  # >= 2 so a crash while saving leaves a good one
+    # seconds merge and resume wait for every rank's shard to reach the bucket (trainer/checkpoint.py); 600 s
+    # uploads ~75 GB at 125 MB/s, more than one node's shards of a 3B model with its optimizer (~18 GB)
+    checkpoint_wait_s: float = Field(default=600.0, ge=0)
     val_before_train: bool = False  # validate the base model before step 1
     # Validation asks the service too: verl's default is every test row (51,713 for full) in ONE batch, i.e.
     # that many concurrent trajectories. Cap the rows and the batch (rows in flight) instead.

@@ -3,6 +3,7 @@
     searchrl sky validate [PATH ...] [--env K=V ...] [--secret NAME ...]
     searchrl sky endpoint searchrl-retrieval [--timeout S]
     searchrl sky probe http://127.0.0.1:8000 [--env K=V ...] [--secret NAME ...]
+    searchrl sky start-budget --corpus wiki18 --backend dense --delay 3600   # in retrieval.yaml's setup
     searchrl sky train [--dry-run] [--num-nodes N] [--env K=V ...] [--secret NAME ...] [--service NAME]
 
 A `--secret` flag takes a NAME; its value is read from the environment, so no secret ever reaches argv or `ps`.
@@ -56,7 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         argument_default=argparse.SUPPRESS,
     )
     e.add_argument("service_name", metavar="NAME", help="service name, e.g. searchrl-retrieval")
-    e.add_argument("--timeout", type=float, help="seconds to wait for READY (default 1800)")
+    e.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds to wait for READY (default 4200: the probe's 3600 s initial delay + provisioning)",
+    )
     e.set_defaults(handler=_endpoint)
 
     r = verbs.add_parser(
@@ -68,6 +73,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--yaml", help="service task file (default sky/retrieval.yaml)")
     _add_overrides(r)
     r.set_defaults(handler=_probe)
+
+    b = verbs.add_parser(
+        "start-budget",
+        help="say whether a retrieval replica starts within the probe's initial delay (run in setup)",
+        description="Estimated seconds from replica setup to the first 200 on /retrieve for a corpus and "
+        "backend (docs/deploy.md); exit 2 with one line when they exceed --delay. Needs no SkyPilot.",
+    )
+    b.add_argument("--corpus", required=True, help="SEARCHRL_RETRIEVAL_CORPUS, e.g. bundled, wiki18")
+    b.add_argument("--backend", required=True, help="SEARCHRL_RETRIEVAL_BACKEND, e.g. bm25, dense")
+    b.add_argument("--delay", required=True, type=float, help="readiness_probe.initial_delay_seconds")
+    b.set_defaults(handler=_start_budget)
 
     t = verbs.add_parser(
         "train",
@@ -160,7 +176,16 @@ def _endpoint(args: argparse.Namespace) -> int:
     from searchrl import deploy
 
     _setup_logging()
-    print(deploy.wait_for_endpoint(args.service_name, timeout_s=getattr(args, "timeout", 1800.0)))  # noqa: T201
+    timeout = getattr(args, "timeout", deploy.ENDPOINT_TIMEOUT_S)
+    print(deploy.wait_for_endpoint(args.service_name, timeout_s=timeout))  # noqa: T201
+    return 0
+
+
+def _start_budget(args: argparse.Namespace) -> int:
+    from searchrl.replica_budget import start_budget
+
+    # Runs on a replica, whose venv has no SkyPilot: never re-executes itself in .venv-sky.
+    print(start_budget(args.corpus, args.backend, args.delay), file=sys.stderr)  # noqa: T201
     return 0
 
 

@@ -103,6 +103,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--target-dir", dest="target_dir", help="output folder (default <run>/merged/global_step_N)"
     )
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip loading the result")
+    p.add_argument(
+        "--wait",
+        dest="checkpoint_wait_s",
+        type=float,
+        help="seconds to wait for every rank's shard (env SEARCHRL_TRAIN_CHECKPOINT_WAIT_S, default 600)",
+    )
     p.set_defaults(handler=_merge)
 
     p = verbs.add_parser(
@@ -164,7 +170,8 @@ def _merge(args: argparse.Namespace) -> int:
     settings = _settings(args)
     run_dir = Path(args.run_dir) if hasattr(args, "run_dir") else settings.run_dir
     target = Path(args.target_dir) if hasattr(args, "target_dir") else None
-    result = merge_latest(run_dir, target, verify=getattr(args, "verify", True))
+    wait_s = getattr(args, "checkpoint_wait_s", settings.checkpoint_wait_s)
+    result = merge_latest(run_dir, target, verify=getattr(args, "verify", True), wait_s=wait_s)
     print(result.target_dir)  # noqa: T201
     return 0
 

@@ -64,8 +64,8 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
 
     seen = {}
 
-    def fake_merge(run_dir, target_dir=None, *, verify=True):
-        seen.update(run_dir=run_dir, target_dir=target_dir, verify=verify)
+    def fake_merge(run_dir, target_dir=None, *, verify=True, wait_s=0.0):
+        seen.update(run_dir=run_dir, target_dir=target_dir, verify=verify, wait_s=wait_s)
         return MergeResult(
             step=3,
             actor_dir=run_dir / "global_step_3" / "actor",
@@ -83,14 +83,21 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
             "--target-dir",
             str(tmp_path / "hf"),
             "--no-verify",
+            "--wait",
+            "60",
         ]
     )
     assert rc == 0 and capsys.readouterr().out.strip() == str(tmp_path / "hf")
-    assert seen == {"run_dir": tmp_path / "run", "target_dir": tmp_path / "hf", "verify": False}
+    assert seen == {
+        "run_dir": tmp_path / "run",
+        "target_dir": tmp_path / "hf",
+        "verify": False,
+        "wait_s": 60.0,
+    }
 
     seen.clear()
     main(["train", "merge", "--checkpoint-dir", str(tmp_path / "ck"), "--experiment-name", "e1"])
-    assert seen == {"run_dir": tmp_path / "ck" / "e1", "target_dir": None, "verify": True}
+    assert seen == {"run_dir": tmp_path / "ck" / "e1", "target_dir": None, "verify": True, "wait_s": 600.0}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,196 @@
+"""Is a verl FSDP checkpoint complete, with every rank's shard? Wait for it with a deadline, or refuse.
+
+Used by `searchrl train merge` and by `searchrl train local` before verl resumes. Why it is needed: on a
+multi-node run each node writes its own ranks' shards (`model|optim|extra_state_world_size_W_rank_R.pt`) to a
+MOUNT_CACHED bucket, and each node's rclone uploads them on its own schedule. verl's rank 0 writes
+`latest_checkpointed_iteration.txt` after a barrier on *local* writes, so the head (merging) or a new node
+(resuming after preemption) can read the tracker before a worker's shards reach the bucket, or find a shard cut
+short by a node that died mid-upload. A checkpoint is complete when `fsdp_config.json` names the world size W
+and, for every kind rank 0 saved, ranks 0..W-1 each have a shard whose zip end record is intact: `torch.save`
+writes a zip archive whose central directory sits at the end, so a truncated file has none
+(https://pytorch.org/docs/stable/notes/serialization.html).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from searchrl.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
+_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class Shard:
+    kind: str  # model | optim | extra_state
+    rank: int
+    path: Path
+    size: int  # bytes on this node's view of the bucket
+
+
+@dataclass
+class CheckpointState:
+    """What one `<run>/global_step_N/actor` folder holds right now."""
+
+    actor_dir: Path
+    world_size: int | None
+    shards: list[Shard] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # empty = complete
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+
+def shard_problem(path: Path) -> str | None:
+    """None if `path` is a whole `torch.save` archive; otherwise why not (missing, empty, cut short)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    if size == 0:
+        return "empty (0 bytes)"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if not archive.namelist():
+                return f"short ({size} bytes, an empty archive)"
+    except (zipfile.BadZipFile, OSError):
+        return f"short ({size} bytes, no zip end record: cut off while writing or uploading)"
+    return None
+
+
+def inspect_checkpoint(actor_dir: Path) -> CheckpointState:
+    """Check every rank's shard of one checkpoint (see the module docstring for what complete means)."""
+    config_path = actor_dir / "fsdp_config.json"
+    try:
+        world_size = int(json.loads(config_path.read_text())["world_size"])
+    except FileNotFoundError:
+        return CheckpointState(actor_dir, None, problems=[f"{config_path} missing (rank 0 has not saved)"])
+    except (ValueError, KeyError, TypeError):
+        return CheckpointState(actor_dir, None, problems=[f"{config_path} has no world_size"])
+    state = CheckpointState(actor_dir, world_size)
+    present = {m.group(1) for p in actor_dir.glob("*.pt") if (m := _SHARD.match(p.name))}
+    kinds = sorted(
+        present | {"model"}
+    )  # the model shards are always needed; optim/extra if rank 0 saved them
+    for kind in kinds:
+        for rank in range(world_size):
+            path = actor_dir / f"{kind}_world_size_{world_size}_rank_{rank}.pt"
+            problem = shard_problem(path)
+            if problem is None:
+                state.shards.append(Shard(kind, rank, path, path.stat().st_size))
+            else:
+                state.problems.append(f"rank {rank} {kind} shard {path.name} is {problem}")
+    return state
+
+
+def wait_for_checkpoint(
+    actor_dir: Path,
+    *,
+    deadline_s: float,
+    interval_s: float = 15.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> CheckpointState:
+    """Poll until every rank's shard is present and whole; past `deadline_s`, raise one CheckpointError line.
+
+    The interval is longer than rclone's 10 s directory cache (SkyPilot mounts with `--dir-cache-time 10s`), so
+    each poll sees what other nodes have uploaded since the last one.
+    """
+    start = clock()
+    while True:
+        state = inspect_checkpoint(actor_dir)
+        if state.complete:
+            log.info(
+                "checkpoint %s complete: %d shards of world size %s, %.2f GB",
+                actor_dir,
+                len(state.shards),
+                state.world_size,
+                state.total_bytes / 1e9,
+            )
+            return state
+        waited = clock() - start
+        if waited + interval_s > deadline_s:
+            more = f" (+{len(state.problems) - 1} more)" if len(state.problems) > 1 else ""
+            raise CheckpointError(
+                f"checkpoint {actor_dir} incomplete after {deadline_s:.0f}s: {state.problems[0]}{more}; "
+                "a node that wrote it did not upload all of its shards"
+            )
+        log.info(
+            "waiting for checkpoint %s: %s%s; waited %.0fs of %.0fs",
+            actor_dir,
+            state.problems[0],
+            f" (+{len(state.problems) - 1} more)" if len(state.problems) > 1 else "",
+            waited,
+            deadline_s,
+        )
+        sleep(interval_s)
+
+
+def latest_step(run_dir: Path) -> int | None:
+    """The step verl's tracker file names, or None when the run has no checkpoint yet."""
+    tracker = run_dir / TRACKER_FILE
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise CheckpointError(f"{tracker} holds {text[:40]!r}, not a step number") from None
+
+
+def newest_complete_step(run_dir: Path, below: int) -> int | None:
+    """The newest global_step_N (N < below) whose checkpoint is complete now, for the refusal message."""
+    names = [p.name.removeprefix("global_step_") for p in run_dir.glob("global_step_*")]
+    for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
+        if step < below and inspect_checkpoint(run_dir / f"global_step_{step}" / "actor").complete:
+            return step
+    return None
+
+
+def check_resume(run_dir: Path, *, deadline_s: float, **wait: object) -> int | None:
+    """Before verl resumes (resume_mode=auto): the step it will load must be complete; None = fresh start."""
+    step = latest_step(run_dir)
+    if step is None:
+        return None
+    try:
+        wait_for_checkpoint(run_dir / f"global_step_{step}" / "actor", deadline_s=deadline_s, **wait)  # type: ignore[arg-type]
+    except CheckpointError as exc:
+        older = newest_complete_step(run_dir, step)
+        fix = (
+            f"resume from step {older} with `echo {older} > {run_dir / TRACKER_FILE}`"
+            if older is not None
+            else "no earlier complete step exists"
+        )
+        raise CheckpointError(
+            f"not resuming: {exc}; {fix}, or start fresh with another EXPERIMENT_NAME"
+        ) from None
+    log.info("resuming from step %d in %s", step, run_dir)
+    return step
+
+
+__all__ = [
+    "TRACKER_FILE",
+    "CheckpointState",
+    "Shard",
+    "check_resume",
+    "inspect_checkpoint",
+    "latest_step",
+    "newest_complete_step",
+    "shard_problem",
+    "wait_for_checkpoint",
+]
