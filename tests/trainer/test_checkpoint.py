@@ -155,7 +155,8 @@ def test_train_local_checks_the_resume_step_before_any_work(
     settings = TrainSettings(
         checkpoint_dir=tmp_path / "ckpt", experiment_name="exp", gpus_per_node=1, checkpoint_wait_s=0
     )
-    trainer.launch.record_run(settings, [])  # the run's own record: the settings check passes, the shard check not
+    # the run's own record: the settings check passes, the shard check does not
+    trainer.launch.record_run(settings, [])
     with pytest.raises(
         CheckpointError,
         match=r"not resuming: .*rank 1 extra_state shard .* is missing; .*; no earlier complete step",
