@@ -38,11 +38,16 @@ from infer.settings import InferSettings
 from retrieval.client import RetrievalClient
 from searchrl.errors import RetrievalUnavailableError
 from searchrl.prompt import (
+    SEARCH_R1_INVALID,
+    SEARCH_R1_STOP,
     TOOL_NAME,
     ParsedTurn,
     ToolCall,
     build_messages,
+    cut_search_r1_turn,
     format_observation,
+    format_search_r1_observation,
+    parse_search_r1_action,
     parse_tool_calls,
     queries_from_arguments,
 )
@@ -154,13 +159,19 @@ class SearchAgent:
             raise ValueError("api='completions' needs a ChatRenderer")
         if config.api == "chat" and not isinstance(llm, ServerLLM):
             raise ValueError("api='chat' needs a ServerLLM")
+        if config.api == "chat" and config.rollout.prompt_format == "search-r1":
+            raise ValueError(
+                "prompt_format='search-r1' continues one assistant turn: it needs api='completions'"
+            )
         self.llm = llm
         self.retrieval = retrieval
         self.config = config
         self.spec = config.rollout
         self.renderer = renderer
         # What the model saw in training: verl's rendering of the schema (it drops `items`), searchrl/rollout.py.
-        self.tools = training_tool_schemas() if config.search else None
+        self.tools = (
+            training_tool_schemas() if config.search and config.rollout.prompt_format == "searchrl" else None
+        )
 
     async def run(self, question: str) -> Episode:
         """One episode. Raises FatalSearchError (stop the run) and InferenceError (LLM gone after retries)."""
@@ -169,6 +180,8 @@ class SearchAgent:
         try:
             if self.config.api == "chat":
                 await self._run_chat(ep)
+            elif self.spec.prompt_format == "search-r1" and self.config.search:
+                await self._run_search_r1(ep)
             else:
                 await self._run_completions(ep)
         except RequestRejectedError as exc:
@@ -288,6 +301,83 @@ class SearchAgent:
                 break
             prompt, context = prompt + tool_text, after
             ep.response_tokens = context - ep.prompt_tokens
+        ep.response = renderer.truncate(prompt[start:], self.spec.max_response_tokens)
+
+    # --- Search-R1's format: <search> actions, <information> spliced into the same assistant turn ------------------
+    async def _search_r1_observation(self, query: str, ep: Episode) -> str:
+        ep.searches += 1
+        ep.queries.append(query)
+        assert self.retrieval is not None
+        try:
+            hits = await self.retrieval.search([query], self.spec.topk)
+        except RetrievalUnavailableError as exc:
+            ep.count_failure(exc.kind)
+            if exc.kind in FATAL_KINDS:
+                raise FatalSearchError(
+                    f"{FATAL_KINDS[exc.kind]} ({exc})", kind=exc.kind, status=exc.status
+                ) from exc
+            log.warning("search failed (%s) for %r", exc.kind, query)
+            return format_search_r1_observation([f"\n{FAILURE_PREFIX}{exc.kind}"])
+        return format_search_r1_observation(
+            [h.contents for h in hits[0]], max_chars=self.config.observation_chars
+        )
+
+    async def _run_search_r1(self, ep: Episode) -> None:
+        """Search-R1's rollout (search_r1/llm_agent/generation.py): up to max_turns actions, then a last turn.
+
+        A turn is cut after its first `</search>` or `</answer>`; an answer ends the episode; a search appends
+        `<information>` and generation continues in the same assistant turn; a turn with neither gets their
+        "My previous action is invalid" text. The budgets are the shared RolloutSpec's.
+        """
+        renderer = self.renderer
+        assert renderer is not None
+        messages = build_messages(ep.question, prompt_format="search-r1")
+        ep.transcript.extend(messages)
+        prompt = renderer.initial(messages, None)
+        start = len(prompt)
+        ep.prompt_tokens = context = renderer.count(prompt)
+        while True:
+            sampling = self._sampling(context)
+            if sampling is None:
+                ep.stop_reason = STOP_RESPONSE_BUDGET
+                break
+            last = ep.turns + 1 >= self.spec.max_assistant_turns
+            stop = () if last else (SEARCH_R1_STOP,)
+            out = await self.llm.complete(prompt, replace(sampling, stop=stop))
+            text = out.text
+            if stop and out.finish_reason == "stop" and "<search>" in text and SEARCH_R1_STOP not in text:
+                text += SEARCH_R1_STOP  # the stop string itself is not returned
+            text = cut_search_r1_turn(text)
+            ep.turns += 1
+            ep.completion_tokens += out.completion_tokens
+            ep.length_truncated_turns += out.finish_reason == "length"
+            ep.transcript.append({"role": "assistant", "content": text, "finish_reason": out.finish_reason})
+            prompt += text
+            context = renderer.count(prompt)
+            ep.response_tokens = context - ep.prompt_tokens
+            action, content = parse_search_r1_action(text)
+            if ep.response_tokens >= self.spec.max_response_tokens:
+                ep.stop_reason = STOP_RESPONSE_BUDGET
+                break
+            if action == "answer" or last:
+                if action == "answer":
+                    ep.stop_reason = STOP_NO_TOOL_CALL
+                else:
+                    ep.stop_reason = STOP_MAX_TURNS if action == "search" else STOP_MALFORMED
+                break
+            if action == "search":
+                obs = await self._search_r1_observation(content, ep)
+            else:
+                ep.malformed_calls += 1
+                obs = SEARCH_R1_INVALID
+            ep.transcript.append({"role": "tool", "content": obs, "queries": [content] if action else []})
+            after = renderer.count(prompt + obs)
+            if after - ep.prompt_tokens >= self.spec.max_response_tokens:
+                ep.stop_reason = STOP_RESPONSE_BUDGET
+                break
+            prompt, context = prompt + obs, after
+            ep.response_tokens = context - ep.prompt_tokens
+        prompt += renderer.close_turn("")
         ep.response = renderer.truncate(prompt[start:], self.spec.max_response_tokens)
 
     # --- chat mode: the server renders and parses ---------------------------------------------------------------

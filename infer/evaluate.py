@@ -14,7 +14,7 @@ another file, never a silent overwrite. At the end `<label>-<hash>.json` holds `
 engine, retrieval backend, corpus and index checksums from the service's GET /, the shared rollout rules,
 decoding, prompt format, question-set checksum, ...), `summary`, `per_dataset` and one entry per question
 (answer, pure EM, shaped reward, F1, searches, failures by kind, turns, stop reason, latency, transcript). EM
-and F1 come from `searchrl.scoring`, the scorer the training reward uses; intervals from `infer.stats`.
+and F1 come from `searchrl.scoring`, the scorer the training reward uses; intervals from `searchrl.stats`.
 
 Failures are counted and bounded: a run whose share of questions with a search failure or LLM error passes
 `max_failure_rate` (2%) is marked invalid, and `searchrl compare` refuses it unless told otherwise.
@@ -49,11 +49,11 @@ from infer.agent import (
 )
 from infer.llm import ChatRenderer, ServerLLM, TextGenerator
 from infer.settings import InferSettings
-from infer.stats import bootstrap_ci
 from searchrl import __version__
 from searchrl.errors import DataError, RetrievalUnavailableError, SearchRLError
-from searchrl.prompt import PROMPT_VERSION
+from searchrl.prompt import prompt_version
 from searchrl.scoring import score_response
+from searchrl.stats import bootstrap_ci
 
 if TYPE_CHECKING:
     from retrieval.client import RetrievalClient
@@ -515,7 +515,7 @@ def build_protocol(
         "stop_after_tool_call": settings.stop_after_tool_call,
         "malformed_feedback": settings.malformed_feedback,
         "prompt_format": spec.prompt_format,
-        "prompt_version": PROMPT_VERSION,
+        "prompt_version": prompt_version(spec.prompt_format),
         "max_failure_rate": settings.max_failure_rate,
         "qa": {
             "source": settings.qa,

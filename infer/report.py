@@ -38,8 +38,8 @@ from infer.evaluate import (
     run_label,
 )
 from infer.settings import InferSettings
-from infer.stats import PairedComparison, paired_comparison
 from searchrl.errors import ConfigError, DataError
+from searchrl.stats import PairedComparison, paired_comparison
 
 log = logging.getLogger(__name__)
 

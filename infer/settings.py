@@ -110,6 +110,10 @@ class InferSettings(BaseSettings):
         for url in [self.llm_url, *self.retrieval_urls]:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"URL {url!r} must start with http:// or https://")
+        if self.api == "chat" and self.prompt_format == "search-r1":
+            raise ValueError(
+                "prompt_format=search-r1 needs api=completions (results are spliced into the assistant turn)"
+            )
         if self.api == "chat" and self.engine == "local":
             raise ValueError(
                 "api=chat needs engine=server; the local engine renders the chat template itself"

@@ -81,7 +81,13 @@ def create_scripted_app(scripts: Scripts) -> FastAPI:
             return _error(404, f"The model `{model}` does not exist.")
         if not isinstance(prompt, str):
             return _error(400, "prompt must be a string")
-        turn = prompt.count(ASSISTANT_HEADER) - 1
+        # assistant turns so far; Search-R1's format continues one assistant turn after each <information>
+        turn = (
+            prompt.count(ASSISTANT_HEADER)
+            - 1
+            + prompt.count("</information>\n\n")
+            + prompt.count("try again.\n")
+        )
         text = _pick(scripts, model, _first_user_turn(prompt), turn)
         if text is None:
             return _error(400, "no scripted completion for this prompt")

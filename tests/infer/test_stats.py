@@ -1,4 +1,4 @@
-"""infer/stats.py: bootstrap intervals and paired tests, checked against closed forms and scipy."""
+"""searchrl/stats.py: bootstrap intervals and paired tests, checked against closed forms and scipy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from infer.stats import bootstrap_ci, mcnemar_p, paired_comparison
+from searchrl.stats import bootstrap_ci, mcnemar_p, paired_comparison
 
 
 def test_bootstrap_ci_matches_the_normal_approximation() -> None:
