@@ -305,8 +305,8 @@ def winners(runs: Sequence[dict[str, Any]]) -> dict[str, str | None]:
 
 
 # --- rendering -----------------------------------------------------------------------------------------------
-def render_chart(runs: Sequence[dict[str, Any]]) -> bytes:
-    """PNG: EM per dataset (and avg) per run, and searches per question per run."""
+def render_chart(runs: Sequence[dict[str, Any]], *, title: str | None = None) -> bytes:
+    """PNG: EM per dataset (and avg) per run with 95% intervals, searches and failed questions per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -332,18 +332,18 @@ def render_chart(runs: Sequence[dict[str, Any]]) -> bytes:
             lo, hi = (v, v) if lo != lo else (lo, hi)  # nan: no interval
             lows.append(max(0.0, v - lo))
             highs.append(max(0.0, hi - v))
-        lows[-1] = highs[-1] = 0.0  # the macro average has no single-sample interval
         xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(cols))]
         label = labels[i] + ("" if r["summary"].get("valid", True) else " (INVALID)")
-        ax_em.bar(
-            xs,
-            vals,
-            width=width,
-            label=label,
-            color=colors[i % len(colors)],
-            yerr=[lows, highs],
+        ax_em.bar(xs, vals, width=width, label=label, color=colors[i % len(colors)])
+        # 95% intervals per dataset; the macro average (last bar) has none
+        ax_em.errorbar(
+            xs[:-1],
+            vals[:-1],
+            yerr=[lows[:-1], highs[:-1]],
+            fmt="none",
+            ecolor="black",
             capsize=3,
-            error_kw={"elinewidth": 1},
+            elinewidth=1,
         )
     n_by_col = [max((r["per_dataset"].get(ds, {}).get("n", 0) for r in runs), default=0) for ds in sources]
     ax_em.set_xticks(
@@ -374,6 +374,8 @@ def render_chart(runs: Sequence[dict[str, Any]]) -> bytes:
     ax_s.set_xlabel("searches per question")
     ax_s.set_title("Searches (and failed questions)")
     ax_s.grid(axis="x", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -574,7 +576,7 @@ def build_report(
     """Write report.md, report.html and report.png into `out_dir`; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     disagree = disagreements(runs)
-    png = render_chart(runs)
+    png = render_chart(runs, title=title)
     paths = {
         "markdown": out_dir / "report.md",
         "html": out_dir / "report.html",
