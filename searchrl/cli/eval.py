@@ -173,6 +173,36 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _add_shared(c)
     c.set_defaults(handler=_compare)
 
+    b = sub.add_parser(
+        "eval-budget",
+        help="print the web search budget (requests) an evaluation needs, with its cost, before running it",
+        description="Worst-case upstream requests of RUNS evaluations over the selected questions (every "
+        "searching turn used, no cache hits, +1 pre-flight per run). The number goes to stdout, for "
+        "SEARCHRL_RETRIEVAL_WEB_DAILY_BUDGET; the explanation and the cost estimate go to stderr.",
+        argument_default=argparse.SUPPRESS,
+    )
+    b.add_argument("--runs", type=int, default=1, help="evaluation runs that search this backend (default 1)")
+    b.add_argument(
+        "--queries-per-call",
+        dest="queries_per_call",
+        type=int,
+        default=1,
+        help="queries per search (default 1)",
+    )
+    b.add_argument(
+        "--price-per-1k",
+        dest="price_per_1k",
+        type=float,
+        default=1.0,
+        help="your plan's price per 1,000 requests",
+    )
+    for flag in ("--qa", "--datasets", "--limit", "--sample-seed", "--max-turns", "--max-parallel-calls"):
+        dest = flag[2:].replace("-", "_")
+        b.add_argument(
+            flag, dest=dest, type=int if dest not in ("qa", "datasets") else str, help="as for eval"
+        )
+    b.set_defaults(handler=_eval_budget)
+
 
 def _eval(args: argparse.Namespace) -> int:
     from infer.evaluate import InvalidRunError, failure_cell, paper_table, run_eval
@@ -192,6 +222,34 @@ def _eval(args: argparse.Namespace) -> int:
             f"run INVALID, do not quote it: {result['summary']['invalid_reason']} (search failures by kind: "
             f"{failure_cell(result['summary'])}; details in {path})"
         )
+    return 0
+
+
+def _eval_budget(args: argparse.Namespace) -> int:
+    from infer.budget import plan_search_budget
+    from infer.evaluate import load_qa
+    from infer.settings import InferSettings
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+
+    s = load_settings(
+        InferSettings,
+        **given(args, "qa", "datasets", "limit", "sample_seed", "max_turns", "max_parallel_calls"),
+    )
+    items, _ = load_qa(s.qa, datasets=s.dataset_filter, limit=s.limit, seed=s.sample_seed)
+    try:
+        budget = plan_search_budget(
+            len(items),
+            runs=args.runs,
+            max_turns=s.max_turns,
+            max_parallel_calls=s.max_parallel_calls,
+            queries_per_call=args.queries_per_call,
+            price_per_1k=args.price_per_1k,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"eval-budget: {exc}") from None
+    print(budget.describe(), file=sys.stderr)  # noqa: T201
+    print(budget.requests)  # noqa: T201  (stdout: the number, for SEARCHRL_RETRIEVAL_WEB_DAILY_BUDGET)
     return 0
 
 
