@@ -492,7 +492,9 @@ def build_protocol(
         "tokenizer": settings.tokenizer or settings.model,
         "engine": settings.engine,
         "api": settings.api,
-        "endpoint": settings.llm_url if settings.engine == "server" else f"local:{settings.device}",
+        "endpoint": {"server": settings.llm_url, "sglang": "sglang (managed)"}.get(
+            settings.engine, f"local:{settings.device}"
+        ),
         "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
         "search": settings.search,
         "retrieval": {
@@ -541,15 +543,28 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
             LocalLLM.from_pretrained, settings.model, tokenizer=settings.tokenizer, device=settings.device
         )
         return llm_local, ChatRenderer(llm_local.tokenizer)
-    server = ServerLLM(
-        settings.llm_url,
-        settings.model,
-        api_key=settings.llm_api_key_value(),
-        timeout_s=settings.llm_timeout_s,
-        max_retries=settings.llm_max_retries,
-        retry_max_wait_s=settings.llm_retry_max_wait_s,
-        max_connections=max(settings.concurrency, 8),
-    )
+    client_kwargs: dict[str, Any] = {
+        "timeout_s": settings.llm_timeout_s,
+        "max_retries": settings.llm_max_retries,
+        "retry_max_wait_s": settings.llm_retry_max_wait_s,
+        "max_connections": max(settings.concurrency, 8),
+    }
+    server: ServerLLM
+    if settings.engine == "sglang":
+        from infer.sglang import start_sglang
+
+        server = await start_sglang(
+            settings.model,
+            command=settings.sglang_command,
+            extra_args=settings.sglang_args,
+            startup_timeout_s=settings.sglang_startup_timeout_s,
+            log_dir=settings.output_dir,
+            **client_kwargs,
+        )
+    else:
+        server = ServerLLM(
+            settings.llm_url, settings.model, api_key=settings.llm_api_key_value(), **client_kwargs
+        )
     try:
         await server.check_model()
         renderer = None

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from searchrl.prompt import observation_budget
 from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
 
-Engine = Literal["server", "local"]
+Engine = Literal["server", "local", "sglang"]
 Api = Literal["completions", "chat"]
 
 
@@ -36,7 +36,7 @@ class InferSettings(BaseSettings):
         validation_alias=AliasChoices("SEARCHRL_INFER_MODEL", "MODEL_NAME"),
     )
     tokenizer: str | None = None  # HF id or folder whose chat template renders prompts; default: `model`
-    engine: Engine = "server"  # server: an OpenAI-compatible sglang/vLLM endpoint | local: HF transformers
+    engine: Engine = "server"  # server: a running OpenAI-compatible endpoint | sglang: start one | local: HF
     api: Api = "completions"  # completions: we render the training template (exact) | chat: server does
     llm_url: str = "http://127.0.0.1:30000/v1"  # OpenAI-compatible base URL (sglang :30000, vLLM :8000)
     llm_api_key: SecretStr | None = None  # bearer token for the LLM server, if it wants one
@@ -46,6 +46,9 @@ class InferSettings(BaseSettings):
         default=120.0, gt=0
     )  # back-off cap: 8 retries span minutes, not seconds
     device: str = "auto"  # local engine only: auto | cpu | cuda
+    sglang_command: str = "python -m sglang.launch_server"  # engine=sglang: what starts the server
+    sglang_args: str = ""  # engine=sglang: extra launch_server flags, e.g. "--mem-fraction-static 0.6 --tp 2"
+    sglang_startup_timeout_s: float = Field(default=1800.0, gt=0)  # model download + load + CUDA graphs
     label: str | None = None  # run name in reports; default "<model>, <backend>, search|no-search"
 
     # --- decoding -------------------------------------------------------------------------------------------

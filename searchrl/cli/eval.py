@@ -25,6 +25,8 @@ _SHARED = [
     "api",
     "llm_url",
     "device",
+    "sglang_command",
+    "sglang_args",
     "temperature",
     "top_p",
     "seed",
@@ -53,7 +55,21 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer", help="HF id or folder whose chat template renders prompts (default: --model)"
     )
-    p.add_argument("--engine", help="server (OpenAI-compatible sglang/vLLM) | local (HF transformers)")
+    p.add_argument(
+        "--engine",
+        help="server (a running OpenAI-compatible sglang/vLLM) | sglang (start sglang.launch_server, GPU) | "
+        "local (HF transformers)",
+    )
+    p.add_argument(
+        "--sglang-command",
+        dest="sglang_command",
+        help="engine sglang: default 'python -m sglang.launch_server'",
+    )
+    p.add_argument(
+        "--sglang-args",
+        dest="sglang_args",
+        help="engine sglang: extra flags, e.g. '--mem-fraction-static 0.6'",
+    )
     p.add_argument("--api", help="completions (exact training template, default) | chat (server renders)")
     p.add_argument(
         "--llm-url", dest="llm_url", help="OpenAI-compatible base URL (default http://127.0.0.1:30000/v1)"
