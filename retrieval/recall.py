@@ -104,7 +104,8 @@ async def _measure(settings: RetrievalSettings, rows: Sequence[QARow], k: int) -
     finally:
         await backend.close()
     recall, all_recall, missed = score_recall(rows, hits, k)
-    found = tuple(0.0 if r.id in set(missed) else 1.0 for r in rows)
+    missed_ids = set(missed)
+    found = tuple(0.0 if r.id in missed_ids else 1.0 for r in rows)
     all_found = [
         float(all(t in {title_of(h) for h in per_q[:k]} for t in r.supporting_titles))
         for r, per_q in zip(rows, hits, strict=True)
