@@ -347,6 +347,7 @@ def paper_table(runs: Sequence[dict[str, Any]]) -> str:
         "search failures",
         "LLM errors",
         "length-cut turns",
+        "stop reasons",
         "valid",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
@@ -365,6 +366,7 @@ def paper_table(runs: Sequence[dict[str, Any]]) -> str:
             failure_cell(s),
             str(s.get("llm_errors", s.get("errors", 0))),
             str(s.get("length_truncated_turns", 0)),
+            ", ".join(f"{k} {v}" for k, v in sorted((s.get("stop_reasons") or {}).items())),
             "yes" if s.get("valid", True) else f"**NO**: {s.get('invalid_reason')}",
         ]
         lines.append("| " + " | ".join(c.replace("|", "/") if i else c for i, c in enumerate(cells)) + " |")
@@ -458,7 +460,15 @@ def _checksums(info: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # Fields of the protocol that do not change what is measured: where things ran, when, and the run's name.
-_UNHASHED = {"label", "endpoint", "started_at", "wall_s", "searchrl_version", "protocol_hash"}
+_UNHASHED = {
+    "label",
+    "endpoint",
+    "started_at",
+    "wall_s",
+    "searchrl_version",
+    "protocol_hash",
+    "max_failure_rate",
+}
 
 
 def protocol_hash(protocol: dict[str, Any]) -> str:

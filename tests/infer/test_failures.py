@@ -97,7 +97,10 @@ def test_dead_upstream_is_counted_by_kind_and_marks_the_run_invalid(
     assert s["questions_failed"] == 3 and s["failure_rate"] == pytest.approx(0.6)
     assert s["valid"] is False and "above the 2.0% limit" in s["invalid_reason"]
     # the table on stdout shows the failure columns, and the run is marked invalid in it
-    assert "| 5 (http_502 5) | 0 | 0 | **NO**:" in captured.out
+    assert (
+        "| 5 (http_502 5) | 0 | 0 | malformed_tool_call 1, max_turns 1, no_tool_call 3 | **NO**:"
+        in captured.out
+    )
     (run,) = load_runs([path])
     assert run["summary"]["questions_failed"] == 3
 
