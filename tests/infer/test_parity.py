@@ -62,9 +62,11 @@ class ScriptedText:
     def __init__(self, replies: list[str]) -> None:
         self.replies = list(replies)
         self.max_tokens: list[int] = []
+        self.prompts: list[str] = []
 
     async def complete(self, prompt: str, sampling: Sampling) -> Completion:
         self.max_tokens.append(sampling.max_tokens)
+        self.prompts.append(prompt)
         return Completion(text=self.replies.pop(0), finish_reason="stop")
 
     async def aclose(self) -> None:
@@ -82,8 +84,9 @@ def _infer_ids(tok: Any, url: str, settings: InferSettings) -> tuple[list[int], 
             )
 
     ep = asyncio.run(go())
-    prompt = renderer.initial(build_messages(SEVENTH_SEAL_QUESTION), training_tool_schemas())
-    return tok.encode(prompt + ep.response, add_special_tokens=False), ep, llm
+    # the prompt the agent itself sent first (system block with the tool schema), then the whole response
+    assert llm.prompts[0] == renderer.initial(build_messages(SEVENTH_SEAL_QUESTION), training_tool_schemas())
+    return tok.encode(llm.prompts[0] + ep.response, add_special_tokens=False), ep, llm
 
 
 def _verl(tmp_path: Path, qa: Path, url: str, tok: Any, compose_fn: Any, **train_kw: Any) -> tuple[Any, list]:
