@@ -51,7 +51,7 @@ from searchrl.prompt import (
     parse_tool_calls,
     queries_from_arguments,
 )
-from searchrl.rollout import RolloutSpec, training_tool_schemas
+from searchrl.rollout import RolloutSpec, training_tool_schemas, truncate_tool_response
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class SearchAgent:
             max_chars_per_doc=self.spec.passage_max_chars,
             max_chars=self.config.observation_chars,
         )
-        return text, queries
+        return truncate_tool_response(text, self.spec.observation_chars), queries
 
     async def _tool_turn(self, parsed: ParsedTurn, ep: Episode) -> list[str]:
         """Observations for one assistant turn: the first max_parallel_calls calls, then (optionally) errors."""

@@ -68,6 +68,16 @@ def training_tool_schemas() -> list[dict[str, Any]]:
         return [TRAINING_TOOL_SCHEMA]
 
 
+def truncate_tool_response(text: str, limit: int) -> str:
+    """verl's cut of an over-long tool response (ToolAgentLoop._call_tool, truncate side "right", as our
+    overrides set it): the first `limit` characters plus "...(truncated)". Our tool already caps its text at
+    the same budget but appends "...", so a capped observation is over the limit by 3 and verl cuts it again;
+    eval applies the same rule so the model reads the same characters."""
+    if text and len(text) > limit:
+        return text[:limit] + "...(truncated)"
+    return text
+
+
 class RolloutSpec(BaseModel):
     """The rules of one episode; every field is part of the evaluation protocol."""
 
@@ -109,5 +119,6 @@ __all__ = [
     "PromptFormat",
     "RolloutSpec",
     "training_tool_schemas",
+    "truncate_tool_response",
     "verl_rendered_schema",
 ]

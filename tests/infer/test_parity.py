@@ -56,6 +56,14 @@ REPLIES = [
 ]
 
 
+def _multi_call(*queries: str) -> str:
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "search", "arguments": {"query_list": list(queries)}})
+        + "\n</tool_call>"
+    )
+
+
 class ScriptedText:
     """infer's TextGenerator with the replies verl's scripted server returns as token ids."""
 
@@ -73,9 +81,11 @@ class ScriptedText:
         return None
 
 
-def _infer_ids(tok: Any, url: str, settings: InferSettings) -> tuple[list[int], Any, ScriptedText]:
+def _infer_ids(
+    tok: Any, url: str, settings: InferSettings, replies: list[str] = REPLIES
+) -> tuple[list[int], Any, ScriptedText]:
     renderer = ChatRenderer(tok)
-    llm = ScriptedText(REPLIES)
+    llm = ScriptedText(replies)
 
     async def go() -> Any:
         async with RetrievalClient([url]) as rc:
@@ -89,7 +99,15 @@ def _infer_ids(tok: Any, url: str, settings: InferSettings) -> tuple[list[int], 
     return tok.encode(llm.prompts[0] + ep.response, add_special_tokens=False), ep, llm
 
 
-def _verl(tmp_path: Path, qa: Path, url: str, tok: Any, compose_fn: Any, **train_kw: Any) -> tuple[Any, list]:
+def _verl(
+    tmp_path: Path,
+    qa: Path,
+    url: str,
+    tok: Any,
+    compose_fn: Any,
+    replies: list[str] = REPLIES,
+    **train_kw: Any,
+) -> tuple[Any, list]:
     settings = _settings(tmp_path, qa, url)
     settings = settings.model_copy(update=train_kw)
     prepare_data(settings)
@@ -97,7 +115,7 @@ def _verl(tmp_path: Path, qa: Path, url: str, tok: Any, compose_fn: Any, **train
     cfg = compose_fn(render_overrides(settings))
     row = _dataset_row(settings, cfg, tok, tmp_path)
     calls: list[dict] = []
-    output, _ = asyncio.run(_run_loop(cfg, tok, row, list(REPLIES), calls))
+    output, _ = asyncio.run(_run_loop(cfg, tok, row, list(replies), calls))
     return output, calls
 
 
@@ -138,4 +156,23 @@ def test_response_budget_cuts_where_verl_cuts(
         tok, live_bm25_url, InferSettings(retrieval_url=live_bm25_url, max_response_tokens=128)
     )
     assert ep.stop_reason == STOP_RESPONSE_BUDGET and ep.turns == 1
+    assert ids == list(output.prompt_ids) + list(output.response_ids)
+
+
+def test_overlong_observation_is_cut_as_verl_cuts_it(
+    tmp_path: Path, live_bm25_url: str, offline_tokenizer: Any, compose: Any, qa_sample: Path
+) -> None:
+    """Four queries in one call: more passages than the observation budget; verl cuts with "...(truncated)"."""
+    tok = offline_tokenizer
+    replies = [
+        f"{THINK_SEARCH}\n"
+        + _multi_call(
+            SEVENTH_SEAL_QUESTION, "Forbidden City emperors", "Rashi commentator", "fractal Mandelbrot"
+        ),
+        f"{THINK_ANSWER}\n{RIGHT}",
+    ]
+    output, _ = _verl(tmp_path, qa_sample, live_bm25_url, tok, compose, replies)
+    ids, ep, _ = _infer_ids(tok, live_bm25_url, InferSettings(retrieval_url=live_bm25_url), replies)
+    observation = ep.transcript[2]["content"]
+    assert observation.endswith("...(truncated)")
     assert ids == list(output.prompt_ids) + list(output.response_ids)
