@@ -1,13 +1,20 @@
 """The search agent loop at inference time, turn for turn what verl's ToolAgentLoop does in training.
 
-One episode: render the question with the training prompt and chat template (tools included), generate,
-parse hermes `<tool_call>` spans with `searchrl.prompt.parse_tool_calls`, run each `search` call against
-/retrieve through `retrieval.client.RetrievalClient` (the client the trainer's tool uses), append the results
-as `tool` turns formatted by `searchrl.prompt.format_observation`, and generate again. It ends when a turn has
-no tool call (normally an `<answer>`), or after `max_turns + 1` assistant turns: `max_turns` counts searching
-turns, as Search-R1 and the trainer's MAX_TURNS do (the trainer sets verl's `max_assistant_turns` to
-`max_turns + 1`), and the tool calls of the last turn are not run. As in training, a turn whose only tool calls are malformed ends the
-episode (verl's hermes parser drops them); `malformed_feedback=True` instead tells the model what was wrong.
+One episode: render the question with the training prompt and chat template (the tool schema as verl renders
+it), generate, parse hermes `<tool_call>` spans with `searchrl.prompt.parse_tool_calls`, run the first
+`max_parallel_calls` `search` calls against /retrieve through `retrieval.client.RetrievalClient` (the client
+the trainer's tool uses), append the results as `tool` turns formatted by `searchrl.prompt.format_observation`,
+and generate again. The rules come from `searchrl.rollout.RolloutSpec`, the object training reads too: at most
+`max_turns` searching turns and `max_turns + 1` assistant turns (the tool calls of the last turn are not run);
+each turn may generate what is left of the token budget; the episode ends when the response (observations
+included) reaches `max_response_tokens`, and an observation that would cross it is not appended, as verl does.
+As in training, a turn whose only tool calls are malformed ends the episode (verl's hermes parser drops them);
+`malformed_feedback=True` instead tells the model what was wrong.
+
+Failures are counted, never hidden: each failed search adds to `failure_kinds` (the client's kinds: timeout,
+connect, http_503, malformed, ...), an LLM 4xx is recorded as `llm_error`, a length-cut turn as
+`length_truncated_turns`. A quota error (429), a rejected token (401/403) or a replay-cache miss (404) cannot get
+better by going on: the agent raises `FatalSearchError` and the run stops at once.
 
 With `search=False` (the no-search baseline) the prompt has no tool and asks for an answer directly.
 """
@@ -15,10 +22,13 @@ With `search=False` (the no-search baseline) the prompt has no tool and asks for
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -28,14 +38,20 @@ from infer.settings import InferSettings
 from retrieval.client import RetrievalClient
 from searchrl.errors import RetrievalUnavailableError
 from searchrl.prompt import (
-    SEARCH_TOOL_SCHEMA,
+    SEARCH_R1_INVALID,
+    SEARCH_R1_STOP,
     TOOL_NAME,
+    ParsedTurn,
     ToolCall,
     build_messages,
+    cut_search_r1_turn,
     format_observation,
+    format_search_r1_observation,
+    parse_search_r1_action,
     parse_tool_calls,
     queries_from_arguments,
 )
+from searchrl.rollout import RolloutSpec, training_tool_schemas, truncate_tool_response
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +61,21 @@ FAILURE_PREFIX = "search failed: "  # the trainer's tool starts every failed sea
 STOP_NO_TOOL_CALL = "no_tool_call"  # the model finished a turn without a tool call (usually an answer)
 STOP_MAX_TURNS = "max_turns"  # it was still calling tools in its last allowed turn
 STOP_MALFORMED = "malformed_tool_call"  # its only tool calls did not parse
+STOP_LENGTH = "length"  # its last turn hit the token budget without a tool call
+STOP_RESPONSE_BUDGET = "response_budget"  # the trajectory reached max_response_tokens (training's cut)
 STOP_LLM_ERROR = "llm_error"  # the server rejected a request (e.g. context too long)
+
+# Client failure kinds that no retry or later question can fix: stop the run at once.
+FATAL_KINDS = {
+    "http_401": "the retrieval service rejected the token (401): set RETRIEVAL_API_KEY",
+    "http_403": "the retrieval service refused access (403): check RETRIEVAL_API_KEY",
+    "http_404": "the retrieval service answered 404 (a replay-cache miss, or a URL that is not /retrieve)",
+    "http_429": "the search quota is spent (429): raise the backend's budget or wait for it to refill",
+}
+
+
+class FatalSearchError(RetrievalUnavailableError):
+    """A search failure that ends the run: every later search would fail the same way."""
 
 
 @dataclass
@@ -58,9 +88,14 @@ class Episode:
     searches: int = 0  # search calls run (each may hold several queries)
     queries: list[str] = field(default_factory=list)
     search_failures: int = 0
+    failure_kinds: dict[str, int] = field(default_factory=dict)  # search failures by kind
     malformed_calls: int = 0
+    dropped_calls: int = 0  # tool calls past max_parallel_calls, not run (as in training)
+    length_truncated_turns: int = 0  # turns the token budget cut off (finish_reason "length")
     stop_reason: str = STOP_NO_TOOL_CALL
-    error: str | None = None
+    error: str | None = None  # the LLM server's rejection, when stop_reason is llm_error
+    prompt_tokens: int = 0
+    response_tokens: int = 0  # tokens after the prompt, observations included (training's response length)
     completion_tokens: int = 0
     latency_s: float = 0.0
     transcript: list[dict[str, Any]] = field(default_factory=list)  # chat messages, tool turns with queries
@@ -68,34 +103,38 @@ class Episode:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def count_failure(self, kind: str) -> None:
+        self.search_failures += 1
+        self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
+
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """The loop's knobs (a subset of InferSettings, so tests and the local path can build one directly)."""
+    """The loop's knobs: the shared rollout rules plus eval-only options (decoding, feedback, API)."""
 
     search: bool = True
-    max_turns: int = 4  # searching turns; the episode has at most max_turns + 1 assistant turns
-    topk: int = 3
-    passage_max_chars: int | None = 800
-    max_observation_chars: int | None = 2784  # the trainer's budget for top-3 passages of 800 characters
+    rollout: RolloutSpec = RolloutSpec()
+    max_observation_chars: int | None = None  # None = the trainer's budget (rollout.observation_chars)
     malformed_feedback: bool = False
     stop_after_tool_call: bool = False
     api: str = "completions"
     sampling: Sampling = Sampling()
 
+    @property
+    def observation_chars(self) -> int:
+        return self.max_observation_chars or self.rollout.observation_chars
+
     @classmethod
     def from_settings(cls, s: InferSettings) -> AgentConfig:
         return cls(
             search=s.search,
-            max_turns=s.max_turns,
-            topk=s.topk,
-            passage_max_chars=s.passage_max_chars,
+            rollout=s.rollout,
             max_observation_chars=s.observation_budget,
             malformed_feedback=s.malformed_feedback,
             stop_after_tool_call=s.stop_after_tool_call,
             api=s.api,
             sampling=Sampling(
-                max_tokens=s.max_tokens_per_turn,
+                max_tokens=s.max_response_tokens,
                 temperature=s.temperature,
                 top_p=s.top_p,
                 seed=s.seed,
@@ -120,18 +159,29 @@ class SearchAgent:
             raise ValueError("api='completions' needs a ChatRenderer")
         if config.api == "chat" and not isinstance(llm, ServerLLM):
             raise ValueError("api='chat' needs a ServerLLM")
+        if config.api == "chat" and config.rollout.prompt_format == "search-r1":
+            raise ValueError(
+                "prompt_format='search-r1' continues one assistant turn: it needs api='completions'"
+            )
         self.llm = llm
         self.retrieval = retrieval
         self.config = config
+        self.spec = config.rollout
         self.renderer = renderer
-        self.tools = [SEARCH_TOOL_SCHEMA] if config.search else None
+        # What the model saw in training: verl's rendering of the schema (it drops `items`), searchrl/rollout.py.
+        self.tools = (
+            training_tool_schemas() if config.search and config.rollout.prompt_format == "searchrl" else None
+        )
 
     async def run(self, question: str) -> Episode:
+        """One episode. Raises FatalSearchError (stop the run) and InferenceError (LLM gone after retries)."""
         ep = Episode(question=question)
         start = time.perf_counter()
         try:
             if self.config.api == "chat":
                 await self._run_chat(ep)
+            elif self.spec.prompt_format == "search-r1" and self.config.search:
+                await self._run_search_r1(ep)
             else:
                 await self._run_completions(ep)
         except RequestRejectedError as exc:
@@ -149,131 +199,303 @@ class SearchAgent:
         try:
             queries = queries_from_arguments(call.arguments)
         except ValueError as exc:  # the trainer's tool words it this way
-            ep.search_failures += 1
+            ep.count_failure("bad_arguments")
             return f"{FAILURE_PREFIX}bad arguments: {exc}", []
         ep.queries.extend(queries)
         assert self.retrieval is not None
         try:
-            hits = await self.retrieval.search(queries, self.config.topk)
+            hits = await self.retrieval.search(queries, self.spec.topk)
         except RetrievalUnavailableError as exc:
-            ep.search_failures += 1
+            ep.count_failure(exc.kind)
+            if exc.kind in FATAL_KINDS:
+                raise FatalSearchError(
+                    f"{FATAL_KINDS[exc.kind]} ({exc})", kind=exc.kind, status=exc.status
+                ) from exc
             log.warning("search failed (%s) for %r", exc.kind, queries)
             return f"{FAILURE_PREFIX}{exc.kind}", queries
         text = format_observation(
             queries,
             [[h.contents for h in per_q] for per_q in hits],
-            max_chars_per_doc=self.config.passage_max_chars,
-            max_chars=self.config.max_observation_chars,
+            max_chars_per_doc=self.spec.passage_max_chars,
+            max_chars=self.config.observation_chars,
         )
-        return text, queries
+        return truncate_tool_response(text, self.spec.observation_chars), queries
 
-    async def _tool_turn(self, calls: list[ToolCall], errors: list[str], ep: Episode) -> list[str]:
-        """Observations for one assistant turn: results of the valid calls, then (optionally) parse errors."""
+    async def _tool_turn(self, parsed: ParsedTurn, ep: Episode) -> list[str]:
+        """Observations for one assistant turn: the first max_parallel_calls calls, then (optionally) errors."""
+        calls = parsed.calls[
+            : self.spec.max_parallel_calls
+        ]  # verl: agent_data.tool_calls[:max_parallel_calls]
+        ep.dropped_calls += len(parsed.calls) - len(calls)
         results = await asyncio.gather(*(self._execute(c, ep) for c in calls))
         observations = []
         for text, queries in results:
             observations.append(text)
             ep.transcript.append({"role": "tool", "content": text, "queries": queries})
         if self.config.malformed_feedback:
-            for err in errors:
+            for err in parsed.errors:
                 observations.append(err)
                 ep.transcript.append({"role": "tool", "content": err, "queries": []})
         return observations
 
-    def _should_stop(self, calls: list[ToolCall], errors: list[str], ep: Episode) -> bool:
-        ep.malformed_calls += len(errors)
+    def _should_stop(self, parsed: ParsedTurn, finish_reason: str, ep: Episode) -> bool:
+        """verl's order: response budget, then turn limits, then 'no tool call' ends the episode."""
+        ep.malformed_calls += len(parsed.errors)
         if not self.config.search:
+            ep.stop_reason = STOP_LENGTH if finish_reason == "length" else STOP_NO_TOOL_CALL
             return True
-        if not calls and not (errors and self.config.malformed_feedback):
-            ep.stop_reason = STOP_MALFORMED if errors else STOP_NO_TOOL_CALL
+        if ep.response_tokens >= self.spec.max_response_tokens:
+            ep.stop_reason = STOP_RESPONSE_BUDGET
             return True
-        if ep.turns >= self.config.max_turns + 1:
+        has_feedback = bool(parsed.errors) and self.config.malformed_feedback
+        if not parsed.calls and not has_feedback:
+            if parsed.errors:
+                ep.stop_reason = STOP_MALFORMED
+            else:
+                ep.stop_reason = STOP_LENGTH if finish_reason == "length" else STOP_NO_TOOL_CALL
+            return True
+        if ep.turns >= self.spec.max_assistant_turns:
             ep.stop_reason = STOP_MAX_TURNS
             return True
         return False
 
+    def _sampling(self, context_tokens: int) -> Sampling | None:
+        """This turn's sampling with the training rule's token budget; None when nothing is left."""
+        budget = self.spec.turn_token_budget(context_tokens)
+        return replace(self.config.sampling, max_tokens=budget) if budget > 0 else None
+
     # --- completions mode: the exact training text -------------------------------------------------------------
     async def _run_completions(self, ep: Episode) -> None:
-        assert self.renderer is not None
+        renderer = self.renderer
+        assert renderer is not None
         messages = build_messages(ep.question, search=self.config.search)
         ep.transcript.extend(messages)
-        prompt = self.renderer.initial(messages, self.tools)
+        prompt = renderer.initial(messages, self.tools)
         start = len(prompt)
+        ep.prompt_tokens = context = renderer.count(prompt)
         while True:
-            out = await self.llm.complete(prompt, self.config.sampling)
+            sampling = self._sampling(context)
+            if sampling is None:
+                ep.stop_reason = STOP_RESPONSE_BUDGET
+                break
+            out = await self.llm.complete(prompt, sampling)
             text = out.text
             if self.config.stop_after_tool_call and text.rfind("<tool_call>") > text.rfind("</tool_call>"):
                 text += "</tool_call>"  # the stop string itself is not returned
             ep.turns += 1
             ep.completion_tokens += out.completion_tokens
+            ep.length_truncated_turns += out.finish_reason == "length"
             ep.transcript.append({"role": "assistant", "content": text, "finish_reason": out.finish_reason})
-            prompt += self.renderer.close_turn(text)
+            # A length-cut turn has no end-of-turn token: verl appends the generated tokens verbatim.
+            prompt += text if out.finish_reason == "length" else renderer.close_turn(text)
+            context = renderer.count(prompt)
+            ep.response_tokens = context - ep.prompt_tokens
             parsed = parse_tool_calls(text)
-            if self._should_stop(parsed.calls, parsed.errors, ep):
+            if self._should_stop(parsed, out.finish_reason, ep):
                 break
-            observations = await self._tool_turn(parsed.calls, parsed.errors, ep)
-            prompt += self.renderer.tool_turn(observations, self.tools)
-        ep.response = prompt[start:]
+            observations = await self._tool_turn(parsed, ep)
+            tool_text = renderer.tool_turn(observations, self.tools)
+            after = renderer.count(prompt + tool_text)
+            if after - ep.prompt_tokens >= self.spec.max_response_tokens:
+                ep.stop_reason = STOP_RESPONSE_BUDGET  # verl drops the observation that crosses the budget
+                break
+            prompt, context = prompt + tool_text, after
+            ep.response_tokens = context - ep.prompt_tokens
+        ep.response = renderer.truncate(prompt[start:], self.spec.max_response_tokens)
+
+    # --- Search-R1's format: <search> actions, <information> spliced into the same assistant turn ------------------
+    async def _search_r1_observation(self, query: str, ep: Episode) -> str:
+        ep.searches += 1
+        ep.queries.append(query)
+        assert self.retrieval is not None
+        try:
+            hits = await self.retrieval.search([query], self.spec.topk)
+        except RetrievalUnavailableError as exc:
+            ep.count_failure(exc.kind)
+            if exc.kind in FATAL_KINDS:
+                raise FatalSearchError(
+                    f"{FATAL_KINDS[exc.kind]} ({exc})", kind=exc.kind, status=exc.status
+                ) from exc
+            log.warning("search failed (%s) for %r", exc.kind, query)
+            return format_search_r1_observation([f"\n{FAILURE_PREFIX}{exc.kind}"])
+        return format_search_r1_observation(
+            [h.contents for h in hits[0]], max_chars=self.config.observation_chars
+        )
+
+    async def _run_search_r1(self, ep: Episode) -> None:
+        """Search-R1's rollout (search_r1/llm_agent/generation.py): up to max_turns actions, then a last turn.
+
+        A turn is cut after its first `</search>` or `</answer>`; an answer ends the episode; a search appends
+        `<information>` and generation continues in the same assistant turn; a turn with neither gets their
+        "My previous action is invalid" text. The budgets are the shared RolloutSpec's.
+        """
+        renderer = self.renderer
+        assert renderer is not None
+        messages = build_messages(ep.question, prompt_format="search-r1")
+        ep.transcript.extend(messages)
+        prompt = renderer.initial(messages, None)
+        start = len(prompt)
+        ep.prompt_tokens = context = renderer.count(prompt)
+        while True:
+            sampling = self._sampling(context)
+            if sampling is None:
+                ep.stop_reason = STOP_RESPONSE_BUDGET
+                break
+            last = ep.turns + 1 >= self.spec.max_assistant_turns
+            stop = () if last else (SEARCH_R1_STOP,)
+            out = await self.llm.complete(prompt, replace(sampling, stop=stop))
+            text = out.text
+            if stop and out.finish_reason == "stop" and "<search>" in text and SEARCH_R1_STOP not in text:
+                text += SEARCH_R1_STOP  # the stop string itself is not returned
+            text = cut_search_r1_turn(text)
+            ep.turns += 1
+            ep.completion_tokens += out.completion_tokens
+            ep.length_truncated_turns += out.finish_reason == "length"
+            ep.transcript.append({"role": "assistant", "content": text, "finish_reason": out.finish_reason})
+            prompt += text
+            context = renderer.count(prompt)
+            ep.response_tokens = context - ep.prompt_tokens
+            action, content = parse_search_r1_action(text)
+            if ep.response_tokens >= self.spec.max_response_tokens:
+                ep.stop_reason = STOP_RESPONSE_BUDGET
+                break
+            if action == "answer" or last:
+                if action == "answer":
+                    ep.stop_reason = STOP_NO_TOOL_CALL
+                else:
+                    ep.stop_reason = STOP_MAX_TURNS if action == "search" else STOP_MALFORMED
+                break
+            if action == "search":
+                obs = await self._search_r1_observation(content, ep)
+            else:
+                ep.malformed_calls += 1
+                obs = SEARCH_R1_INVALID
+            ep.transcript.append({"role": "tool", "content": obs, "queries": [content] if action else []})
+            after = renderer.count(prompt + obs)
+            if after - ep.prompt_tokens >= self.spec.max_response_tokens:
+                ep.stop_reason = STOP_RESPONSE_BUDGET
+                break
+            prompt, context = prompt + obs, after
+            ep.response_tokens = context - ep.prompt_tokens
+        prompt += renderer.close_turn("")
+        ep.response = renderer.truncate(prompt[start:], self.spec.max_response_tokens)
 
     # --- chat mode: the server renders and parses ---------------------------------------------------------------
     async def _run_chat(self, ep: Episode) -> None:
+        """OpenAI chat: tool calls carry an `id` and string `arguments`; tool messages answer by `tool_call_id`."""
         assert isinstance(self.llm, ServerLLM)
         messages: list[dict[str, Any]] = list(build_messages(ep.question, search=self.config.search))
         ep.transcript.extend(messages)
         parts: list[str] = []
+        context = 0
         while True:
-            reply = await self.llm.chat(messages, self.tools, self.config.sampling)
+            sampling = self._sampling(context)
+            if sampling is None:
+                ep.stop_reason = STOP_RESPONSE_BUDGET
+                break
+            reply = await self.llm.chat(messages, self.tools, sampling)
             ep.turns += 1
             ep.completion_tokens += reply.completion_tokens
-            parsed = parse_tool_calls(reply.content)  # a server without a tool parser leaves them in content
-            calls = reply.tool_calls or parsed.calls
+            ep.length_truncated_turns += reply.finish_reason == "length"
+            if ep.turns == 1:
+                ep.prompt_tokens = reply.prompt_tokens
+            context = reply.prompt_tokens + reply.completion_tokens
+            ep.response_tokens = max(0, context - ep.prompt_tokens)
+            text_parsed = parse_tool_calls(
+                reply.content
+            )  # a server without a tool parser leaves them in content
+            calls = reply.tool_calls or text_parsed.calls
+            parsed = ParsedTurn(calls=calls, errors=text_parsed.errors, content=text_parsed.content)
+            run_calls = calls[: self.spec.max_parallel_calls]
+            ids = [tc_id for tc_id in (reply.tool_call_ids or [])][: len(run_calls)]
+            ids += [f"call_{uuid.uuid4().hex[:12]}" for _ in range(len(run_calls) - len(ids))]
             assistant: dict[str, Any] = {
                 "role": "assistant",
-                "content": parsed.content if calls else reply.content,
+                "content": text_parsed.content if calls else reply.content,
             }
-            if calls:
+            if run_calls:
                 assistant["tool_calls"] = [
-                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                    for c in calls
+                    {
+                        "id": tc_id,
+                        "type": "function",
+                        "function": {
+                            "name": c.name,
+                            "arguments": json.dumps(c.arguments, ensure_ascii=False),
+                        },
+                    }
+                    for tc_id, c in zip(ids, run_calls, strict=True)
                 ]
             messages.append(assistant)
             ep.transcript.append({**assistant, "finish_reason": reply.finish_reason})
             parts.append(reply.content)
-            if self._should_stop(calls, parsed.errors, ep):
+            if self._should_stop(parsed, reply.finish_reason, ep):
                 break
-            observations = await self._tool_turn(calls, parsed.errors, ep)
-            for o in observations:
-                messages.append({"role": "tool", "content": o})
+            observations = await self._tool_turn(parsed, ep)
+            for k, o in enumerate(observations):
+                msg: dict[str, Any] = {"role": "tool", "content": o}
+                if k < len(ids):
+                    msg["tool_call_id"] = ids[k]
+                messages.append(msg)
                 parts.append(f"<tool_response>\n{o}\n</tool_response>")
         ep.response = "\n".join(parts)
 
 
+def failure_counts(episodes: Sequence[Episode]) -> Counter[str]:
+    """Search failures by kind over many episodes."""
+    total: Counter[str] = Counter()
+    for ep in episodes:
+        total.update(ep.failure_kinds)
+    return total
+
+
 async def run_questions(
-    agent: SearchAgent, questions: Sequence[str], *, concurrency: int = 16, progress: bool = True
+    agent: SearchAgent,
+    questions: Sequence[str],
+    *,
+    concurrency: int = 16,
+    progress: bool = True,
+    on_done: Callable[[int, Episode], None] | None = None,
 ) -> list[Episode]:
-    """Run many episodes with at most `concurrency` in flight; results in input order, a tqdm bar on stderr."""
+    """Run many episodes with at most `concurrency` in flight; results in input order, a tqdm bar on stderr.
+
+    `on_done(index, episode)` is called as each episode finishes (the evaluator appends it to disk). The first
+    exception (a fatal search failure, the LLM gone after its retries) cancels the episodes still running.
+    """
     sem = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(questions), desc="questions", unit="q", disable=not progress)
 
-    async def one(q: str) -> Episode:
+    async def one(i: int, q: str) -> Episode:
         async with sem:
             ep = await agent.run(q)
+        if on_done is not None:
+            on_done(i, ep)
         bar.update(1)
         return ep
 
+    tasks = [asyncio.ensure_future(one(i, q)) for i, q in enumerate(questions)]
     try:
-        return list(await asyncio.gather(*(one(q) for q in questions)))
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     finally:
         bar.close()
 
 
 __all__ = [
+    "FATAL_KINDS",
+    "STOP_LENGTH",
     "STOP_LLM_ERROR",
+    "STOP_RESPONSE_BUDGET",
     "STOP_MALFORMED",
     "STOP_MAX_TURNS",
     "STOP_NO_TOOL_CALL",
     "AgentConfig",
     "Episode",
+    "FatalSearchError",
     "SearchAgent",
+    "failure_counts",
     "run_questions",
 ]

@@ -8,10 +8,16 @@ Search-R1 test parquet, `PeterJinGo/nq_hotpotqa_train` `test.parquet`, ≈51k ro
 fetched with huggingface_hub), or a path to a `.jsonl` / `.parquet` with `question` and `golden_answers`
 (and optionally `id`, `data_source`).
 
-The result file (`<output_dir>/<label>.json`) holds `protocol` (model, endpoint, engine, retrieval backend,
-corpus and index checksums from the service's GET /, top-k, max turns, temperature, seed, prompt version, ...),
-`summary`, `per_dataset` and one entry per question (answer, EM, F1, searches, turns, format validity, latency,
-transcript). EM and F1 come from `searchrl.scoring`, the scorer the training reward uses.
+Each question's record is appended to `<output_dir>/<label>-<protocol hash>.jsonl` as it finishes, so a killed
+run resumes where it stopped when the same command runs again; a changed protocol gets another hash, hence
+another file, never a silent overwrite. At the end `<label>-<hash>.json` holds `protocol` (model, endpoint,
+engine, retrieval backend, corpus and index checksums from the service's GET /, the shared rollout rules,
+decoding, prompt format, question-set checksum, ...), `summary`, `per_dataset` and one entry per question
+(answer, pure EM, shaped reward, F1, searches, failures by kind, turns, stop reason, latency, transcript). EM
+and F1 come from `searchrl.scoring`, the scorer the training reward uses; intervals from `searchrl.stats`.
+
+Failures are counted and bounded: a run whose share of questions with a search failure or LLM error passes
+`max_failure_rate` (2%) is marked invalid, and `searchrl compare` refuses it unless told otherwise.
 """
 
 from __future__ import annotations
@@ -28,17 +34,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from infer.agent import AgentConfig, Episode, SearchAgent, run_questions
+from infer.agent import (
+    FATAL_KINDS,
+    STOP_LLM_ERROR,
+    AgentConfig,
+    Episode,
+    FatalSearchError,
+    SearchAgent,
+    run_questions,
+)
 from infer.llm import ChatRenderer, ServerLLM, TextGenerator
 from infer.settings import InferSettings
 from searchrl import __version__
-from searchrl.errors import DataError, RetrievalUnavailableError
-from searchrl.prompt import PROMPT_VERSION
+from searchrl.errors import DataError, RetrievalUnavailableError, SearchRLError
+from searchrl.prompt import prompt_version
 from searchrl.scoring import score_response
+from searchrl.stats import bootstrap_ci
+
+if TYPE_CHECKING:
+    from retrieval.client import RetrievalClient
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +66,10 @@ SEARCHR1_TEST_FILE = "test.parquet"
 PAPER_ORDER = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
 _REPO = Path(__file__).resolve().parents[1]
 _DEV_CANDIDATES = [_REPO / "qa" / "dev_qa.jsonl", _REPO / "tests" / "fixtures" / "dev_qa.jsonl"]
+
+
+class InvalidRunError(SearchRLError):
+    """The run finished, but too many of its questions failed for its numbers to be quoted."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +206,13 @@ def _sha256_file(path: Path) -> str:
 
 
 # --- scoring and aggregation ----------------------------------------------------------------------------------
+def question_key(record: dict[str, Any]) -> str:
+    """What identifies a question across runs and resumes."""
+    return f"{record['data_source']}/{record['id']}"
+
+
 def score_episode(item: QAItem, ep: Episode) -> dict[str, Any]:
-    """One question's record in a result file."""
+    """One question's record in a result file: `em` is pure EM (the paper's), `reward` the shaped score."""
     s = score_response(ep.response, item.golden_answers)
     return {
         "id": item.id,
@@ -193,16 +220,22 @@ def score_episode(item: QAItem, ep: Episode) -> dict[str, Any]:
         "question": item.question,
         "golden_answers": item.golden_answers,
         "answer": s.answer,
-        "em": s.em,
+        "em": s.em_pure,
+        "reward": s.em,
         "f1": s.f1,
         "format_valid": s.format_valid,
         "searches": ep.searches,
         "queries": ep.queries,
         "search_failures": ep.search_failures,
+        "failure_kinds": ep.failure_kinds,
         "malformed_calls": ep.malformed_calls,
+        "dropped_calls": ep.dropped_calls,
+        "length_truncated_turns": ep.length_truncated_turns,
         "turns": ep.turns,
         "stop_reason": ep.stop_reason,
         "error": ep.error,
+        "prompt_tokens": ep.prompt_tokens,
+        "response_tokens": ep.response_tokens,
         "completion_tokens": ep.completion_tokens,
         "latency_s": round(ep.latency_s, 4),
         "response": ep.response,
@@ -214,15 +247,26 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+def failed(record: dict[str, Any]) -> bool:
+    """A question whose number cannot be trusted: a search failed, or the LLM rejected a request."""
+    return bool(record.get("search_failures")) or record.get("stop_reason") == STOP_LLM_ERROR
+
+
 def _stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    em = [float(r["em"]) for r in rows]
+    f1 = [float(r["f1"]) for r in rows]
     return {
         "n": len(rows),
-        "em": _mean([r["em"] for r in rows]),
-        "f1": _mean([r["f1"] for r in rows]),
+        "em": _mean(em),
+        "em_ci": list(bootstrap_ci(em)),
+        "f1": _mean(f1),
+        "f1_ci": list(bootstrap_ci(f1)),
+        "reward": _mean([float(r.get("reward", r["em"])) for r in rows]),
         "searches": _mean([r["searches"] for r in rows]),
         "turns": _mean([r["turns"] for r in rows]),
         "format_valid": _mean([float(r["format_valid"]) for r in rows]),
         "latency_s": _mean([r["latency_s"] for r in rows]),
+        "failure_rate": _mean([float(failed(r)) for r in rows]),
     }
 
 
@@ -232,8 +276,15 @@ def dataset_order(sources: Sequence[str]) -> list[str]:
     return [d for d in PAPER_ORDER if d in uniq] + sorted(uniq - set(PAPER_ORDER))
 
 
-def summarize(questions: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(summary, per_dataset). `em_avg` is the unweighted mean over datasets, as the paper's 'Avg.' column."""
+def summarize(
+    questions: Sequence[dict[str, Any]], *, max_failure_rate: float = 0.02, aborted: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(summary, per_dataset). `em_avg` is the unweighted mean over datasets, as the paper's 'Avg.' column.
+
+    The summary counts every way a number can be wrong (search failures by kind, LLM errors, length-cut
+    turns, stop reasons) and marks the run invalid when the share of questions with a failure passes
+    `max_failure_rate`, or when the run was aborted.
+    """
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for q in questions:
         groups[q["data_source"]].append(q)
@@ -241,24 +292,84 @@ def summarize(questions: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict
     summary = _stats(questions)
     summary["em_avg"] = _mean([v["em"] for v in per_dataset.values()])
     summary["stop_reasons"] = dict(Counter(q["stop_reason"] for q in questions))
-    summary["errors"] = sum(1 for q in questions if q["error"])
+    summary["llm_errors"] = sum(1 for q in questions if q["stop_reason"] == STOP_LLM_ERROR)
+    summary["errors"] = summary["llm_errors"]
     summary["search_failures"] = sum(int(q.get("search_failures", 0)) for q in questions)
+    kinds: Counter[str] = Counter()
+    for q in questions:
+        kinds.update(q.get("failure_kinds") or {})
+    summary["failure_kinds"] = dict(kinds)
+    summary["questions_failed"] = sum(1 for q in questions if failed(q))
+    summary["length_truncated_turns"] = sum(int(q.get("length_truncated_turns", 0)) for q in questions)
+    summary["dropped_calls"] = sum(int(q.get("dropped_calls", 0)) for q in questions)
+    summary["max_failure_rate"] = max_failure_rate
+    summary["aborted"] = aborted
+    problems = []
+    if aborted:
+        problems.append(f"aborted: {aborted}")
+    if summary["failure_rate"] > max_failure_rate:
+        problems.append(
+            f"{summary['questions_failed']}/{summary['n']} questions ({summary['failure_rate']:.1%}) had a search "
+            f"failure or LLM error, above the {max_failure_rate:.1%} limit"
+        )
+    summary["valid"] = not problems
+    summary["invalid_reason"] = "; ".join(problems) or None
     return summary, per_dataset
 
 
+def _ci(v: dict[str, Any], key: str = "em") -> str:
+    lo, hi = v.get(f"{key}_ci") or (None, None)
+    if lo is None or lo != lo:  # missing or nan
+        return f"{v[key]:.3f}"
+    return f"{v[key]:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
+def failure_cell(summary: dict[str, Any]) -> str:
+    """`3 (connect 2, http_503 1)`-style count of search failures by kind."""
+    kinds = summary.get("failure_kinds") or {}
+    total = int(summary.get("search_failures", 0))
+    if not kinds:
+        return str(total)
+    return f"{total} (" + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + ")"
+
+
 def paper_table(runs: Sequence[dict[str, Any]]) -> str:
-    """Markdown EM table like the paper's: one row per run, one column per dataset, then Avg."""
+    """Markdown table like the paper's (pure EM with 95% intervals, n per dataset) plus the failure columns."""
     sources = dataset_order([ds for r in runs for ds in r["per_dataset"]])
-    head = ["run", *sources, "avg", "F1", "searches/q", "format ok"]
+    head = [
+        "run",
+        *[f"{ds} EM (n)" for ds in sources],
+        "avg EM",
+        "F1",
+        "reward",
+        "searches/q",
+        "format ok",
+        "search failures",
+        "LLM errors",
+        "length-cut turns",
+        "stop reasons",
+        "valid",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in runs:
+        s = r["summary"]
         cells = [run_label(r).replace("|", "\\|")]
         for ds in sources:
             v = r["per_dataset"].get(ds)
-            cells.append(f"{v['em']:.3f}" if v else "")
-        s = r["summary"]
-        cells += [f"{s['em_avg']:.3f}", f"{s['f1']:.3f}", f"{s['searches']:.2f}", f"{s['format_valid']:.0%}"]
-        lines.append("| " + " | ".join(cells) + " |")
+            cells.append(f"{_ci(v)} ({v['n']})" if v else "")
+        cells += [
+            f"{s['em_avg']:.3f}",
+            _ci(s, "f1") if "f1_ci" in s else f"{s['f1']:.3f}",
+            f"{s.get('reward', s['em']):.3f}",
+            f"{s['searches']:.2f}",
+            f"{s['format_valid']:.0%}",
+            failure_cell(s),
+            str(s.get("llm_errors", s.get("errors", 0))),
+            str(s.get("length_truncated_turns", 0)),
+            ", ".join(f"{k} {v}" for k, v in sorted((s.get("stop_reasons") or {}).items())),
+            "yes" if s.get("valid", True) else f"**NO**: {s.get('invalid_reason')}",
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "/") if i else c for i, c in enumerate(cells)) + " |")
     return "\n".join(lines)
 
 
@@ -283,8 +394,8 @@ async def fetch_retrieval_info(
 ) -> dict[str, Any]:
     """What the retrieval service says about itself (GET /): backend, corpus, index and their checksums.
 
-    Also the fail-fast check: a run against a dead or locked service would only collect "search failed"
-    observations, so no answering replica or a 401/403 stops the run before any generation.
+    Also the first half of the fail-fast check: no answering replica or a 401/403 stops the run before any
+    generation. `preflight_search` is the second half.
     """
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     problems = []
@@ -317,6 +428,24 @@ async def fetch_retrieval_info(
     )
 
 
+async def preflight_search(retrieval: RetrievalClient, topk: int) -> None:
+    """One real query through the backend under test: GET / answers even when the web API key is spent."""
+    from retrieval.client import HEALTH_QUERY
+
+    try:
+        hits = await retrieval.search([HEALTH_QUERY], topk)
+    except RetrievalUnavailableError as exc:
+        hint = FATAL_KINDS.get(exc.kind, "the backend cannot answer a search")
+        raise RetrievalUnavailableError(
+            f"pre-flight search {HEALTH_QUERY!r} failed: {hint} ({exc})", kind=exc.kind, status=exc.status
+        ) from None
+    if not hits or not hits[0]:
+        raise RetrievalUnavailableError(
+            f"pre-flight search {HEALTH_QUERY!r} returned no passages; check the backend's index or API key",
+            kind="empty",
+        )
+
+
 def _checksums(info: Any, prefix: str = "") -> dict[str, Any]:
     """Every field of GET / that names a checksum/hash (corpus_sha256, index_checksum, ...), flattened."""
     out: dict[str, Any] = {}
@@ -330,6 +459,32 @@ def _checksums(info: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Fields of the protocol that do not change what is measured: where things ran, when, and the run's name.
+_UNHASHED = {
+    "label",
+    "endpoint",
+    "started_at",
+    "wall_s",
+    "searchrl_version",
+    "protocol_hash",
+    "max_failure_rate",
+}
+
+
+def protocol_hash(protocol: dict[str, Any]) -> str:
+    """sha256 (first 10 hex) of what decides the numbers: model, rules, decoding, retrieval, question set."""
+    core = {k: v for k, v in protocol.items() if k not in _UNHASHED}
+    retrieval = dict(core.get("retrieval") or {})
+    retrieval.pop("urls", None)
+    retrieval.pop("info", None)
+    core["retrieval"] = retrieval
+    qa = dict(core.get("qa") or {})
+    qa.pop("path", None)
+    core["qa"] = qa
+    blob = json.dumps(core, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
 def build_protocol(
     settings: InferSettings,
     *,
@@ -340,13 +495,16 @@ def build_protocol(
 ) -> dict[str, Any]:
     info = retrieval_info or {}
     backend = str(info.get("backend", "unknown")) if settings.search else "none"
-    return {
+    spec = settings.rollout
+    protocol: dict[str, Any] = {
         "label": settings.label or default_label(settings, backend),
         "model": settings.model,
         "tokenizer": settings.tokenizer or settings.model,
         "engine": settings.engine,
         "api": settings.api,
-        "endpoint": settings.llm_url if settings.engine == "server" else f"local:{settings.device}",
+        "endpoint": {"server": settings.llm_url, "sglang": "sglang (managed)"}.get(
+            settings.engine, f"local:{settings.device}"
+        ),
         "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
         "search": settings.search,
         "retrieval": {
@@ -356,27 +514,34 @@ def build_protocol(
             "checksums": _checksums(info),
             "info": info,
         },
-        "topk": settings.topk,
-        "max_turns": settings.max_turns,
-        "max_tokens_per_turn": settings.max_tokens_per_turn,
-        "passage_max_chars": settings.passage_max_chars,
+        "rollout": spec.model_dump(),
+        "topk": spec.topk,
+        "max_turns": spec.max_turns,
+        "max_tokens_per_turn": spec.max_tokens_per_turn,
+        "max_response_tokens": spec.max_response_tokens,
+        "passage_max_chars": spec.passage_max_chars,
         "max_observation_chars": settings.observation_budget,
         "temperature": settings.temperature,
         "top_p": settings.top_p,
         "seed": settings.seed,
         "stop_after_tool_call": settings.stop_after_tool_call,
         "malformed_feedback": settings.malformed_feedback,
-        "prompt_version": PROMPT_VERSION,
+        "prompt_format": spec.prompt_format,
+        "prompt_version": prompt_version(spec.prompt_format),
+        "max_failure_rate": settings.max_failure_rate,
         "qa": {
             "source": settings.qa,
             "path": str(qa_path),
             "sha256": _sha256_file(qa_path),
             "datasets": settings.dataset_filter,
             "limit": settings.limit,
+            "sample_seed": settings.sample_seed,
             "n": n_questions,
         },
         "searchrl_version": __version__,
     }
+    protocol["protocol_hash"] = protocol_hash(protocol)
+    return protocol
 
 
 # --- running -------------------------------------------------------------------------------------------------
@@ -388,14 +553,28 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
             LocalLLM.from_pretrained, settings.model, tokenizer=settings.tokenizer, device=settings.device
         )
         return llm_local, ChatRenderer(llm_local.tokenizer)
-    server = ServerLLM(
-        settings.llm_url,
-        settings.model,
-        api_key=settings.llm_api_key_value(),
-        timeout_s=settings.llm_timeout_s,
-        max_retries=settings.llm_max_retries,
-        max_connections=max(settings.concurrency, 8),
-    )
+    client_kwargs: dict[str, Any] = {
+        "timeout_s": settings.llm_timeout_s,
+        "max_retries": settings.llm_max_retries,
+        "retry_max_wait_s": settings.llm_retry_max_wait_s,
+        "max_connections": max(settings.concurrency, 8),
+    }
+    server: ServerLLM
+    if settings.engine == "sglang":
+        from infer.sglang import start_sglang
+
+        server = await start_sglang(
+            settings.model,
+            command=settings.sglang_command,
+            extra_args=settings.sglang_args,
+            startup_timeout_s=settings.sglang_startup_timeout_s,
+            log_dir=settings.output_dir,
+            **client_kwargs,
+        )
+    else:
+        server = ServerLLM(
+            settings.llm_url, settings.model, api_key=settings.llm_api_key_value(), **client_kwargs
+        )
     try:
         await server.check_model()
         renderer = None
@@ -409,6 +588,36 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
     return server, renderer
 
 
+def result_paths(protocol: dict[str, Any], output_dir: Path) -> tuple[Path, Path]:
+    """(`<label>-<hash>.json`, `<label>-<hash>.jsonl`): a changed protocol never overwrites an older run."""
+    stem = f"{slugify(str(protocol['label']))}-{protocol['protocol_hash']}"
+    return output_dir / f"{stem}.json", output_dir / f"{stem}.jsonl"
+
+
+def read_progress(path: Path, protocol: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Records already written by an interrupted run of the same protocol, by question key."""
+    if not path.exists():
+        return {}
+    done: dict[str, dict[str, Any]] = {}
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning(
+                    "%s:%d: a half-written line (killed mid-write); that question runs again", path, lineno
+                )
+                continue
+            if "protocol_hash" in row:
+                if row["protocol_hash"] != protocol["protocol_hash"]:
+                    raise DataError(f"{path} belongs to another protocol; delete it or change --output-dir")
+                continue
+            done[question_key(row)] = row
+    return done
+
+
 async def evaluate(
     settings: InferSettings,
     *,
@@ -416,82 +625,157 @@ async def evaluate(
     qa_path: Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run the QA set and return the result document (protocol, summary, per_dataset, questions)."""
+    """Run the QA set, appending each question's record as it finishes, and return the result document.
+
+    Re-running the same command resumes: questions already in `<label>-<hash>.jsonl` are skipped. A fatal
+    search failure (quota, 401/403, replay miss) stops the run at once; the result file is still written,
+    marked aborted and invalid, and the error is raised.
+    """
     from retrieval.client import RetrievalClient
 
     if items is None:
         items, qa_path = load_qa(
-            settings.qa, datasets=settings.dataset_filter, limit=settings.limit, seed=settings.seed
+            settings.qa, datasets=settings.dataset_filter, limit=settings.limit, seed=settings.sample_seed
         )
     assert qa_path is not None
+    keys = [question_key({"data_source": it.data_source, "id": it.id}) for it in items]
+    if len(set(keys)) != len(keys):
+        raise DataError(f"{qa_path}: question ids repeat within a data source; give every row a unique 'id'")
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     info = None
+    retrieval = None
     if settings.search:  # before loading a model: a dead retrieval service fails the run in a second
         info = await fetch_retrieval_info(
             settings.retrieval_urls, settings.retrieval_api_key_value(), settings.retrieval_timeout_s
         )
-    llm, renderer = await _open_engine(settings)
-    retrieval = None
-    try:
-        if settings.search:
-            retrieval = RetrievalClient(
-                settings.retrieval_urls,
-                api_key=settings.retrieval_api_key_value(),
-                timeout_s=settings.retrieval_timeout_s,
-            )
-        agent = SearchAgent(llm, retrieval, AgentConfig.from_settings(settings), renderer)
-        episodes = await run_questions(
-            agent, [it.question for it in items], concurrency=settings.concurrency, progress=progress
+        retrieval = RetrievalClient(
+            settings.retrieval_urls,
+            api_key=settings.retrieval_api_key_value(),
+            timeout_s=settings.retrieval_timeout_s,
         )
+        try:
+            await preflight_search(retrieval, settings.topk)
+        except BaseException:
+            await retrieval.aclose()
+            raise
+    aborted: str | None = None
+    fatal: BaseException | None = None
+    try:
+        llm, renderer = await _open_engine(settings)
+        try:
+            protocol = build_protocol(
+                settings,
+                retrieval_info=info,
+                qa_path=qa_path,
+                n_questions=len(items),
+                chat_template=getattr(renderer.tokenizer, "chat_template", None) if renderer else None,
+            )
+            json_path, jsonl_path = result_paths(protocol, settings.output_dir)
+            done = read_progress(jsonl_path, protocol)
+            todo = [(k, it) for k, it in zip(keys, items, strict=True) if k not in done]
+            if done:
+                log.info("resuming %s: %d of %d questions already done", jsonl_path, len(done), len(items))
+            settings.output_dir.mkdir(parents=True, exist_ok=True)
+            agent = SearchAgent(llm, retrieval, AgentConfig.from_settings(settings), renderer)
+            torn = jsonl_path.exists() and not jsonl_path.read_bytes().endswith(b"\n")
+            with jsonl_path.open("a", encoding="utf-8") as sink:
+                if torn:  # a run killed mid-write left half a line: start ours on a fresh one
+                    sink.write("\n")
+                if not done and sink.tell() == 0:
+                    sink.write(
+                        json.dumps({"protocol_hash": protocol["protocol_hash"], "label": protocol["label"]})
+                        + "\n"
+                    )
+                    sink.flush()
+
+                def record(index: int, ep: Episode) -> None:
+                    key, item = todo[index]
+                    rec = score_episode(item, ep)
+                    done[key] = rec
+                    sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    sink.flush()
+
+                try:
+                    await run_questions(
+                        agent,
+                        [it.question for _, it in todo],
+                        concurrency=settings.concurrency,
+                        progress=progress,
+                        on_done=record,
+                    )
+                except FatalSearchError as exc:
+                    aborted, fatal = f"{exc.kind}: {exc}", exc
+        finally:
+            await llm.aclose()
     finally:
         if retrieval is not None:
             await retrieval.aclose()
-        await llm.aclose()
-    questions = [score_episode(it, ep) for it, ep in zip(items, episodes, strict=True)]
-    summary, per_dataset = summarize(questions)
-    protocol = build_protocol(
-        settings,
-        retrieval_info=info,
-        qa_path=qa_path,
-        n_questions=len(items),
-        chat_template=getattr(renderer.tokenizer, "chat_template", None) if renderer else None,
-    )
+    questions = [done[k] for k in keys if k in done]
+    summary, per_dataset = summarize(questions, max_failure_rate=settings.max_failure_rate, aborted=aborted)
     protocol["started_at"] = started.isoformat(timespec="seconds")
     protocol["wall_s"] = round(time.perf_counter() - t0, 3)
+    result = {"protocol": protocol, "summary": summary, "per_dataset": per_dataset, "questions": questions}
+    json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    result["path"] = str(json_path)
     log.info(
-        "%s: %d questions, EM %.3f, F1 %.3f, %.2f searches/q in %.1fs",
+        "%s: %d questions, EM %.3f [%.3f, %.3f], %d search failures, %d LLM errors, %s in %.1fs",
         protocol["label"],
-        len(items),
+        len(questions),
         summary["em"],
-        summary["f1"],
-        summary["searches"],
+        *summary["em_ci"],
+        summary["search_failures"],
+        summary["llm_errors"],
+        "valid" if summary["valid"] else f"INVALID ({summary['invalid_reason']})",
         protocol["wall_s"],
     )
-    return {"protocol": protocol, "summary": summary, "per_dataset": per_dataset, "questions": questions}
+    if fatal is not None:
+        raise RetrievalUnavailableError(
+            f"run stopped: {fatal}; {len(questions)} of {len(items)} questions are in {json_path} (marked "
+            "invalid); fix the cause and re-run the same command to resume",
+            kind=getattr(fatal, "kind", "fatal"),
+        ) from fatal
+    return result
 
 
 def write_result(result: dict[str, Any], output_dir: Path) -> Path:
+    """Write a result document under its protocol-hashed name (evaluate() already does this for its runs)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / f"{slugify(run_label(result))}.json"
-    path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    path, _ = (
+        result_paths(result["protocol"], output_dir)
+        if "protocol_hash" in result["protocol"]
+        else (
+            output_dir / f"{slugify(run_label(result))}.json",
+            None,
+        )
+    )
+    doc = {k: v for k, v in result.items() if k != "path"}
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False), encoding="utf-8")
     return path
 
 
 def run_eval(settings: InferSettings, *, progress: bool = True) -> tuple[Path, dict[str, Any]]:
-    """Evaluate and write `<output_dir>/<label>.json`; returns (path, result)."""
+    """Evaluate (resuming a killed run of the same protocol) and write `<output_dir>/<label>-<hash>.json`."""
     result = asyncio.run(evaluate(settings, progress=progress))
-    return write_result(result, settings.output_dir), result
+    return Path(result.pop("path")), result
 
 
 __all__ = [
     "PAPER_ORDER",
+    "InvalidRunError",
     "QAItem",
     "build_protocol",
     "dataset_order",
     "evaluate",
+    "failed",
+    "failure_cell",
     "load_qa",
     "paper_table",
+    "preflight_search",
+    "protocol_hash",
+    "question_key",
+    "read_progress",
+    "result_paths",
     "run_eval",
     "run_label",
     "score_episode",

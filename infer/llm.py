@@ -68,7 +68,9 @@ class ChatReply:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str = "stop"
+    prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_call_ids: list[str] = field(default_factory=list)  # the server's ids, to answer with tool_call_id
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,13 @@ class ChatRenderer:
             )
         self.tokenizer = tokenizer
         self._end_of_turn = self._derive_end_of_turn()
+        # The model generates the close token ("<|im_end|>") and stops; the separator after it ("\n" for Qwen)
+        # belongs to the next turn, which is where verl's builder re-inserts it. A trajectory's last turn has none.
+        eos = getattr(tokenizer, "eos_token", None)
+        if isinstance(eos, str) and eos and self._end_of_turn.startswith(eos):
+            self._close, self._separator = eos, self._end_of_turn[len(eos) :]
+        else:
+            self._close, self._separator = self._end_of_turn, ""
 
     @classmethod
     def from_pretrained(cls, name_or_path: str) -> ChatRenderer:
@@ -142,7 +151,18 @@ class ChatRenderer:
 
     def close_turn(self, generated: str) -> str:
         """The assistant text followed by the template's turn close, as the training token stream has it."""
-        return generated + self._end_of_turn
+        return generated + self._close
+
+    def count(self, text: str) -> int:
+        """Tokens in `text` as the model reads it (special tokens of the template included, none added)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        """`text` cut to its first `max_tokens` tokens (verl keeps `response_ids[:response_length]`)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= max_tokens:
+            return text
+        return str(self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=False))
 
     def tool_turn(self, observations: list[str], tools: list[dict[str, Any]] | None) -> str:
         """The text a chat template adds for `tool` messages plus the next assistant header.
@@ -156,16 +176,24 @@ class ChatRenderer:
         )
         if not full.startswith(prefix):
             raise InferenceError("the chat template re-renders earlier turns when a tool message is added")
-        return full[len(prefix) :]
+        return self._separator + full[len(prefix) :]
 
 
-def _retry_delay(attempt: int, retry_after: str | None) -> float:
+def _retry_delay(
+    attempt: int, retry_after: str | None, *, base_s: float = 2.0, max_s: float = 120.0
+) -> float:
+    """Back-off before retry `attempt` (0-based): jittered 2, 4, 8, ... s up to `max_s`, or the server's wish.
+
+    With the default 8 retries the waits add up to 3-6 minutes: an LLM server that restarts (a preempted
+    replica, an OOM) comes back within that, and the run goes on instead of being lost.
+    """
     if retry_after:
         try:
-            return min(30.0, max(0.0, float(retry_after)))
+            return min(max_s, max(0.0, float(retry_after)))
         except ValueError:
             pass
-    return random.uniform(0, min(10.0, 0.5 * 2**attempt))
+    cap = min(max_s, base_s * 2**attempt)
+    return random.uniform(cap / 2, cap)
 
 
 class ServerLLM:
@@ -182,12 +210,16 @@ class ServerLLM:
         *,
         api_key: str | None = None,
         timeout_s: float = 300.0,
-        max_retries: int = 3,
+        max_retries: int = 8,
+        retry_base_s: float = 2.0,
+        retry_max_wait_s: float = 120.0,
         max_connections: int = 64,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_retries = max_retries
+        self.retry_base_s = retry_base_s
+        self.retry_max_wait_s = retry_max_wait_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(
             headers=headers,
@@ -230,7 +262,9 @@ class ServerLLM:
                 last = f"HTTP {resp.status_code}: {detail}"
                 retry_after = resp.headers.get("Retry-After")
             if attempt < self.max_retries:
-                delay = _retry_delay(attempt, retry_after)
+                delay = _retry_delay(
+                    attempt, retry_after, base_s=self.retry_base_s, max_s=self.retry_max_wait_s
+                )
                 log.warning("LLM request to %s failed (%s); retry %d in %.1fs", url, last, attempt + 1, delay)
                 await asyncio.sleep(delay)
         raise InferenceError(
@@ -292,8 +326,10 @@ class ServerLLM:
             raise InferenceError(
                 f"{self.base_url}/chat/completions answered without choices[0].message"
             ) from exc
-        calls = []
+        calls, ids = [], []
         for tc in message.get("tool_calls") or []:
+            if tc.get("id"):
+                ids.append(str(tc["id"]))
             fn = tc.get("function") or {}
             args = fn.get("arguments")
             if isinstance(args, str):
@@ -307,7 +343,9 @@ class ServerLLM:
             content=str(message.get("content") or ""),
             tool_calls=calls,
             finish_reason=str(choice.get("finish_reason") or "stop"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
+            tool_call_ids=ids if len(ids) == len(calls) else [],
         )
 
 

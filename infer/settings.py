@@ -3,7 +3,8 @@
 Env names are SEARCHRL_INFER_<FIELD>, except the ones users know from the SkyPilot recipes
 (`RETRIEVAL_SERVICE_URL`, `RETRIEVAL_API_KEY`, `MODEL_NAME`), which are declared as aliases.
 Defaults follow the Search-R1 evaluation protocol (../shared/DESIGN.md section 6): top-3 passages, greedy
-decoding, 500 new tokens per turn.
+decoding. The episode rules (turns, token budgets, parallel calls, prompt format) default to the ones training
+uses, from the one shared `searchrl.rollout.RolloutSpec`; `rollout` builds it from these settings.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from searchrl.prompt import observation_budget
+from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
 
-Engine = Literal["server", "local"]
+Engine = Literal["server", "local", "sglang"]
 Api = Literal["completions", "chat"]
 
 
@@ -34,29 +36,46 @@ class InferSettings(BaseSettings):
         validation_alias=AliasChoices("SEARCHRL_INFER_MODEL", "MODEL_NAME"),
     )
     tokenizer: str | None = None  # HF id or folder whose chat template renders prompts; default: `model`
-    engine: Engine = "server"  # server: an OpenAI-compatible sglang/vLLM endpoint | local: HF transformers
+    engine: Engine = "server"  # server: a running OpenAI-compatible endpoint | sglang: start one | local: HF
     api: Api = "completions"  # completions: we render the training template (exact) | chat: server does
     llm_url: str = "http://127.0.0.1:30000/v1"  # OpenAI-compatible base URL (sglang :30000, vLLM :8000)
     llm_api_key: SecretStr | None = None  # bearer token for the LLM server, if it wants one
     llm_timeout_s: float = Field(default=300.0, gt=0)  # per generation request
-    llm_max_retries: int = Field(default=3, ge=0)  # retries on connection errors, 429 and 5xx
+    llm_max_retries: int = Field(default=8, ge=0)  # retries on connection errors, 429 and 5xx
+    llm_retry_max_wait_s: float = Field(
+        default=120.0, gt=0
+    )  # back-off cap: 8 retries span minutes, not seconds
     device: str = "auto"  # local engine only: auto | cpu | cuda
+    sglang_command: str = "python -m sglang.launch_server"  # engine=sglang: what starts the server
+    sglang_args: str = ""  # engine=sglang: extra launch_server flags, e.g. "--mem-fraction-static 0.6 --tp 2"
+    sglang_startup_timeout_s: float = Field(default=1800.0, gt=0)  # model download + load + CUDA graphs
     label: str | None = None  # run name in reports; default "<model>, <backend>, search|no-search"
 
     # --- decoding -------------------------------------------------------------------------------------------
     temperature: float = Field(default=0.0, ge=0)  # 0 = greedy (Search-R1 eval)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int = 0  # sampling seed sent with every request (and QA subsampling seed)
-    max_tokens_per_turn: int = Field(default=500, ge=1)  # new tokens per assistant turn
+    seed: int = 0  # decoding seed sent with every request
+    sample_seed: int = 0  # which questions --limit samples (separate, so a decoding change keeps the set)
+    max_tokens_per_turn: int | None = Field(
+        default=ROLLOUT_DEFAULTS.max_tokens_per_turn, ge=1
+    )  # per-turn cap; None = training's rule (what is left of the budget)
+    max_prompt_tokens: int = Field(default=ROLLOUT_DEFAULTS.max_prompt_tokens, ge=64)  # as training
+    max_response_tokens: int = Field(
+        default=ROLLOUT_DEFAULTS.max_response_tokens, ge=64
+    )  # whole trajectory after the prompt, observations included, as training's max_response_length
     stop_after_tool_call: bool = False  # also stop on </tool_call> (helps base models that ramble on)
 
     # --- the agent loop ------------------------------------------------------------------------------------
     search: bool = True  # False = the no-search baseline (no tool in the prompt, one turn)
     max_turns: int = Field(  # search turns, as the trainer's MAX_TURNS: at most max_turns + 1 assistant turns
-        default=4, ge=1, validation_alias=AliasChoices("SEARCHRL_INFER_MAX_TURNS", "MAX_TURNS")
+        default=ROLLOUT_DEFAULTS.max_turns,
+        ge=1,
+        validation_alias=AliasChoices("SEARCHRL_INFER_MAX_TURNS", "MAX_TURNS"),
     )
-    topk: int = Field(default=3, ge=1)  # passages per query
-    passage_max_chars: int = Field(default=800, ge=50)  # cap per passage text, as the trainer's tool
+    max_parallel_calls: int = Field(default=ROLLOUT_DEFAULTS.max_parallel_calls, ge=1)  # calls run per turn
+    prompt_format: PromptFormat = ROLLOUT_DEFAULTS.prompt_format  # searchrl | search-r1 (released ckpts)
+    topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=50)  # passages per query
+    passage_max_chars: int = Field(default=ROLLOUT_DEFAULTS.passage_max_chars, ge=50)  # as the trainer's tool
     max_observation_chars: int | None = Field(
         default=None, ge=100
     )  # whole observation; None = trainer's budget
@@ -64,6 +83,9 @@ class InferSettings(BaseSettings):
         False  # tell the model why a tool call failed to parse (training: episode ends)
     )
     concurrency: int = Field(default=16, ge=1)  # questions in flight
+    max_failure_rate: float = Field(
+        default=0.02, ge=0, le=1
+    )  # share of questions with a search failure or LLM error above which the run is invalid
 
     # --- retrieval --------------------------------------------------------------------------------------------
     retrieval_url: str = Field(  # one URL, or several separated by commas (failover in order)
@@ -78,8 +100,8 @@ class InferSettings(BaseSettings):
     # --- data and output -----------------------------------------------------------------------------------
     qa: str = "dev"  # dev (bundled dev set) | searchr1-test (HF parquet) | path to .jsonl / .parquet
     datasets: str | None = None  # comma-separated data_source filter, e.g. "nq,hotpotqa"
-    limit: int | None = Field(default=None, ge=1)  # questions per dataset, sampled with `seed`
-    output_dir: Path = Path("results")  # result files land here as <label-slug>.json
+    limit: int | None = Field(default=None, ge=1)  # questions per dataset, sampled with `sample_seed`
+    output_dir: Path = Path("results")  # <label-slug>-<protocol hash>.json (+ .jsonl appended per question)
 
     @field_validator("llm_url", "retrieval_url")
     @classmethod
@@ -91,11 +113,29 @@ class InferSettings(BaseSettings):
         for url in [self.llm_url, *self.retrieval_urls]:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"URL {url!r} must start with http:// or https://")
+        if self.api == "chat" and self.prompt_format == "search-r1":
+            raise ValueError(
+                "prompt_format=search-r1 needs api=completions (results are spliced into the assistant turn)"
+            )
         if self.api == "chat" and self.engine == "local":
             raise ValueError(
                 "api=chat needs engine=server; the local engine renders the chat template itself"
             )
         return self
+
+    @property
+    def rollout(self) -> RolloutSpec:
+        """The episode rules, the same object training builds (searchrl/rollout.py)."""
+        return RolloutSpec(
+            max_turns=self.max_turns,
+            max_prompt_tokens=self.max_prompt_tokens,
+            max_response_tokens=self.max_response_tokens,
+            max_tokens_per_turn=self.max_tokens_per_turn,
+            max_parallel_calls=self.max_parallel_calls,
+            topk=self.topk,
+            passage_max_chars=self.passage_max_chars,
+            prompt_format=self.prompt_format,
+        )
 
     @property
     def observation_budget(self) -> int:

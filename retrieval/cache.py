@@ -76,19 +76,39 @@ def _corpus_identity(settings: RetrievalSettings) -> str:
 def cache_namespace(settings: RetrievalSettings) -> str:
     """What determines a backend's answers, as one string; entries from other namespaces never match."""
     backend = settings.backend
-    if backend == "google":
+    if backend in ("google", "serper", "serpapi", "google-cse", "searxng"):
+        return _web_namespace(settings)
+    return _local_namespace(settings)
+
+
+def _web_namespace(settings: RetrievalSettings) -> str:
+    """Web answers depend on the provider, the pinned country/language, the blocklist and page mode."""
+    provider = settings.google_provider if settings.backend == "google" else settings.backend
+    extras = (
+        f"|gl={settings.web_gl}|hl={settings.web_hl}"
+        f"|block=sha256:{_short_hash(','.join(sorted(settings.web_blocklist)))}"
+        + (f"|page={settings.web_page_words}w" if settings.web_page_mode else "")
+    )
+    return _provider_namespace(settings, provider) + extras
+
+
+def _provider_namespace(settings: RetrievalSettings, backend: str) -> str:
+    if backend == "google-cse":
         # The engine id picks the sites searched; the endpoint and the key do not change answers.
         cx = settings.google_cse_id.get_secret_value() if settings.google_cse_id else ""
         if not cx:
             raise ConfigError(
-                "the query cache for backend 'google' needs GOOGLE_CSE_ID (it selects which engine's entries "
+                "the query cache for backend 'google-cse' needs GOOGLE_CSE_ID (it selects which engine's entries "
                 "to use; replay does not need GOOGLE_API_KEY)"
             )
-        return f"google|cx=sha256:{_short_hash(cx)}"
-    if backend == "serper":
-        return "serper"
-    if backend == "searxng":
-        return f"searxng|{settings.searxng_base_url}"
+        return f"google-cse|cx=sha256:{_short_hash(cx)}"
+    if backend in ("serper", "serpapi"):
+        return f"google-serp|{backend}"
+    return f"searxng|{settings.searxng_base_url}"
+
+
+def _local_namespace(settings: RetrievalSettings) -> str:
+    backend = settings.backend
     parts = [backend, f"corpus={_corpus_identity(settings)}"]
     if settings.index_dir is not None:
         parts.append(f"index_dir={Path(settings.index_dir).resolve()}")

@@ -7,12 +7,29 @@ Env names are SEARCHRL_RETRIEVAL_<FIELD>, except the ones users know from the Se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-BackendName = Literal["dense", "bm25", "hybrid", "google", "serper", "searxng"]
+BackendName = Literal["dense", "bm25", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"]
+# Sites that host the benchmarks' question/answer pairs (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, Musique,
+# Bamboogle and the trivia sites TriviaQA was scraped from): a web search that lands on them reads the answer key.
+DEFAULT_WEB_BLOCKLIST = [
+    "huggingface.co",
+    "github.com",
+    "kaggle.com",
+    "paperswithcode.com",
+    "arxiv.org",
+    "quizlet.com",
+    "sporcle.com",
+    "jetpunk.com",
+    "funtrivia.com",
+    "quizballs.com",
+    "triviaplaying.com",
+    "hotpotqa.github.io",
+    "ai.google.com",
+]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
@@ -25,7 +42,7 @@ class RetrievalSettings(BaseSettings):
     )
 
     # --- what to serve -------------------------------------------------------------------------------------
-    backend: BackendName = "bm25"  # bm25 | dense (FAISS) | hybrid | google | serper | searxng
+    backend: BackendName = "bm25"  # bm25 | dense | hybrid | google (SERP provider) | serper | serpapi | searxng | google-cse (closing)
     data_dir: Path = Path("data")  # corpora and index directories live under here
     corpus: str = "bundled"  # bundled | wiki18-100k | wiki18 | path to a Search-R1 JSONL(.gz)
     index_dir: Path | None = None  # explicit index directory; default derived from corpus+encoder+index type
@@ -69,7 +86,21 @@ class RetrievalSettings(BaseSettings):
     encoder_max_length: int = Field(default=256, ge=8)  # tokens per query/passage; longer text is truncated
     encode_batch_size: int = Field(default=64, ge=1)  # passages per forward pass when building an index
 
-    # --- web backends (issue 6): google | serper | searxng ------------------------------------------------
+    # --- web backends (issues 6, 12): google (= serper | serpapi) | google-cse | serper | serpapi | searxng ------
+    google_provider: Literal["serper", "serpapi"] = "serper"  # who sells Google results for backend `google`
+    serpapi_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("SERPAPI_API_KEY", "SEARCHRL_RETRIEVAL_SERPAPI_API_KEY")
+    )  # serpapi.com key (the api_key query parameter, added below the HTTP client); pass with --secret
+    serpapi_base_url: str = "https://serpapi.com/search.json"  # GET endpoint, engine=google
+    web_gl: str = "us"  # Google country (gl): pinned so results do not move with the server's location
+    web_hl: str = "en"  # Google interface language (hl)
+    web_blocklist: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_WEB_BLOCKLIST)
+    )  # comma-separated domains whose results are dropped (sites hosting benchmark Q/A pairs); "" = none
+    web_page_mode: bool = False  # fetch result pages and return their best ~100-word passage, not the snippet
+    web_page_words: int = Field(default=100, ge=20)  # passage length in page mode (wiki-18 passages are 100)
+    web_page_timeout_s: float = Field(default=5.0, gt=0)  # per page fetch in page mode
+    web_page_max_bytes: int = Field(default=2_000_000, ge=1024)  # pages larger than this are cut
     google_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("GOOGLE_API_KEY", "SEARCHRL_RETRIEVAL_GOOGLE_API_KEY")
     )  # Custom Search JSON API key; pass with --secret, never --env or argv
@@ -101,6 +132,13 @@ class RetrievalSettings(BaseSettings):
     cache_mode: Literal["off", "on", "record", "replay"] = "off"
     cache_path: Path | None = None  # SQLite file; default <data_dir>/query_cache.sqlite
     cache_ttl_s: float = Field(default=0.0, ge=0)  # older entries are misses in `on` mode; 0 = never stale
+
+    @field_validator("web_blocklist", mode="before")
+    @classmethod
+    def _split_blocklist(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [d.strip().lower() for d in value.split(",") if d.strip()]
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> RetrievalSettings:

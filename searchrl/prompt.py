@@ -9,6 +9,14 @@ taught exactly the format that verl's hermes parser reads and that the reward sc
 The old verl search example told the model to write `<tool_call> query </tool_call>`, which the hermes parser
 rejects ("Failed to decode tool call"), so a model trained on it never searched (../shared/DESIGN.md section 3).
 Bump PROMPT_VERSION whenever the wording changes: it is recorded with every evaluation result.
+
+The `search-r1` format is the one Search-R1's released checkpoints (`PeterJinGo/SearchR1-*`) were trained on, so
+they can be evaluated against our service as they are: `<search> query </search>` actions, results spliced into
+the same assistant turn as `<information>...</information>`, passages as `Doc i(Title: "T") text`. Wording and
+rules follow PeterGriffinJin/Search-R1 at a14dc3a: the instruction text of `scripts/data_process/
+qa_search_test_merge.py` (`make_prefix`, typo "as your want" included: the checkpoints read it), the action
+regex, observation wrapper, invalid-action message and passage format of `search_r1/llm_agent/generation.py`
+(`postprocess_predictions`, `execute_predictions`, `_passages2string`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROMPT_VERSION = "searchrl-v1"
+SEARCH_R1_PROMPT_VERSION = "search-r1@a14dc3a"
 TOOL_NAME = "search"
 
 SEARCH_TOOL_SCHEMA: dict[str, Any] = {
@@ -57,21 +66,81 @@ _NO_SEARCH_INSTRUCTIONS = (
     "</answer>. Question: {question}\n"
 )
 
+# Search-R1's instruction text, verbatim (see the module docstring for the source).
+_SEARCH_R1_INSTRUCTIONS = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
+    "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge "
+    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. "
+    "For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+SEARCH_R1_STOP = "</search>"  # generation stops after a search action, as Search-R1's rollout does
+SEARCH_R1_INVALID = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+_SEARCH_R1_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
-def build_user_prompt(question: str, *, search: bool = True) -> str:
+def prompt_version(prompt_format: str = "searchrl") -> str:
+    """The wording version recorded in every result's protocol."""
+    return SEARCH_R1_PROMPT_VERSION if prompt_format == "search-r1" else PROMPT_VERSION
+
+
+def build_user_prompt(question: str, *, search: bool = True, prompt_format: str = "searchrl") -> str:
     """The user turn for a question; `search=False` gives the no-search baseline's instructions."""
     question = question.strip()
     if question and question[-1] not in "?.!":
         question += "?"
-    template = _SEARCH_INSTRUCTIONS if search else _NO_SEARCH_INSTRUCTIONS
+    if not search:
+        template = _NO_SEARCH_INSTRUCTIONS
+    elif prompt_format == "search-r1":
+        template = _SEARCH_R1_INSTRUCTIONS
+    else:
+        template = _SEARCH_INSTRUCTIONS
     return template.format(question=question)
 
 
-def build_messages(question: str, *, search: bool = True) -> list[dict[str, str]]:
+def build_messages(
+    question: str, *, search: bool = True, prompt_format: str = "searchrl"
+) -> list[dict[str, str]]:
     """Chat messages for a question (the chat template adds the tool schema when tools are passed)."""
-    return [{"role": "user", "content": build_user_prompt(question, search=search)}]
+    return [
+        {"role": "user", "content": build_user_prompt(question, search=search, prompt_format=prompt_format)}
+    ]
+
+
+def parse_search_r1_action(text: str) -> tuple[str | None, str]:
+    """(`search` | `answer` | None, content) of the first action tag, as Search-R1's rollout reads a turn."""
+    match = _SEARCH_R1_ACTION_RE.search(text)
+    if not match:
+        return None, ""
+    return match.group(1), match.group(2).strip()
+
+
+def cut_search_r1_turn(text: str) -> str:
+    """A turn up to its first `</search>` (else first `</answer>`): what Search-R1 keeps of a generation."""
+    if SEARCH_R1_STOP in text:
+        return text.split(SEARCH_R1_STOP)[0] + SEARCH_R1_STOP
+    if "</answer>" in text:
+        return text.split("</answer>")[0] + "</answer>"
+    return text
+
+
+def format_search_r1_observation(contents: Sequence[str], *, max_chars: int | None = None) -> str:
+    """Results the way Search-R1 models read them: `Doc i(Title: "T") text` lines inside <information>."""
+    lines = []
+    for i, c in enumerate(contents, start=1):
+        title, _, text = c.partition("\n")  # the title keeps its quotes, as in Search-R1
+        lines.append(f"Doc {i}(Title: {title}) {text}\n")
+    body = "".join(lines).strip()
+    if max_chars is not None and len(body) > max_chars:
+        body = body[:max_chars].rstrip() + "..."
+    return f"\n\n<information>{body}</information>\n\n"
 
 
 @dataclass(frozen=True)
@@ -201,16 +270,23 @@ def format_observation(
 __all__ = [
     "DOC_OVERHEAD_CHARS",
     "PROMPT_VERSION",
+    "SEARCH_R1_INVALID",
+    "SEARCH_R1_PROMPT_VERSION",
+    "SEARCH_R1_STOP",
     "SEARCH_TOOL_SCHEMA",
     "TOOL_NAME",
     "ParsedTurn",
     "ToolCall",
     "build_messages",
     "build_user_prompt",
+    "cut_search_r1_turn",
     "format_observation",
+    "format_search_r1_observation",
     "format_passages",
     "observation_budget",
+    "parse_search_r1_action",
     "parse_tool_calls",
+    "prompt_version",
     "queries_from_arguments",
     "split_title",
 ]

@@ -71,6 +71,7 @@ class AnswerScore:
     answer: str | None
     em: float  # the reward: EM on the last <answer>, divided by 4 when answer tags are sprayed
     f1: float
+    em_pure: float  # the paper's metric: EM on the last <answer>, no shaping (what eval reports as EM)
     format_valid: bool  # exactly one well-formed <answer> span and no stray answer tags
 
 
@@ -79,14 +80,15 @@ def score_response(response: str, golden: str | Iterable[str]) -> AnswerScore:
     answer = extract_answer(response)
     opens, closes = response.count("<answer>"), response.count("</answer>")
     if answer is None:
-        return AnswerScore(answer=None, em=0.0, f1=0.0, format_valid=False)
-    em = exact_match(answer, golden)
+        return AnswerScore(answer=None, em=0.0, f1=0.0, em_pure=0.0, format_valid=False)
+    em = pure = exact_match(answer, golden)
     if em and (opens > MAX_ANSWER_TAGS or closes > MAX_ANSWER_TAGS):
         em = em / 4
     return AnswerScore(
         answer=answer,
         em=em,
         f1=f1_score(answer, golden),
+        em_pure=pure,
         format_valid=opens == 1 and closes == 1,
     )
 

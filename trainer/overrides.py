@@ -53,6 +53,7 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
     or the dataset size (TrainSettings.expected_train_rows).
     """
     s = settings
+    r = s.rollout  # the episode rules eval shares (searchrl/rollout.py)
     use_kl = s.kl_coef > 0
     total_epochs = s.epochs_for(s.expected_train_rows() if train_rows is None else train_rows)
     # flash-attn has no prebuilt wheel for the locked torch/CUDA (docs/training.md): verl's FSDP engine reads
@@ -67,8 +68,8 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("data.train_files", _abs(s.train_file)),
         ("data.val_files", _abs(s.test_file)),
         ("data.train_batch_size", s.train_batch_size),
-        ("data.max_prompt_length", s.max_prompt_length),
-        ("data.max_response_length", s.max_response_length),
+        ("data.max_prompt_length", r.max_prompt_tokens),
+        ("data.max_response_length", r.max_response_tokens),
         ("data.filter_overlong_prompts", True),
         ("data.truncation", "error"),
         ("data.return_raw_chat", True),
@@ -104,10 +105,10 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("actor_rollout_ref.rollout.multi_turn.enable", True),
         ("actor_rollout_ref.rollout.multi_turn.format", "hermes"),
         ("actor_rollout_ref.rollout.multi_turn.tool_config_path", _abs(s.resolved_tool_config_path)),
-        ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", s.max_assistant_turns),
-        ("actor_rollout_ref.rollout.multi_turn.max_user_turns", s.max_turns),
-        ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls", 1),
-        ("actor_rollout_ref.rollout.multi_turn.max_tool_response_length", s.max_tool_response_chars),
+        ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", r.max_assistant_turns),
+        ("actor_rollout_ref.rollout.multi_turn.max_user_turns", r.max_turns),
+        ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls", r.max_parallel_calls),
+        ("actor_rollout_ref.rollout.multi_turn.max_tool_response_length", r.observation_chars),
         ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side", "right"),
         ("actor_rollout_ref.rollout.agent.default_agent_loop", "tool_agent"),
         # --- reward: our EM scorer for every data source

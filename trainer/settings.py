@@ -29,7 +29,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from searchrl.corpus_check import SEARCH_R1_DATASET
 from searchrl.errors import ConfigError
-from searchrl.prompt import observation_budget
+from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
 
 DatasetSize = Literal["small", "medium", "full"]
 # (train rows, test rows) per size; None = every row (full: 169,615 train / 51,713 test, Search-R1's splits).
@@ -97,14 +97,19 @@ class TrainSettings(BaseSettings):
 
     # --- multi-turn search -----------------------------------------------------------------------------------
     max_turns: int = Field(
-        default=4, ge=1, validation_alias=_alias("MAX_TURNS", "max_turns")
+        default=ROLLOUT_DEFAULTS.max_turns, ge=1, validation_alias=_alias("MAX_TURNS", "max_turns")
     )  # searches/answer
-    max_prompt_length: int = Field(default=1024, ge=64)  # tokens: chat template + tool schema + question
+    # The budgets below are shared with eval: defaults from searchrl/rollout.py, see `rollout` (issue 12).
+    max_prompt_length: int = Field(
+        default=ROLLOUT_DEFAULTS.max_prompt_tokens, ge=64
+    )  # tokens: chat template + tool schema + question
     max_response_length: int = Field(
-        default=4096, ge=64
+        default=ROLLOUT_DEFAULTS.max_response_tokens, ge=64
     )  # tokens for the whole trajectory incl. observations
-    topk: int = Field(default=3, ge=1, le=50)  # passages per query
-    passage_max_chars: int = Field(default=800, ge=50)  # cap per passage text (100-word wiki-18 ~ 600 chars)
+    topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=50)  # passages per query
+    passage_max_chars: int = Field(
+        default=ROLLOUT_DEFAULTS.passage_max_chars, ge=50
+    )  # cap per passage text (100-word wiki-18 ~ 600 chars)
 
     # --- rollout engine and cluster --------------------------------------------------------------------------
     rollout_name: Literal["vllm", "sglang"] = Field(
@@ -261,14 +266,25 @@ class TrainSettings(BaseSettings):
         return self.max_token_len_per_gpu or 2 * (self.max_prompt_length + self.max_response_length)
 
     @property
+    def rollout(self) -> RolloutSpec:
+        """The episode rules eval must share (searchrl/rollout.py); `searchrl eval` records the same object."""
+        return RolloutSpec(
+            max_turns=self.max_turns,
+            max_prompt_tokens=self.max_prompt_length,
+            max_response_tokens=self.max_response_length,
+            topk=self.topk,
+            passage_max_chars=self.passage_max_chars,
+        )
+
+    @property
     def max_tool_response_chars(self) -> int:
         """Observation cap in characters: top-k passages of `passage_max_chars` plus their framing."""
-        return observation_budget(self.topk, self.passage_max_chars)
+        return self.rollout.observation_chars
 
     @property
     def max_assistant_turns(self) -> int:
         """Search-R1 counts searches: up to `max_turns` generations that search, then one that answers."""
-        return self.max_turns + 1
+        return self.rollout.max_assistant_turns
 
     @property
     def split_dir(self) -> Path:

@@ -19,8 +19,10 @@ _REGISTRY: dict[str, str] = {
     "dense": "retrieval.backends.dense:DenseBackend",
     "bm25": "retrieval.backends.bm25:BM25Backend",
     "hybrid": "retrieval.backends.hybrid:HybridBackend",
-    "google": "retrieval.backends.web:GoogleBackend",
+    "google": "retrieval.backends.web:GoogleBackend",  # Google results via Serper or SerpAPI
+    "google-cse": "retrieval.backends.web:GoogleCSEBackend",  # closing 2027-01-01
     "serper": "retrieval.backends.web:SerperBackend",
+    "serpapi": "retrieval.backends.web:SerpApiBackend",
     "searxng": "retrieval.backends.web:SearxngBackend",
 }
 

@@ -1,6 +1,16 @@
-"""Web search backends: Google Programmable Search, Serper and SearXNG behind the same /retrieve.
+"""Web search backends: Google results through a SERP provider (Serper, SerpAPI), SearXNG, and the closing
+Google Custom Search JSON API, behind the same /retrieve.
 
-    SEARCHRL_RETRIEVAL_BACKEND=google GOOGLE_API_KEY=... GOOGLE_CSE_ID=... searchrl serve
+    SEARCHRL_RETRIEVAL_BACKEND=google SERPER_API_KEY=... searchrl serve            # Google via Serper
+    SEARCHRL_RETRIEVAL_BACKEND=google SEARCHRL_RETRIEVAL_GOOGLE_PROVIDER=serpapi SERPAPI_API_KEY=... searchrl serve
+
+`google` means Google's results bought from a SERP provider (Serper by default; SerpAPI, which Search-R1
+recommends). `google-cse` is Google's Custom Search JSON API: closed to new customers, and its whole-web search
+ends on 2027-01-01 (only site search over up to 50 domains remains), so it warns at start.
+Every provider is asked with the same pinned country and language (`gl`, `hl`), results from sites that host
+the benchmarks' Q/A pairs are dropped (`web_blocklist`), and in page mode (`web_page_mode`) the result pages are
+fetched, cleaned and cut into ~100-word passages, so a web run reads passages of the size Wikipedia runs read
+instead of two-line snippets.
 
 The trainer and the agent only speak /retrieve, so swapping Wikipedia for the web is a service setting. What
 public web wrappers lack, and these add: a timeout per request, retries with jittered exponential back-off on
@@ -25,9 +35,11 @@ import hashlib
 import json
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
+from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,7 +58,9 @@ log = logging.getLogger(__name__)
 GOOGLE_MAX_NUM = 10
 GOOGLE_MAX_RESULTS = 100
 SERPER_MAX_NUM = 100
+SERPAPI_MAX_NUM = 100
 SEARXNG_MAX_PAGES = 10
+CSE_SUNSET = "2027-01-01"
 
 
 class RateLimiter:
@@ -217,6 +231,13 @@ class WebBackend(Backend):
         secret_params: dict[str, SecretStr] | None = None,
         secret_headers: dict[str, SecretStr] | None = None,
         clock: Callable[[], float] = time.time,
+        gl: str = "us",
+        hl: str = "en",
+        blocklist: list[str] | None = None,
+        page_mode: bool = False,
+        page_words: int = 100,
+        page_timeout_s: float = 5.0,
+        page_max_bytes: int = 2_000_000,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -239,6 +260,15 @@ class WebBackend(Backend):
         ]
         self._client: httpx.AsyncClient | None = None
         self._sem: asyncio.Semaphore | None = None
+        self.gl, self.hl = gl, hl
+        self.blocklist = [d.lower().lstrip(".") for d in (blocklist or [])]
+        self.page_mode = page_mode
+        self.page_words = page_words
+        self.page_timeout_s = page_timeout_s
+        self.page_max_bytes = page_max_bytes
+        self._pages: httpx.AsyncClient | None = None
+        self.blocked_results = 0
+        self.page_fetch_failures = 0
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -267,20 +297,40 @@ class WebBackend(Backend):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._pages is not None:
+            await self._pages.aclose()
+            self._pages = None
 
     def info(self) -> dict[str, Any]:
         return {
             "backend": self.name,
+            "provider": getattr(self, "provider", self.name),
             "upstream": self._public_url(),
             "rate_limit_rps": self.rate_limit_rps,
+            "gl": self.gl,
+            "hl": self.hl,
+            "blocklist_sha256": hashlib.sha256(",".join(sorted(self.blocklist)).encode()).hexdigest()[:12],
+            "blocked_results": self.blocked_results,
+            "page_mode": self.page_mode,
+            "page_fetch_failures": self.page_fetch_failures,
             **self.budget.snapshot(),
         }
+
+    #: extra results asked for per query, so dropping blocklisted hits still leaves top-k (free for
+    #: providers that return up to 100 per request; CSE pages by 10, each page billed, so it asks for none)
+    extra_results = 5
+
+    def _blocked(self, url: str) -> bool:
+        host = (urlsplit(url).hostname or "").lower()
+        return any(host == d or host.endswith("." + d) for d in self.blocklist)
 
     # --- search ------------------------------------------------------------------------------------------
     async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
         if self._client is None:
             await self.start()
-        outcomes = await asyncio.gather(*(self._search_one(q, topk) for q in queries), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(self._search_filtered(q, topk) for q in queries), return_exceptions=True
+        )
         results: list[list[ScoredDocument]] = []
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -289,6 +339,42 @@ class WebBackend(Backend):
                 raise BackendError(f"{self.name}: unexpected {type(outcome).__name__}") from outcome
             results.append(outcome)
         return results
+
+    async def _search_filtered(self, query: str, topk: int) -> list[ScoredDocument]:
+        """Provider hits minus blocklisted sites, cut to top-k; in page mode each becomes a page passage."""
+        want = topk + (self.extra_results if self.blocklist else 0)
+        hits = await self._search_one(query, want)
+        kept = [h for h in hits if not self._blocked(h.document.id)]
+        self.blocked_results += len(hits) - len(kept)
+        docs = [h.document for h in kept[:topk]]
+        if self.page_mode:
+            docs = list(await asyncio.gather(*(self._page_passage(d, query) for d in docs)))
+        return _rank_scored(docs, topk)
+
+    async def _page_passage(self, doc: Document, query: str) -> Document:
+        """The result page's ~`page_words`-word passage that best matches the query; the snippet on failure."""
+        if self._pages is None:
+            # A separate client: page fetches go to arbitrary sites and must never carry the provider's key.
+            self._pages = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.page_timeout_s),
+                follow_redirects=True,
+                headers={"User-Agent": "Mozilla/5.0 (compatible; searchrl-retrieval)"},
+            )
+        title = doc.contents.split("\n", 1)[0]
+        try:
+            resp = await self._pages.get(doc.id)
+            resp.raise_for_status()
+            if "html" not in resp.headers.get("content-type", "text/html"):
+                raise ValueError(f"not HTML ({resp.headers.get('content-type')})")
+            text = page_text(resp.text[: self.page_max_bytes])
+        except (httpx.HTTPError, ValueError) as exc:
+            self.page_fetch_failures += 1
+            log.info("%s: page %s not used (%s); keeping the snippet", self.name, doc.id, type(exc).__name__)
+            return doc
+        passage = best_passage(text, query, self.page_words)
+        if not passage:
+            return doc
+        return doc.model_copy(update={"contents": f"{title}\n{passage}"})
 
     @abc.abstractmethod
     async def _search_one(self, query: str, topk: int) -> list[ScoredDocument]:
@@ -390,22 +476,32 @@ class WebBackend(Backend):
         return False
 
 
-class GoogleBackend(WebBackend):
+class GoogleCSEBackend(WebBackend):
     """Google Programmable Search (Custom Search JSON API): GET with key, cx, q, num (1-10), start.
 
     Top-k above 10 pages with `start` (1, 11, 21, ...); each page is one billed request. The API never
     returns more than 100 results. https://developers.google.com/custom-search/v1/using_rest
+    Closed to new customers; whole-web search ends on 2027-01-01 (DESIGN.md 5b), hence the start-up warning.
     """
 
-    name = "google"
+    name = "google-cse"
     credentials_hint = "GOOGLE_API_KEY and GOOGLE_CSE_ID"
+    extra_results = 0
+
+    async def start(self) -> None:
+        log.warning(
+            "backend google-cse: Google's Custom Search JSON API is closed to new customers and its whole-web "
+            "search ends on %s; use backend google (Serper or SerpAPI) for Google results",
+            CSE_SUNSET,
+        )
+        await super().start()
 
     def __init__(self, *, api_key: SecretStr, cse_id: SecretStr, **kwargs: Any) -> None:
         self._cse_id_hash = hashlib.sha256(cse_id.get_secret_value().encode()).hexdigest()[:12]
         super().__init__(secret_params={"key": api_key, "cx": cse_id}, **kwargs)
 
     @classmethod
-    def from_settings(cls, settings: RetrievalSettings) -> GoogleBackend:
+    def from_settings(cls, settings: RetrievalSettings) -> GoogleCSEBackend:
         key, cx = settings.google_api_key, settings.google_cse_id
         missing = [
             n
@@ -414,7 +510,7 @@ class GoogleBackend(WebBackend):
         ]
         if missing:
             raise ConfigError(
-                f"backend 'google' needs {' and '.join(missing)} in the environment "
+                f"backend 'google-cse' needs {' and '.join(missing)} in the environment "
                 "(pass them with --secret, never on the command line)"
             )
         assert key is not None and cx is not None
@@ -437,9 +533,10 @@ class GoogleBackend(WebBackend):
             num = min(GOOGLE_MAX_NUM, want - len(docs), GOOGLE_MAX_RESULTS - start)
             if num < 1:
                 break
-            body = await self._request("GET", self.base_url, params={"q": query, "num": num, "start": start})
+            params = {"q": query, "num": num, "start": start, "gl": self.gl, "hl": self.hl}
+            body = await self._request("GET", self.base_url, params=params)
             if not isinstance(body, dict) or ("items" not in body and "searchInformation" not in body):
-                raise BackendError(f"google: unexpected response shape (keys: {sorted(body)[:8]})")
+                raise BackendError(f"google-cse: unexpected response shape (keys: {sorted(body)[:8]})")
             items = body.get("items") or []
             for item in items:
                 link = item.get("link")
@@ -485,7 +582,9 @@ class SerperBackend(WebBackend):
         if not query.strip():
             return []
         num = min(topk, SERPER_MAX_NUM)
-        body = await self._request("POST", self.base_url, json={"q": query, "num": num})
+        body = await self._request(
+            "POST", self.base_url, json={"q": query, "num": num, "gl": self.gl, "hl": self.hl}
+        )
         if not isinstance(body, dict) or not isinstance(body.get("organic", []), list):
             raise BackendError("serper: unexpected response shape (no 'organic' list)")
         docs = [
@@ -494,6 +593,70 @@ class SerperBackend(WebBackend):
             if o.get("link")
         ]
         return _rank_scored(docs, topk)
+
+
+class SerpApiBackend(WebBackend):
+    """serpapi.com Google results: GET search.json?engine=google&q&num&gl&hl with the key as `api_key`.
+
+    The key is a query parameter added below the HTTP client (as for CSE), so logs and errors never hold it.
+    https://serpapi.com/search-api ; errors come as {"error": "..."}; a spent plan is HTTP 429
+    "Your account has run out of searches."
+    """
+
+    name = "serpapi"
+    credentials_hint = "SERPAPI_API_KEY"
+
+    @classmethod
+    def from_settings(cls, settings: RetrievalSettings) -> SerpApiBackend:
+        key = settings.serpapi_api_key
+        if not key or not key.get_secret_value():
+            raise ConfigError(
+                "backend 'serpapi' needs SERPAPI_API_KEY in the environment (pass it with --secret)"
+            )
+        return cls(
+            base_url=settings.serpapi_base_url, secret_params={"api_key": key}, **_common_kwargs(settings)
+        )
+
+    def _is_daily_quota(self, message: str) -> bool:
+        return "run out of searches" in message.lower()
+
+    async def _search_one(self, query: str, topk: int) -> list[ScoredDocument]:
+        if not query.strip():
+            return []
+        params = {
+            "engine": "google",
+            "q": query,
+            "num": min(topk, SERPAPI_MAX_NUM),
+            "gl": self.gl,
+            "hl": self.hl,
+        }
+        body = await self._request("GET", self.base_url, params=params)
+        if not isinstance(body, dict) or not isinstance(body.get("organic_results", []), list):
+            raise BackendError("serpapi: unexpected response shape (no 'organic_results' list)")
+        if body.get("error") and not body.get("organic_results"):
+            if "hasn't returned any results" in str(body["error"]):
+                return []
+            raise BackendError(f"serpapi: {self._redact(str(body['error']))}")
+        docs = [
+            make_document(o.get("title", ""), o.get("snippet", ""), o["link"])
+            for o in body.get("organic_results", [])
+            if o.get("link")
+        ]
+        return _rank_scored(docs, topk)
+
+
+class GoogleBackend:
+    """Backend `google`: Google's results from the SERP provider `google_provider` names (Serper or SerpAPI)."""
+
+    @classmethod
+    def from_settings(cls, settings: RetrievalSettings) -> WebBackend:
+        impl: type[SerperBackend] | type[SerpApiBackend] = (
+            SerpApiBackend if settings.google_provider == "serpapi" else SerperBackend
+        )
+        backend = impl.from_settings(settings)
+        backend.name = "google"  # what GET / reports; info() adds the provider
+        backend.provider = impl.name  # type: ignore[attr-defined]
+        return backend
 
 
 class SearxngBackend(WebBackend):
@@ -538,7 +701,85 @@ def _common_kwargs(settings: RetrievalSettings) -> dict[str, Any]:
         "rate_limit_rps": settings.web_rate_limit_rps,
         "daily_budget": settings.web_daily_budget,
         "concurrency": settings.web_concurrency,
+        "gl": settings.web_gl,
+        "hl": settings.web_hl,
+        "blocklist": settings.web_blocklist,
+        "page_mode": settings.web_page_mode,
+        "page_words": settings.web_page_words,
+        "page_timeout_s": settings.web_page_timeout_s,
+        "page_max_bytes": settings.web_page_max_bytes,
     }
 
 
-__all__ = ["DailyBudget", "GoogleBackend", "RateLimiter", "SearxngBackend", "SerperBackend", "WebBackend"]
+class _TextExtractor(HTMLParser):
+    """Visible text of an HTML page: drops script/style/nav/header/footer/aside/form, keeps block breaks."""
+
+    _SKIP = frozenset(
+        {"script", "style", "noscript", "nav", "header", "footer", "aside", "form", "svg", "template"}
+    )
+    _BLOCK = frozenset(
+        {"p", "div", "li", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "br", "section", "article"}
+    )
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._SKIP:
+            self._skip += 1
+        elif tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._SKIP and self._skip:
+            self._skip -= 1
+        elif tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+def page_text(html: str) -> str:
+    """Main text of a page: paragraphs of at least 8 words (menus, buttons and cookie lines are shorter)."""
+    parser = _TextExtractor()
+    parser.feed(html)
+    parser.close()
+    paragraphs = [" ".join(p.split()) for p in "".join(parser.parts).split("\n")]
+    return "\n".join(p for p in paragraphs if len(p.split()) >= 8)
+
+
+_WORD_RE = re.compile(r"\w+")
+
+
+def best_passage(text: str, query: str, words: int = 100) -> str:
+    """The `words`-word window of `text` (stride half a window) sharing the most query terms; "" if no text."""
+    tokens = text.split()
+    if not tokens:
+        return ""
+    q = {w.lower() for w in _WORD_RE.findall(query) if len(w) > 2}
+    best, best_score = tokens[:words], -1
+    for start in range(0, max(1, len(tokens) - words // 2), max(1, words // 2)):
+        window = tokens[start : start + words]
+        score = len(q & {w.lower() for t in window for w in _WORD_RE.findall(t)})
+        if score > best_score:
+            best, best_score = window, score
+    return " ".join(best)
+
+
+__all__ = [
+    "CSE_SUNSET",
+    "DailyBudget",
+    "GoogleBackend",
+    "GoogleCSEBackend",
+    "RateLimiter",
+    "SearxngBackend",
+    "SerpApiBackend",
+    "SerperBackend",
+    "WebBackend",
+    "best_passage",
+    "page_text",
+]

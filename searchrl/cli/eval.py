@@ -3,7 +3,7 @@
     searchrl eval --model Qwen/Qwen2.5-3B-Instruct --llm-url http://127.0.0.1:30000/v1 \\
         --retrieval-url http://127.0.0.1:8000 --qa dev
     searchrl eval --no-search --qa searchr1-test --datasets nq,hotpotqa --limit 500
-    searchrl compare results/ --out reports/
+    searchrl compare results/ --out reports/            # refuses mismatched questions/protocols, invalid runs
     searchrl compare --models base@http://h:30000/v1,trained@http://h:30001/v1 \\
         --backends wiki=http://h:8000,google=http://h:8001 --tools on,off --qa dev --out reports/
 
@@ -25,10 +25,18 @@ _SHARED = [
     "api",
     "llm_url",
     "device",
+    "sglang_command",
+    "sglang_args",
     "temperature",
     "top_p",
     "seed",
+    "sample_seed",
     "max_tokens_per_turn",
+    "max_prompt_tokens",
+    "max_response_tokens",
+    "max_parallel_calls",
+    "prompt_format",
+    "max_failure_rate",
     "stop_after_tool_call",
     "max_turns",
     "topk",
@@ -47,7 +55,21 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer", help="HF id or folder whose chat template renders prompts (default: --model)"
     )
-    p.add_argument("--engine", help="server (OpenAI-compatible sglang/vLLM) | local (HF transformers)")
+    p.add_argument(
+        "--engine",
+        help="server (a running OpenAI-compatible sglang/vLLM) | sglang (start sglang.launch_server, GPU) | "
+        "local (HF transformers)",
+    )
+    p.add_argument(
+        "--sglang-command",
+        dest="sglang_command",
+        help="engine sglang: default 'python -m sglang.launch_server'",
+    )
+    p.add_argument(
+        "--sglang-args",
+        dest="sglang_args",
+        help="engine sglang: extra flags, e.g. '--mem-fraction-static 0.6'",
+    )
     p.add_argument("--api", help="completions (exact training template, default) | chat (server renders)")
     p.add_argument(
         "--llm-url", dest="llm_url", help="OpenAI-compatible base URL (default http://127.0.0.1:30000/v1)"
@@ -55,8 +77,42 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="local engine: auto | cpu | cuda")
     p.add_argument("--temperature", type=float, help="0 = greedy (default)")
     p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling (default 1.0)")
-    p.add_argument("--seed", type=int, help="sampling and QA subsampling seed (default 0)")
-    p.add_argument("--max-tokens-per-turn", dest="max_tokens_per_turn", type=int, help="default 500")
+    p.add_argument("--seed", type=int, help="decoding seed sent with every request (default 0)")
+    p.add_argument(
+        "--sample-seed", dest="sample_seed", type=int, help="which questions --limit picks (default 0)"
+    )
+    p.add_argument(
+        "--max-tokens-per-turn",
+        dest="max_tokens_per_turn",
+        type=int,
+        help="per-turn cap (default none: training's rule, what is left of the budget)",
+    )
+    p.add_argument(
+        "--max-prompt-tokens", dest="max_prompt_tokens", type=int, help="as training (default 1024)"
+    )
+    p.add_argument(
+        "--max-response-tokens",
+        dest="max_response_tokens",
+        type=int,
+        help="whole trajectory after the prompt, observations included, as training (default 4096)",
+    )
+    p.add_argument(
+        "--max-parallel-calls",
+        dest="max_parallel_calls",
+        type=int,
+        help="tool calls run per turn, as training (default 1)",
+    )
+    p.add_argument(
+        "--prompt-format",
+        dest="prompt_format",
+        help="searchrl (hermes tool calls, default) | search-r1 (<search> tags, for released checkpoints)",
+    )
+    p.add_argument(
+        "--max-failure-rate",
+        dest="max_failure_rate",
+        type=float,
+        help="share of questions with a search failure or LLM error that marks the run invalid (default 0.02)",
+    )
     p.add_argument(
         "--stop-after-tool-call",
         dest="stop_after_tool_call",
@@ -119,12 +175,53 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--tools", help="on,off (default both)")
     c.add_argument("--out", help="report directory (default ./reports)")
     c.add_argument("--title", help="report title")
+    c.add_argument(
+        "--force",
+        action="store_true",
+        help="compare runs over different questions or protocols (the report lists the differences)",
+    )
+    c.add_argument(
+        "--allow-invalid",
+        dest="allow_invalid",
+        action="store_true",
+        help="include runs marked invalid (too many failures, aborted); they are flagged in every table",
+    )
     _add_shared(c)
     c.set_defaults(handler=_compare)
 
+    b = sub.add_parser(
+        "eval-budget",
+        help="print the web search budget (requests) an evaluation needs, with its cost, before running it",
+        description="Worst-case upstream requests of RUNS evaluations over the selected questions (every "
+        "searching turn used, no cache hits, +1 pre-flight per run). The number goes to stdout, for "
+        "SEARCHRL_RETRIEVAL_WEB_DAILY_BUDGET; the explanation and the cost estimate go to stderr.",
+        argument_default=argparse.SUPPRESS,
+    )
+    b.add_argument("--runs", type=int, default=1, help="evaluation runs that search this backend (default 1)")
+    b.add_argument(
+        "--queries-per-call",
+        dest="queries_per_call",
+        type=int,
+        default=1,
+        help="queries per search (default 1)",
+    )
+    b.add_argument(
+        "--price-per-1k",
+        dest="price_per_1k",
+        type=float,
+        default=1.0,
+        help="your plan's price per 1,000 requests",
+    )
+    for flag in ("--qa", "--datasets", "--limit", "--sample-seed", "--max-turns", "--max-parallel-calls"):
+        dest = flag[2:].replace("-", "_")
+        b.add_argument(
+            flag, dest=dest, type=int if dest not in ("qa", "datasets") else str, help="as for eval"
+        )
+    b.set_defaults(handler=_eval_budget)
+
 
 def _eval(args: argparse.Namespace) -> int:
-    from infer.evaluate import paper_table, run_eval
+    from infer.evaluate import InvalidRunError, failure_cell, paper_table, run_eval
     from infer.settings import InferSettings
     from searchrl.config import load_settings
     from searchrl.logs import setup_logging
@@ -136,12 +233,53 @@ def _eval(args: argparse.Namespace) -> int:
     path, result = run_eval(settings)
     print(paper_table([result]))  # noqa: T201  (stdout carries results)
     print(f"wrote {path}", file=sys.stderr)  # noqa: T201
+    if not result["summary"]["valid"]:
+        raise InvalidRunError(
+            f"run INVALID, do not quote it: {result['summary']['invalid_reason']} (search failures by kind: "
+            f"{failure_cell(result['summary'])}; details in {path})"
+        )
+    return 0
+
+
+def _eval_budget(args: argparse.Namespace) -> int:
+    from infer.budget import plan_search_budget
+    from infer.evaluate import load_qa
+    from infer.settings import InferSettings
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+
+    s = load_settings(
+        InferSettings,
+        **given(args, "qa", "datasets", "limit", "sample_seed", "max_turns", "max_parallel_calls"),
+    )
+    items, _ = load_qa(s.qa, datasets=s.dataset_filter, limit=s.limit, seed=s.sample_seed)
+    try:
+        budget = plan_search_budget(
+            len(items),
+            runs=args.runs,
+            max_turns=s.max_turns,
+            max_parallel_calls=s.max_parallel_calls,
+            queries_per_call=args.queries_per_call,
+            price_per_1k=args.price_per_1k,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"eval-budget: {exc}") from None
+    print(budget.describe(), file=sys.stderr)  # noqa: T201
+    print(budget.requests)  # noqa: T201  (stdout: the number, for SEARCHRL_RETRIEVAL_WEB_DAILY_BUDGET)
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
     from infer.evaluate import paper_table
-    from infer.report import build_report, load_runs, parse_backends, parse_models, parse_tools, run_matrix
+    from infer.report import (
+        build_report,
+        check_comparable,
+        load_runs,
+        parse_backends,
+        parse_models,
+        parse_tools,
+        run_matrix,
+    )
     from infer.settings import InferSettings
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
@@ -159,6 +297,9 @@ def _compare(args: argparse.Namespace) -> int:
     elif not paths:
         raise ConfigError("give result files/directories, or --models and --backends to run the matrix")
     runs = load_runs(paths)
+    check_comparable(
+        runs, force=getattr(args, "force", False), allow_invalid=getattr(args, "allow_invalid", False)
+    )
     out = Path(getattr(args, "out", "reports"))
     report = build_report(runs, out, **given(args, "title"))  # type: ignore[arg-type]
     print(paper_table(runs))  # noqa: T201

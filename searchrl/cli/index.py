@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     b.add_argument(
         "--backend",
-        choices=["dense", "bm25", "all", "hybrid", "google", "serper", "searxng"],
+        choices=["dense", "bm25", "all", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"],
         help="which index: dense, bm25, all; a serving backend name builds what it serves from "
         "(hybrid = both, web backends = none). Default: the configured backend",
     )

@@ -37,7 +37,7 @@ def register_recall(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _recall(args: argparse.Namespace) -> int:
-    from retrieval.recall import as_dict, format_table, load_qa, measure_recall
+    from retrieval.recall import as_dict, format_table, load_qa, measure_recall, pairwise_table
     from retrieval.settings import RetrievalSettings
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
@@ -64,6 +64,8 @@ def _recall(args: argparse.Namespace) -> int:
         )
         results.append(measure_recall(settings, rows, args.k))
     sys.stdout.write(format_table(results) + "\n")
+    if len(results) > 1:  # rank backends only where the paired test separates them
+        sys.stdout.write("\n" + pairwise_table(results) + "\n")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([as_dict(r) for r in results], indent=2) + "\n")

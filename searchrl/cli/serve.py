@@ -20,7 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Run the retrieval service in the foreground; builds the index on first use.",
         argument_default=argparse.SUPPRESS,
     )
-    p.add_argument("--backend", help="bm25 | dense | hybrid | google | serper | searxng (default: bm25)")
+    p.add_argument(
+        "--backend",
+        help="bm25 | dense | hybrid | google (Serper/SerpAPI) | serper | serpapi | searxng | google-cse (default: bm25)",
+    )
     p.add_argument("--host", help="bind address (default 127.0.0.1; public needs RETRIEVAL_API_KEY)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--corpus", help="bundled | wiki18-100k | wiki18 | path to Search-R1 JSONL(.gz)")

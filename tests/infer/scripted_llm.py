@@ -4,7 +4,8 @@ It speaks the real wire format of vLLM/sglang for `GET /v1/models`, `POST /v1/co
 `POST /v1/chat/completions`, and replays fixed assistant turns: each model has a script
 `{question_key: [turn 1 text, turn 2 text, ...]}`; the script is picked by the key found in the prompt and the
 turn by how many assistant turns the prompt already holds. Every request body is kept in `app.state.requests`
-so tests can check the exact prompt the agent sent.
+so tests can check the exact prompt the agent sent. Setting `app.state.fail_after = N` makes every generation
+request after the first N answer 503, as a server that died mid-run (vLLM's error shape).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def _usage(prompt: str, completion: str) -> dict[str, int]:
 def create_scripted_app(scripts: Scripts) -> FastAPI:
     app = FastAPI()
     app.state.requests = []
+    app.state.fail_after = None
+
+    def _down() -> bool:
+        return app.state.fail_after is not None and len(app.state.requests) > app.state.fail_after
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -69,12 +74,20 @@ def create_scripted_app(scripts: Scripts) -> FastAPI:
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         app.state.requests.append(body)
+        if _down():
+            return _error(503, "server is shutting down")
         model, prompt = body.get("model"), body.get("prompt")
         if model not in scripts:
             return _error(404, f"The model `{model}` does not exist.")
         if not isinstance(prompt, str):
             return _error(400, "prompt must be a string")
-        turn = prompt.count(ASSISTANT_HEADER) - 1
+        # assistant turns so far; Search-R1's format continues one assistant turn after each <information>
+        turn = (
+            prompt.count(ASSISTANT_HEADER)
+            - 1
+            + prompt.count("</information>\n\n")
+            + prompt.count("try again.\n")
+        )
         text = _pick(scripts, model, _first_user_turn(prompt), turn)
         if text is None:
             return _error(400, "no scripted completion for this prompt")

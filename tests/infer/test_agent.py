@@ -20,7 +20,8 @@ from infer.agent import (
 )
 from infer.llm import ChatRenderer, Sampling, ServerLLM
 from retrieval.client import RetrievalClient
-from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_messages
+from searchrl.prompt import build_messages
+from searchrl.rollout import RolloutSpec, training_tool_schemas
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
 
@@ -97,7 +98,7 @@ def test_five_behaviours_against_live_retrieval(
                 scripted[0],
                 live_bm25_url,
                 chat_renderer,
-                AgentConfig(max_turns=2),
+                AgentConfig(rollout=RolloutSpec(max_turns=2)),
                 [qa[i]["question"] for i in ids],
             ),
             strict=True,
@@ -136,14 +137,16 @@ def test_prompt_is_the_training_token_stream(
     _, app = scripted
     question = questions()["q003"]["question"]
     app.state.requests.clear()
-    (ep,) = run_all(scripted[0], live_bm25_url, chat_renderer, AgentConfig(max_turns=2), [question])
+    (ep,) = run_all(
+        scripted[0], live_bm25_url, chat_renderer, AgentConfig(rollout=RolloutSpec(max_turns=2)), [question]
+    )
     prompts = [r["prompt"] for r in app.state.requests]
     assert len(prompts) == 2
 
     tok = chat_renderer.tokenizer
     builder = QwenContinuousTokenBuilder(tok)
     messages = build_messages(question)
-    ids = builder.build_initial_tokens(messages, tools=[SEARCH_TOOL_SCHEMA])
+    ids = builder.build_initial_tokens(messages, tools=training_tool_schemas())
     assert tok.decode(ids) == prompts[0]
     turn1 = ep.transcript[1]["content"]
     ids = builder.merge_assistant_tokens(
@@ -151,7 +154,7 @@ def test_prompt_is_the_training_token_stream(
     ).token_ids
     before = [*messages, {"role": "assistant", "content": turn1}]
     after = [*before, {"role": "tool", "content": ep.transcript[2]["content"]}]
-    ids = builder.merge_context_tokens(before, after, ids, tools=[SEARCH_TOOL_SCHEMA]).token_ids
+    ids = builder.merge_context_tokens(before, after, ids, tools=training_tool_schemas()).token_ids
     assert tok.decode(ids) == prompts[1]
 
 
@@ -163,7 +166,7 @@ def test_malformed_feedback_shows_the_error(
         scripted[0],
         live_bm25_url,
         chat_renderer,
-        AgentConfig(max_turns=1, malformed_feedback=True),
+        AgentConfig(rollout=RolloutSpec(max_turns=1), malformed_feedback=True),
         [question],
     )
     assert ep.stop_reason == STOP_MAX_TURNS and ep.turns == 2 and ep.malformed_calls == 2
@@ -191,16 +194,21 @@ def test_chat_mode_with_server_side_tool_parser(scripted, live_bm25_url: str) ->
         scripted[0],
         live_bm25_url,
         None,
-        AgentConfig(api="chat", max_turns=2),
+        AgentConfig(api="chat", rollout=RolloutSpec(max_turns=2)),
         [qa["q003"]["question"], qa["q008"]["question"]],
     )
     assert [(e.searches, e.turns) for e in eps] == [(1, 2), (2, 3)]
     assert "<answer> Ingmar Bergman </answer>" in eps[0].response
     second = next(r for r in app.state.requests if len(r["messages"]) == 3)
-    assert second["tools"] == [SEARCH_TOOL_SCHEMA]
+    assert second["tools"] == training_tool_schemas()
     roles = [m["role"] for m in second["messages"]]
     assert roles[:3] == ["user", "assistant", "tool"]
-    assert second["messages"][1]["tool_calls"][0]["function"]["name"] == "search"
+    # OpenAI's spec: a tool call has an id and string arguments; the tool message answers it by tool_call_id
+    (tc,) = second["messages"][1]["tool_calls"]
+    assert tc["function"]["name"] == "search" and tc["type"] == "function"
+    assert isinstance(tc["function"]["arguments"], str)
+    assert list(json.loads(tc["function"]["arguments"])) == ["query_list"]
+    assert tc["id"] and second["messages"][2]["tool_call_id"] == tc["id"]
 
 
 def test_unknown_tool_and_retrieval_failure_become_observations(
@@ -220,7 +228,7 @@ def test_unknown_tool_and_retrieval_failure_become_observations(
 
     async def go(url: str) -> Episode:
         async with ServerLLM(url, MODEL) as llm, RetrievalClient([dead], max_retries=0, timeout_s=1.0) as rc:
-            config = AgentConfig(max_turns=4, sampling=Sampling(max_tokens=50))
+            config = AgentConfig(rollout=RolloutSpec(max_turns=4), sampling=Sampling(max_tokens=50))
             return await SearchAgent(llm, rc, config, chat_renderer).run(questions()["q003"]["question"])
 
     for url, _ in serve_scripts(scripts):

@@ -14,7 +14,8 @@ from infer.agent import AgentConfig, SearchAgent
 from infer.llm import ChatRenderer, Sampling
 from infer.local import LocalLLM
 from searchrl.cli import main
-from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_messages
+from searchrl.prompt import build_messages
+from searchrl.rollout import RolloutSpec, training_tool_schemas
 from tests.conftest import TINY_QA
 
 QUESTION = "Who directed The Seventh Seal?"
@@ -23,7 +24,7 @@ QUESTION = "Who directed The Seventh Seal?"
 def test_local_completion_is_greedy_generate_on_the_rendered_prompt(tiny_model_dir: Path) -> None:
     llm = LocalLLM.from_pretrained(str(tiny_model_dir), device="cpu")
     renderer = ChatRenderer(llm.tokenizer)
-    prompt = renderer.initial(build_messages(QUESTION), [SEARCH_TOOL_SCHEMA])
+    prompt = renderer.initial(build_messages(QUESTION), training_tool_schemas())
     out = asyncio.run(llm.complete(prompt, Sampling(max_tokens=12)))
     assert out.finish_reason in ("stop", "length") and 0 < out.completion_tokens <= 12
 
@@ -51,7 +52,10 @@ def test_local_completion_is_greedy_generate_on_the_rendered_prompt(tiny_model_d
 def test_local_agent_runs_an_episode(tiny_model_dir: Path) -> None:
     llm = LocalLLM.from_pretrained(str(tiny_model_dir), device="cpu")
     agent = SearchAgent(
-        llm, None, AgentConfig(search=False, sampling=Sampling(max_tokens=8)), ChatRenderer(llm.tokenizer)
+        llm,
+        None,
+        AgentConfig(search=False, rollout=RolloutSpec(max_tokens_per_turn=8)),
+        ChatRenderer(llm.tokenizer),
     )
     ep = asyncio.run(agent.run(QUESTION))
     assert ep.turns == 1 and ep.searches == 0 and 0 < ep.completion_tokens <= 8

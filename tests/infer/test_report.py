@@ -117,11 +117,16 @@ def test_compare_matrix_report(
     assert set(table.rows) == set(labels)
     for r in runs:  # every number in the HTML table is the one in the JSON result
         row = table.rows[r["protocol"]["label"]]
-        assert row["dev"] == f"{r['per_dataset']['dev']['em']:.3f}"
+        dev = r["per_dataset"]["dev"]
+        assert row["dev"] == f"{dev['em']:.3f} [{dev['em_ci'][0]:.2f}, {dev['em_ci'][1]:.2f}]"
+        assert dev["n"] == 5 and dev["em_ci"][0] <= dev["em"] <= dev["em_ci"][1]
         assert row["avg"] == f"{r['summary']['em_avg']:.3f}"
         assert row["searches"] == f"{r['summary']['searches']:.3f}"
         assert row["n"] == "5"
+        assert row["failed"] == "0" and row["llm_errors"] == "0"
     em = {label: float(row["avg"]) for label, row in table.rows.items()}
+    # four runs tie at 0.600 (n=5): none is bolded, as no run is significantly better than all others
+    assert "num best" not in html_text
     assert em["trained-3b, bm25, search"] == 0.6 and em["base-3b, none, no-search"] == 0.6
     assert em["trained-3b, none, no-search"] == 0.2  # it only answers q013 without a tool
     # the same scripted turns over either backend: same searches (3 questions search 1, 2 and 2 times)
@@ -137,10 +142,12 @@ def test_compare_matrix_report(
     assert "id='q-dev/q008'" in html_text and "(Title: Forbidden City)" in html_text
 
     md = (out / "report.md").read_text()
-    assert md.startswith("# base vs trained") and "| trained-3b, bm25, search | 0.600 |" in md
-    assert "| run | dev | avg | F1 | searches/q | format ok |" in md
+    assert md.startswith("# base vs trained")
+    assert "| trained-3b, bm25, search | 0.600 [0.20, 1.00] (5) | 0.600 |" in md
+    assert "| run | dev EM (n) | avg EM | F1 | reward | searches/q | format ok | search failures |" in md
+    assert "## Paired comparisons" in md and "McNemar p" in md
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| run | dev | avg |" in capsys.readouterr().out
+    assert "| run | dev EM (n) | avg EM |" in capsys.readouterr().out
 
 
 def test_compare_over_existing_files_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

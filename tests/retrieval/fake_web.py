@@ -2,8 +2,12 @@
 
 Serves, on one FastAPI app (run it with tests.live.serve_in_thread):
   GET  /customsearch/v1   Google Custom Search JSON API (key, cx, q, num 1-10, start; start + num <= 100)
-  POST /serper/search     serper.dev (X-API-KEY header, JSON {"q", "num"})
+  POST /serper/search     serper.dev (X-API-KEY header, JSON {"q", "num", "gl", "hl"})
+  GET  /serpapi/search.json  SerpAPI (engine=google, q, num, gl, hl, api_key; `organic_results`, {"error"})
   GET  /searxng/search    SearXNG (q, format=json, pageno; 10 results a page)
+  GET  /pages/{title}     an HTML article page for a corpus passage (navigation, script and footer around it),
+                          linked from Serper/SerpAPI results when `link_pages` is set (page-mode tests)
+`prepend` puts extra organic results (title, url, snippet) first, e.g. a benchmark answer key on huggingface.co.
 Answers come from the 20-passage tiny corpus ranked by query-term overlap, rendered as Wikipedia hits in the
 providers' response formats, or, for RECORDED queries, a captured-format Custom Search response verbatim.
 `plan` injects failures for the next requests: "429" (per-minute rate limit), "429-daily" (daily quota),
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
@@ -33,6 +37,7 @@ from tests.live import serve_in_thread
 GOOGLE_KEY = "AIzaSyD-fake-google-key-7f3a9c1e5b"
 CSE_ID = "017576662512468239146:omuauf_lfve"
 SERPER_KEY = "serper-fake-key-4b8d2e6f0a"
+SERPAPI_KEY = "serpapi-fake-key-9c1d3e5f7a2b"
 
 WIKI = "https://en.wikipedia.org/wiki/"
 URL_TEMPLATE = (
@@ -187,6 +192,9 @@ class FakeSearchAPIs:
         self.url = ""  # set once served
         self.plan: deque[Any] = deque()
         self.requests: list[dict[str, Any]] = []
+        self.serpapi_key = SERPAPI_KEY
+        self.link_pages = False
+        self.prepend: list[tuple[str, str, str]] = []
         self._lock = threading.Lock()
 
     def reset(self) -> None:
@@ -212,6 +220,33 @@ class FakeSearchAPIs:
             await asyncio.sleep(action[1])
             return None
         return action
+
+    def organic(self, query: str, num: int) -> list[dict[str, Any]]:
+        """Serper/SerpAPI organic results: `prepend` first, then corpus hits (linked to /pages when asked)."""
+        out = [{"title": t, "link": u, "snippet": x} for t, u, x in self.prepend]
+        for t, x in self.ranked(query):
+            link = (
+                f"{self.url}/pages/{t.replace(' ', '_')}" if self.link_pages else WIKI + t.replace(" ", "_")
+            )
+            out.append({"title": f"{t} - Wikipedia", "link": link, "snippet": x[:150] + "..."})
+        return [{**o, "position": i} for i, o in enumerate(out[:num], start=1)]
+
+    def page_html(self, title: str) -> str | None:
+        text = next((x for t, x in self.passages if t == title), None)
+        if text is None:
+            return None
+        return (
+            "<html><head><title>" + title + "</title><script>var tracking = 'do not read this';</script>"
+            "<style>body{font-family:serif}</style></head><body>"
+            "<nav><a href='/'>Home</a> <a href='/random'>Random article</a> Donate Log in</nav>"
+            "<header>From Wikipedia, the free encyclopedia</header>"
+            f"<article><h1>{title}</h1><p>{text}</p>"
+            "<p>This paragraph is filler about unrelated matters such as weather patterns, railway timetables and "
+            "the price of bread in several provincial markets during the nineteenth century, repeated. "
+            * 3
+            + "</p></article><footer>Text is available under the Creative Commons Attribution-ShareAlike "
+            "License; additional terms may apply. Privacy policy About Disclaimers</footer></body></html>"
+        )
 
     # --- Google Custom Search ----------------------------------------------------------------------------
     def google_page(self, query: str, num: int, start: int) -> dict[str, Any]:
@@ -309,27 +344,60 @@ class FakeSearchAPIs:
                 )
             if request.headers.get("x-api-key") != self.serper_key:
                 return JSONResponse({"message": "Unauthorized.", "statusCode": 403}, status_code=403)
-            hits = self.ranked(body["q"])[: int(body.get("num", 10))]
             return JSONResponse(
                 {
                     "searchParameters": {
                         "q": body["q"],
+                        "gl": body.get("gl", "us"),
+                        "hl": body.get("hl", "en"),
                         "type": "search",
                         "num": body.get("num", 10),
                         "engine": "google",
                     },
-                    "organic": [
-                        {
-                            "title": f"{t} - Wikipedia",
-                            "link": WIKI + t.replace(" ", "_"),
-                            "snippet": x[:150] + "...",
-                            "position": i,
-                        }
-                        for i, (t, x) in enumerate(hits, start=1)
-                    ],
+                    "organic": self.organic(body["q"], int(body.get("num", 10))),
                     "credits": 1,
                 }
             )
+
+        @app.get("/serpapi/search.json")
+        async def serpapi(request: Request) -> JSONResponse:
+            p = dict(request.query_params)
+            action = await self._next_action("serpapi", p)
+            if action == "429-daily":
+                return JSONResponse({"error": "Your account has run out of searches."}, status_code=429)
+            if action in ("500", "503"):
+                return JSONResponse({"error": "Internal error."}, status_code=int(action))
+            if p.get("api_key") != self.serpapi_key:
+                return JSONResponse(
+                    {
+                        "error": "Invalid API key. Your API key should be here: https://serpapi.com/manage-api-key"
+                    },
+                    status_code=401,
+                )
+            if p.get("engine") != "google" or not p.get("q"):
+                return JSONResponse({"error": "Missing query `q` parameter."}, status_code=400)
+            organic = self.organic(p["q"], int(p.get("num", 10)))
+            body: dict[str, Any] = {
+                "search_metadata": {
+                    "id": "fake",
+                    "status": "Success",
+                    "json_endpoint": "https://serpapi.com/x",
+                },
+                "search_parameters": {k: v for k, v in p.items() if k != "api_key"},
+            }
+            if organic:
+                body["organic_results"] = organic
+            else:
+                body["error"] = "Google hasn't returned any results for this query."
+            return JSONResponse(body)
+
+        @app.get("/pages/{name}")
+        async def page(name: str) -> HTMLResponse:
+            await self._next_action("page", {"name": name})
+            html = self.page_html(name.replace("_", " "))
+            if html is None:
+                return HTMLResponse("<html><body>Not found</body></html>", status_code=404)
+            return HTMLResponse(html)
 
         @app.get("/searxng/search")
         async def searxng(request: Request) -> JSONResponse:
@@ -376,13 +444,15 @@ def serve_fake() -> Iterator[FakeSearchAPIs]:
         yield apis
 
 
-def web_settings(fake: FakeSearchAPIs, backend: str = "google", **kw: Any) -> RetrievalSettings:
+def web_settings(fake: FakeSearchAPIs, backend: str = "google-cse", **kw: Any) -> RetrievalSettings:
     """Settings pointing every web backend at the fake, with test-sized back-off and no rate limit."""
     base: dict[str, Any] = dict(
         backend=backend,
         google_api_key=GOOGLE_KEY,
         google_cse_id=CSE_ID,
         serper_api_key=SERPER_KEY,
+        serpapi_api_key=SERPAPI_KEY,
+        serpapi_base_url=f"{fake.url}/serpapi/search.json",
         google_base_url=f"{fake.url}/customsearch/v1",
         serper_base_url=f"{fake.url}/serper/search",
         searxng_base_url=f"{fake.url}/searxng",

@@ -97,19 +97,19 @@ def test_namespace_tells_corpora_and_engines_apart(tmp_path: Path) -> None:
     hybrid = RetrievalSettings(backend="hybrid", corpus="bundled")
     assert len({cache_namespace(s) for s in (bm25, other, dense, hybrid)}) == 4
     assert cache_namespace(hybrid) != cache_namespace(hybrid.model_copy(update={"hybrid_rrf_k": 10.0}))
-    google = RetrievalSettings(backend="google", google_api_key=GOOGLE_KEY, google_cse_id=CSE_ID)
+    google = RetrievalSettings(backend="google-cse", google_api_key=GOOGLE_KEY, google_cse_id=CSE_ID)
     ns = cache_namespace(google)
     assert GOOGLE_KEY not in ns and CSE_ID not in ns
     assert ns != cache_namespace(google.model_copy(update={"google_cse_id": SecretStr("another-engine")}))
 
 
 def test_build_backend_wraps_only_when_cache_is_on(tmp_path: Path) -> None:
-    settings = RetrievalSettings(backend="google", google_api_key=GOOGLE_KEY, google_cse_id=CSE_ID)
+    settings = RetrievalSettings(backend="google-cse", google_api_key=GOOGLE_KEY, google_cse_id=CSE_ID)
     assert not isinstance(build_backend(settings), CachedBackend)
     cached = build_backend(
         settings.model_copy(update={"cache_mode": "on", "cache_path": tmp_path / "c.sqlite"})
     )
-    assert isinstance(cached, CachedBackend) and cached.name == "google"
+    assert isinstance(cached, CachedBackend) and cached.name == "google-cse"
     assert cached.info()["query_cache"]["mode"] == "on"
 
 
@@ -149,7 +149,7 @@ def test_record_then_replay_makes_zero_upstream_calls(tmp_path: Path, fake: Fake
 
     # replay: no key, no engine id, no reachable upstream needed; the answers are the recorded ones
     replay_settings = RetrievalSettings(
-        backend="google",
+        backend="google-cse",
         cache_mode="replay",
         cache_path=path,
         google_cse_id=CSE_ID,

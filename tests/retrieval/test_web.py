@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from retrieval.backends import build_backend
-from retrieval.backends.web import DailyBudget, GoogleBackend, SearxngBackend, SerperBackend
+from retrieval.backends.web import DailyBudget, GoogleCSEBackend, SearxngBackend, SerperBackend
 from retrieval.settings import RetrievalSettings
 from searchrl.errors import BackendError, ConfigError, QuotaExceededError
 from tests.retrieval.fake_web import (
@@ -209,7 +209,7 @@ def test_key_never_in_logs_or_errors(fake: FakeSearchAPIs, caplog: pytest.LogCap
 
 def test_missing_credentials_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="GOOGLE_API_KEY and GOOGLE_CSE_ID"):
-        build_backend(RetrievalSettings(backend="google"))
+        build_backend(RetrievalSettings(backend="google-cse"))
     with pytest.raises(ConfigError, match="SERPER_API_KEY"):
         build_backend(RetrievalSettings(backend="serper"))
 
@@ -219,9 +219,9 @@ def test_credentials_come_from_the_environment(fake: FakeSearchAPIs, monkeypatch
     monkeypatch.setenv("GOOGLE_API_KEY", GOOGLE_KEY)
     monkeypatch.setenv("GOOGLE_CSE_ID", CSE_ID)
     settings = RetrievalSettings(
-        backend="google", google_base_url=f"{fake.url}/customsearch/v1", web_rate_limit_rps=0
+        backend="google-cse", google_base_url=f"{fake.url}/customsearch/v1", web_rate_limit_rps=0
     )
-    assert isinstance(build_backend(settings), GoogleBackend)
+    assert isinstance(build_backend(settings), GoogleCSEBackend)
     [hits] = run_search(settings, ["the seventh seal"], 2)
     assert len(hits) == 2
 
@@ -234,7 +234,8 @@ def test_serper_posts_json_with_header_key(fake: FakeSearchAPIs) -> None:
     assert hits[0].document.id == "https://en.wikipedia.org/wiki/The_Seventh_Seal"
     assert len(hits) == 12
     [req] = fake.requests
-    assert req["params"] == {"q": "the seventh seal film", "num": 12}
+    # 5 extra results so blocklisted sites can be dropped; country and language pinned
+    assert req["params"] == {"q": "the seventh seal film", "num": 17, "gl": "us", "hl": "en"}
     with pytest.raises(BackendError, match="HTTP 403: Unauthorized.; check SERPER_API_KEY"):
         run_search(web_settings(fake, "serper", serper_api_key="wrong"), ["chess"], 3)
 

@@ -1,0 +1,46 @@
+"""The web search budget an eval needs, printed (with its cost) before the run; the infer recipe uses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infer.budget import plan_search_budget
+from searchrl.cli import main
+from tests.conftest import TINY_QA
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_worst_case_budget_and_cost() -> None:
+    b = plan_search_budget(200 * 7, runs=2, max_turns=4, price_per_1k=1.0)
+    assert b.requests == 2 * (1400 * 4 + 1) == 11202  # the old recipe's 100/day covered 0.9% of it
+    assert b.cost == pytest.approx(11.21)
+    assert "11202 requests at most" in b.describe()
+    with pytest.raises(ValueError):
+        plan_search_budget(0)
+
+
+def test_cli_prints_the_number_on_stdout_and_the_cost_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["eval-budget", "--qa", str(TINY_QA), "--runs", "2", "--max-turns", "2", "--price-per-1k", "5"])
+        == 0
+    )
+    out, err = capsys.readouterr()
+    assert out.strip() == str(2 * (5 * 2 + 1))
+    assert "at most 0.11" in err
+    assert main(["eval-budget", "--qa", str(TINY_QA), "--runs", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: eval-budget:")
+
+
+def test_infer_recipe_sizes_the_google_budget_and_records_a_cache() -> None:
+    run = yaml.safe_load((REPO / "sky" / "infer.yaml").read_text())["run"]
+    budget_at = run.index("searchrl eval-budget")
+    google_at = run.index("searchrl serve --backend google")
+    assert budget_at < google_at < run.index("searchrl compare")
+    serve_line = run[run.rindex("\n", 0, google_at - 200) : google_at]
+    assert 'SEARCHRL_RETRIEVAL_WEB_DAILY_BUDGET="$WEB_BUDGET"' in serve_line
+    assert "SEARCHRL_RETRIEVAL_CACHE_MODE=record" in serve_line
+    assert "GOOGLE_CSE_ID" not in (REPO / "sky" / "infer.yaml").read_text()
