@@ -70,9 +70,9 @@ def training_tool_schemas() -> list[dict[str, Any]]:
 
 def truncate_tool_response(text: str, limit: int) -> str:
     """verl's cut of an over-long tool response (ToolAgentLoop._call_tool, truncate side "right", as our
-    overrides set it): the first `limit` characters plus "...(truncated)". Our tool already caps its text at
-    the same budget but appends "...", so a capped observation is over the limit by 3 and verl cuts it again;
-    eval applies the same rule so the model reads the same characters."""
+    overrides set it): the first `limit` characters plus "...(truncated)". Our tool caps its text at the same
+    budget, marker included, so this never fires for it; eval applies the rule anyway so that any text over the
+    budget reads exactly as verl would have shown it."""
     if text and len(text) > limit:
         return text[:limit] + "...(truncated)"
     return text

@@ -162,7 +162,8 @@ def test_response_budget_cuts_where_verl_cuts(
 def test_overlong_observation_is_cut_as_verl_cuts_it(
     tmp_path: Path, live_bm25_url: str, offline_tokenizer: Any, compose: Any, qa_sample: Path
 ) -> None:
-    """Four queries in one call: more passages than the observation budget; verl cuts with "...(truncated)"."""
+    """Four queries in one call: more passages than the observation budget. The tool caps its text at the
+    budget, marker included, so verl does not cut it a second time ("...(truncated)"), and eval reads the same."""
     tok = offline_tokenizer
     replies = [
         f"{THINK_SEARCH}\n"
@@ -174,5 +175,7 @@ def test_overlong_observation_is_cut_as_verl_cuts_it(
     output, _ = _verl(tmp_path, qa_sample, live_bm25_url, tok, compose, replies)
     ids, ep, _ = _infer_ids(tok, live_bm25_url, InferSettings(retrieval_url=live_bm25_url), replies)
     observation = ep.transcript[2]["content"]
-    assert observation.endswith("...(truncated)")
+    limit = InferSettings(retrieval_url=live_bm25_url).rollout.observation_chars
+    assert len(observation) == limit and observation.endswith("...")
+    assert "(truncated)" not in observation
     assert ids == list(output.prompt_ids) + list(output.response_ids)
