@@ -238,6 +238,12 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
             yield
         finally:
             app.state.draining = True
+            # uvicorn has waited for every accepted request by now; this line is what drain tests check
+            log.info(
+                "drained: %d /retrieve requests answered since start, %d still in flight at shutdown",
+                app.state.answered,
+                app.state.in_flight,
+            )
             watchdog.cancel()
             with suppress(asyncio.CancelledError):
                 await watchdog
@@ -275,6 +281,8 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
     metrics = RetrievalMetrics()
     app.state.metrics = metrics
     app.state.draining = False
+    app.state.answered = 0  # /retrieve 200s (the drain log line reports it)
+    app.state.in_flight = 0
     body_model = request_model(settings)
 
     app.add_middleware(RequestGuard, settings=settings, metrics=metrics, state=app.state)
@@ -409,14 +417,18 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         queries = body.query_list
         topk = body.topk if body.topk is not None else settings.topk
         be: Backend = request.app.state.backend
+        app.state.in_flight += 1
         try:
             hits = await be.search(queries, topk)
         except Exception as exc:  # counted here, answered by the exception handlers above
             status, kind = _error_kind(exc)
             metrics.observe_request(status, len(queries), time.perf_counter() - started, kind)
             raise
+        finally:
+            app.state.in_flight -= 1
         response = JSONResponse(hits_to_payload(hits, return_scores=body.return_scores))
         metrics.observe_request(200, len(queries), time.perf_counter() - started)
+        app.state.answered += 1
         return response
 
     return app

@@ -68,14 +68,14 @@ def guarded_protocol(header_timeout_s: float, max_header_bytes: int) -> type:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self._header_timer is not None:
+            awaiting_headers = self._header_timer is not None
+            super().data_received(data)  # on_headers_complete disarms the timer if the headers ended here
+            if awaiting_headers and self._header_timer is not None:
                 self._header_bytes += len(data)
-                if self._header_bytes > max_header_bytes:
+                if self._header_bytes > max_header_bytes and not self.transport.is_closing():
                     self._disarm()
                     self.transport.write(_TOO_LARGE_HEADERS)
                     self.transport.close()
-                    return
-            super().data_received(data)
 
         def on_headers_complete(self) -> None:
             self._disarm()
