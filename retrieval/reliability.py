@@ -191,17 +191,24 @@ async def run_load(
     *,
     seconds: float | None = None,
     per_client: int | None = None,
+    until: asyncio.Event | None = None,
 ) -> Outcome:
     """`clients` concurrent loops over the query pool (each client its own offset), for `seconds` or
-    `per_client` calls each. Every answer is compared with `expected`."""
+    `per_client` calls each (and, with `until`, at least until it is set). Every answer is compared with
+    `expected`."""
     pool = list(expected)
     out = Outcome()
     stop_at = time.monotonic() + seconds if seconds is not None else None
 
+    def more(n: int) -> bool:
+        if until is not None and not until.is_set():
+            return True
+        return (per_client is None or n < per_client) and (stop_at is None or time.monotonic() < stop_at)
+
     async def worker(w: int) -> None:
         i = w
         n = 0
-        while (per_client is None or n < per_client) and (stop_at is None or time.monotonic() < stop_at):
+        while more(n):
             q = pool[i % len(pool)]
             i += clients
             n += 1
@@ -329,12 +336,15 @@ async def _with_fault(
                 else:
                     reps[0].signal(signal.SIGCONT)
                 times["back"] = time.monotonic()
-                while breaker() != "closed" and time.monotonic() - times["back"] < seconds:
+                # calls keep going until the breaker closed (a probe needs traffic), at most 60 s more
+                while breaker() != "closed" and time.monotonic() - times["back"] < 60:
                     await asyncio.sleep(0.005)
                 times["closed"] = time.monotonic()
+                recovered.set()
 
+            recovered = asyncio.Event()
             injector = asyncio.create_task(inject())
-            out = await run_load(call, expected, clients, seconds=seconds)
+            out = await run_load(call, expected, clients, seconds=seconds, until=recovered)
             await injector
             st = stats()
         finally:
