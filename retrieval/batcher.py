@@ -361,8 +361,7 @@ class Batcher:
             self._loop_batches()
         except BaseException as exc:  # recorded for problem(): /ready then fails and the replica is replaced
             self._worker_error = exc
-            log.exception("%s: worker thread died", self.name)
-            raise
+            log.exception("%s: worker thread died", self.name)  # logged once here; the thread then ends
 
     def _loop_batches(self) -> None:
         assert self._loop is not None
