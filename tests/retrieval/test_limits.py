@@ -269,3 +269,24 @@ def test_oversized_headers_get_431_and_a_closed_connection() -> None:
             assert answer.startswith(b"HTTP/1.1 431") and b"max_header_bytes" in answer
             assert sock.recv(4096) == b""  # closed
         assert httpx.get(url + "/health").status_code == 200
+
+
+# --- docs: the dashboard and the alerts name only metrics the service exports ----------------------------------
+
+
+def test_dashboard_and_alerts_use_exported_metric_names() -> None:
+    import json
+    import re
+
+    from retrieval.metrics import RetrievalMetrics
+    from tests.conftest import REPO
+
+    exported = set(re.findall(r"^# TYPE (\S+) ", RetrievalMetrics().render().decode(), flags=re.M))
+    dashboard = json.loads((REPO / "docs/grafana/retrieval-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    text = exprs + (REPO / "docs/operations.md").read_text()
+    named = set(re.findall(r"searchrl_retrieval_[a-z_]+", text))
+    assert len(named) >= 8
+    for name in named:
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in exported or base in exported, name
