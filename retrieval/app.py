@@ -331,9 +331,13 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         """Liveness: the process and its event loop answer. No work, no auth."""
         return {"status": "ok"}
 
+    # With auth on, every route but /health may answer 401 with the error body.
+    auth_doc: dict[int | str, dict[str, Any]] = (
+        {401: {"model": ErrorBody, "description": "missing or wrong bearer token"}} if api_keys else {}
+    )
     ready_doc: dict[str, Any] = {
         "response_model": ReadyBody,
-        "responses": {503: {"model": ReadyBody, "description": "not ready; `detail` says why"}},
+        "responses": {503: {"model": ReadyBody, "description": "not ready; `detail` says why"}, **auth_doc},
     }
 
     @app.post("/ready", operation_id="ready_post", **ready_doc)
@@ -352,14 +356,15 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         "/metrics",
         response_class=PlainTextResponse,
         responses={
-            200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"}
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"},
+            **auth_doc,
         },
     )
     async def prometheus_metrics() -> Response:
         """Prometheus text exposition format (needs the bearer token when auth is on)."""
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/")
+    @app.get("/", responses=auth_doc)
     async def describe(request: Request) -> dict[str, Any]:
         be: Backend = request.app.state.backend
         return {
@@ -389,8 +394,7 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
             "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}},
         },
     }
-    if api_keys:
-        retrieve_responses[401] = {**error_doc, "description": "missing or wrong bearer token"}
+    retrieve_responses.update(auth_doc)
 
     @app.post(
         "/retrieve",

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,9 @@ def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
     """call(query) through the verl SearchTool (what rollouts run), its client's stats, and close."""
     from trainer.tool import SearchTool
 
-    tool = SearchTool({"type": "native", "retrieval_urls": urls, "timeout_s": 2.0, "max_retries": 3})
+    # verl's BaseTool prints the tool schema on stdout; stdout carries only the results table here
+    with contextlib.redirect_stdout(sys.stderr):
+        tool = SearchTool({"type": "native", "retrieval_urls": urls, "timeout_s": 2.0, "max_retries": 3})
 
     async def call(query: str) -> str:
         instance_id, _ = await tool.create(create_kwargs={"question": query})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from retrieval.reliability import (
     big_body,
@@ -42,29 +43,36 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> RetrievalSettings:
     )
 
 
-def test_schema_fuzzing_finds_nothing_and_the_service_stays_healthy(settings: RetrievalSettings) -> None:
+@pytest.mark.parametrize("token", [None, "fuzz-token-5b1e"])
+def test_schema_fuzzing_finds_nothing_and_the_service_stays_healthy(
+    settings: RetrievalSettings, token: str | None
+) -> None:
     """schemathesis, every check, positive and negative data, against the real app in uvicorn with the
-    service's own protocol settings (header deadline, connection cap)."""
+    service's own protocol settings (header deadline, connection cap); with and without auth."""
     from retrieval.app import create_app
     from retrieval.server import make_config
     from tests.live import serve_in_thread
 
+    settings = settings.model_copy(update={"api_key": SecretStr(token) if token else None})
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     app = create_app(settings)
     cfg = make_config(app, settings)
     kwargs = {k: getattr(cfg, k) for k in ("http", "limit_concurrency", "timeout_keep_alive")}
     with serve_in_thread(app, **kwargs) as url:
         st = Path(sys.executable).with_name("st")
+        auth = ["-H", f"Authorization: Bearer {token}"] if token else []
         run = subprocess.run(
             [str(st), "run", url + "/openapi.json", "--checks", "all", "--mode", "all", "-n", "60"]
-            + ["--seed", "13", "--no-color"],
+            + ["--seed", "13", "--no-color", *auth],
             capture_output=True,
             text=True,
             timeout=180,
         )
         assert run.returncode == 0, run.stdout[-4000:]
         assert "No issues found" in run.stdout
-        assert httpx.get(url + "/ready").json() == {"ready": True, "detail": "ok"}
-        r = httpx.post(url + "/retrieve", json={"query": "Who directed The Seventh Seal?", "topk": 1})
+        assert httpx.get(url + "/ready", headers=headers).json() == {"ready": True, "detail": "ok"}
+        q = {"query": "Who directed The Seventh Seal?", "topk": 1}
+        r = httpx.post(url + "/retrieve", json=q, headers=headers)
         assert r.status_code == 200 and "Seventh Seal" in r.text
 
 
