@@ -9,7 +9,8 @@ Failure policy, built so one bad replica never stalls a training run:
 - **Circuit breaker per URL** (`CircuitBreaker`): a refused connection opens it at once, `breaker_failures`
   consecutive timeouts/5xx open it too. An open URL is skipped (a dead replica costs one fast failure, not a
   timeout per call), and after `breaker_reset_s` (doubling up to `breaker_max_reset_s`) one probe request is let
-  through (half-open); success closes it. 429 and 503 are load signals, not faults: they never open it.
+  through (half-open); success closes it. 429 and 503 are load signals, not faults: they never open it. With a
+  single URL (e.g. SkyServe's load balancer) the breaker is off: there is no other replica to send the call to.
 - **Deadlines:** `connect_timeout_s` for the TCP connect, `timeout_s` per attempt (reading the answer), waiting
   for one of our own `max_connections` slots is bounded separately by `pool_timeout_s` (kind "pool"), and the
   whole call, retries included, by `deadline_s`.
@@ -154,7 +155,7 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """May a request go to this URL now? Claims the single probe slot when half-open."""
-        if self.state == "closed":
+        if self.state == "closed" or self.failures <= 0:
             return True
         if self.state == "open" and self.clock() >= self._open_until:
             self.state = "half_open"
@@ -180,6 +181,8 @@ class CircuitBreaker:
     def record_failure(self, kind: str) -> bool:
         """Count a fault; returns True when this failure opened the breaker."""
         self.consecutive += 1
+        if self.failures <= 0:  # disabled
+            return False
         if self.state == "half_open":
             # the probe failed: stay away for longer
             self._cooldown = min(self.max_reset_s, self._cooldown * 2)
@@ -257,10 +260,11 @@ class RetrievalClient:
         self.connect_timeout_s = min(connect_timeout_s, timeout_s)
         self.pool_timeout_s = pool_timeout_s
         self.deadline_s = deadline_s if deadline_s is not None else timeout_s * (max_retries + 1)
+        # With one URL there is nowhere else to go: skipping it would only fail calls without trying, so the
+        # breaker is off and retries with back-off pace the calls instead.
+        failures = breaker_failures if len(self.urls) > 1 else 0
         self.breakers = {
-            u: CircuitBreaker(
-                failures=breaker_failures, reset_s=breaker_reset_s, max_reset_s=breaker_max_reset_s
-            )
+            u: CircuitBreaker(failures=failures, reset_s=breaker_reset_s, max_reset_s=breaker_max_reset_s)
             for u in self.urls
         }
         self._stats = {u: UrlStats() for u in self.urls}

@@ -332,3 +332,20 @@ def test_hung_replica_costs_one_timeout_then_the_breaker_skips_it(
         stats["urls"][hung_url]["failed"] == {"timeout": 1} and stats["urls"][hung_url]["breaker"] == "open"
     )
     assert elapsed < 2.0
+
+
+def test_single_url_has_no_breaker_every_attempt_is_tried() -> None:
+    """One URL (SkyServe's load balancer): skipping it could only fail calls without trying."""
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def go() -> dict[str, Any]:
+        client = RetrievalClient(dead, max_retries=2, backoff_base_s=0.01, backoff_max_s=0.02)
+        with pytest.raises(RetrievalUnavailableError):
+            await client.search(["q"], 1)
+        await client.aclose()
+        return client.stats()["urls"][dead]
+
+    url_stats = run(go())
+    assert (
+        url_stats["sent"] == 3 and url_stats["breaker"] == "closed" and url_stats["failed"] == {"connect": 3}
+    )
