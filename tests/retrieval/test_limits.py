@@ -290,3 +290,11 @@ def test_dashboard_and_alerts_use_exported_metric_names() -> None:
     for name in named:
         base = re.sub(r"_(bucket|sum|count)$", "", name)
         assert name in exported or base in exported, name
+
+
+def test_reliability_cli_unknown_scenario_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from searchrl.cli import main
+
+    assert main(["reliability", "--only", "soak,explode"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --only: unknown scenario(s) explode; choose from soak,")
