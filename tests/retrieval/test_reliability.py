@@ -80,7 +80,8 @@ def test_200_mb_body_is_refused_while_reading(settings: RetrievalSettings, tmp_p
     row = big_body(settings, tmp_path, megabytes=200)
     assert row["status_line"].startswith("HTTP/1.1 413"), row
     assert row["sent_mb"] < 200  # the server stopped reading long before the end
-    assert (row["rss_peak_mb"] - row["rss_before_mb"]) < row["limit_mb"], row
+    # memory holds at most what the guard buffers before refusing (the limit) plus allocator slack, not the body
+    assert (row["rss_peak_mb"] - row["rss_before_mb"]) < row["limit_mb"] + 2, row
     assert row["health_probes"] >= 10 and row["health_max_ms"] < 100, row
 
 
