@@ -19,7 +19,7 @@ from retrieval.app import create_app
 from retrieval.ratelog import RateLimitedLog
 from retrieval.settings import RetrievalSettings
 from searchrl.errors import ConfigError
-from tests.conftest import TINY_CORPUS
+from tests.conftest import TINY_CORPUS, TINY_QA
 from tests.retrieval.batching import BatchedBackend, HashedFlatSearch
 
 SEAL = {"queries": ["Who directed The Seventh Seal?"], "topk": 1}
@@ -64,7 +64,7 @@ def test_bad_key_file_is_a_config_error(tmp_path: Path, content: str) -> None:
 
 
 @pytest.mark.live
-def test_token_never_appears_in_logs_metrics_errors_or_ps(tmp_path: Path) -> None:
+def test_token_never_appears_in_logs_metrics_errors_ps_or_run_record(tmp_path: Path) -> None:
     from retrieval.indexing import ensure_index
     from tests.live import free_port
 
@@ -110,6 +110,7 @@ def test_token_never_appears_in_logs_metrics_errors_or_ps(tmp_path: Path) -> Non
         seen.append(httpx.get(url + "/", headers=good).text)
         seen.append(httpx.get(url + "/ready", headers=good).text)
         seen.append(subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout)
+        seen.append(_eval_run_record(url, TOKEN))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -117,6 +118,21 @@ def test_token_never_appears_in_logs_metrics_errors_or_ps(tmp_path: Path) -> Non
     assert "Seventh Seal" in seen[0]
     for text in seen:
         assert TOKEN not in text and OLD not in text
+
+
+def _eval_run_record(url: str, token: str) -> str:
+    """The run record an eval writes (infer/evaluate.py build_protocol), with what GET / said, as JSON."""
+    import asyncio
+    import json
+
+    from infer.evaluate import build_protocol, fetch_retrieval_info
+    from infer.settings import InferSettings
+
+    settings = InferSettings(retrieval_url=url, retrieval_api_key=token)
+    info = asyncio.run(fetch_retrieval_info(settings.retrieval_urls, token))
+    assert info.get("auth") is True
+    record = build_protocol(settings, retrieval_info=info, qa_path=TINY_QA, n_questions=1, chat_template=None)
+    return json.dumps(record) + json.dumps(settings.model_dump(mode="json"))
 
 
 # --- /ready and the watchdog ------------------------------------------------------------------------------
