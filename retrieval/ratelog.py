@@ -60,4 +60,40 @@ class RateLimitedLog:
         return self.log(logging.INFO, key, msg, *args)
 
 
-__all__ = ["RateLimitedLog"]
+class RateLimitFilter(logging.Filter):
+    """The same aggregation for a third-party logger we cannot change (uvicorn writes one WARNING per refused
+    connection: "Exceeded concurrency limit.", "Invalid HTTP request received."). Keyed by the message
+    template; levels below `min_level` pass untouched."""
+
+    def __init__(
+        self,
+        interval_s: float = 10.0,
+        *,
+        min_level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self.min_level = min_level
+        self.clock = clock
+        self._slots: dict[str, _Slot] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self.min_level:
+            return True
+        key = str(record.msg)
+        now = self.clock()
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is not None and now - slot.last_emit < self.interval_s:
+                slot.suppressed += 1
+                return False
+            suppressed = slot.suppressed if slot is not None else 0
+            self._slots[key] = _Slot(last_emit=now)
+        if suppressed:
+            record.msg = f"{record.msg} (+{suppressed} more like this in the last {self.interval_s:.0f}s)"
+        return True
+
+
+__all__ = ["RateLimitFilter", "RateLimitedLog"]

@@ -15,6 +15,7 @@ import logging
 import os
 from typing import Any
 
+from retrieval.ratelog import RateLimitFilter
 from retrieval.settings import RetrievalSettings
 from searchrl.errors import ConfigError
 
@@ -106,7 +107,19 @@ def make_config(app: Any, settings: RetrievalSettings, **overrides: Any) -> Any:
         "lifespan": "on",
     }
     kwargs.update(overrides)
-    return uvicorn.Config(app, **kwargs)
+    config = uvicorn.Config(app, **kwargs)  # configures uvicorn's loggers: add the filter after
+    quiet_uvicorn_floods()
+    return config
+
+
+_UVICORN_FILTER = RateLimitFilter()
+
+
+def quiet_uvicorn_floods() -> None:
+    """Aggregate uvicorn's per-connection warnings (one line per refused connection under overload)."""
+    uv = logging.getLogger("uvicorn.error")
+    if _UVICORN_FILTER not in uv.filters:
+        uv.addFilter(_UVICORN_FILTER)
 
 
 def draining_server(config: Any) -> Any:

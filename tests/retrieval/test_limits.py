@@ -314,3 +314,22 @@ def test_reliability_cli_unknown_scenario_is_one_line_exit_2(capsys: pytest.Capt
     assert main(["reliability", "--only", "soak,explode"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: --only: unknown scenario(s) explode; choose from soak,")
+
+
+def test_uvicorn_warning_floods_are_aggregated(caplog: pytest.LogCaptureFixture) -> None:
+    from retrieval.ratelog import RateLimitFilter
+
+    now = [0.0]
+    logger = logging.getLogger("test.uvicorn.flood")
+    logger.addFilter(RateLimitFilter(10, clock=lambda: now[0]))
+    with caplog.at_level(logging.INFO, logger="test.uvicorn.flood"):
+        for _ in range(300):
+            logger.warning("Exceeded concurrency limit.")
+        logger.info("Started server process [%d]", 1)  # below WARNING: untouched
+        now[0] = 11
+        logger.warning("Exceeded concurrency limit.")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Exceeded concurrency limit.",
+        "Started server process [1]",
+        "Exceeded concurrency limit. (+299 more like this in the last 10s)",
+    ]
