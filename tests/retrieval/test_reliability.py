@@ -45,7 +45,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> RetrievalSettings:
 
 @pytest.mark.parametrize("token", [None, "fuzz-token-5b1e"])
 def test_schema_fuzzing_finds_nothing_and_the_service_stays_healthy(
-    settings: RetrievalSettings, token: str | None
+    settings: RetrievalSettings, token: str | None, tmp_path: Path
 ) -> None:
     """schemathesis, every check, positive and negative data, against the real app in uvicorn with the
     service's own protocol settings (header deadline, connection cap); with and without auth."""
@@ -67,6 +67,7 @@ def test_schema_fuzzing_finds_nothing_and_the_service_stays_healthy(
             capture_output=True,
             text=True,
             timeout=180,
+            cwd=tmp_path,  # st writes a .schemathesis/ cache where it runs
         )
         assert run.returncode == 0, run.stdout[-4000:]
         assert "No issues found" in run.stdout
