@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE lock train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality
+.PHONY: FORCE lock train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -73,6 +73,11 @@ bench-quality: $(VENV)/.retrieval  ## recall@3 by supporting title of dense, bm2
 
 bench-index: $(VENV)/.retrieval  ## recall@k vs Flat, memory, disk, build/load time per FAISS index type
 	$(BIN)/searchrl index eval $(INDEX_EVAL_ARGS)
+
+# issue 13; e.g. make bench-reliability RELIABILITY_ARGS="--seconds 60 --only soak,kill" (~20 min at defaults)
+RELIABILITY_ARGS ?=
+bench-reliability: $(VENV)/.dev  ## soak, 10x overload, SIGKILL/SIGSTOP replicas, SIGTERM drain, big body, slow clients
+	$(BIN)/searchrl reliability $(RELIABILITY_ARGS)
 
 # --- deployment (issue 5) -------------------------------------------------------------------------------------
 # make serve-retrieval-sky ENV="SEARCHRL_RETRIEVAL_BACKEND=bm25"   (export RETRIEVAL_API_KEY first)

@@ -5,30 +5,43 @@ the backend is built and loaded in the lifespan, so tests and the CLI pass their
 
 Routes:
     POST /retrieve   Search-R1 batch body or SkyRL single-query body -> {"result": [[...], ...]}
-    GET  /health     liveness only, no work, never needs auth (load balancers and probes poll it)
+    GET  /health     liveness only: the process answers; no work, never needs auth
+    GET|POST /ready  readiness: index loaded, batch worker alive and not stalled, queue not saturated, not
+                     draining (503 with the reason otherwise); needs the token when auth is on, so a
+                     probe also proves the replica's token matches the clients'
     GET  /metrics    Prometheus text format (retrieval/metrics.py); needs the bearer token like /retrieve
     GET  /           JSON description: backend, corpus size, index type, encoder, version
+
+Limits (issue 13; every one is in the OpenAPI schema): body size (413, refused while reading, before the body
+is buffered), body read deadline (408), queries/topk/query length as schema constraints (422), bad JSON or
+encoding (400), queue full or draining (503 + Retry-After). Every 4xx/5xx body is `{"detail": "<sentence>"}`.
+Bodies past 64 KiB are parsed on a worker thread, so a big request never stalls /health.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval.backends import build_backend
 from retrieval.backends.base import Backend
 from retrieval.metrics import CONTENT_TYPE, RetrievalMetrics
-from retrieval.schemas import RetrieveRequest, hits_to_payload
+from retrieval.ratelog import RateLimitedLog
+from retrieval.schemas import RetrieveResponse, hits_to_payload
 from retrieval.settings import RetrievalSettings
+from retrieval.validation import ErrorBody, ReadyBody, describe_errors, request_model
 from searchrl import __version__
 from searchrl.errors import (
     BackendError,
@@ -39,8 +52,10 @@ from searchrl.errors import (
 )
 
 log = logging.getLogger(__name__)
+_ratelog = RateLimitedLog(log)
 
 _OPEN_PATHS = frozenset({"/health"})
+_PARSE_INLINE_BYTES = 64 * 1024  # bigger bodies are parsed on a worker thread
 
 
 def _error_kind(exc: BaseException) -> tuple[int, str]:
@@ -60,38 +75,22 @@ def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> J
     return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)
 
 
-def _describe_validation_error(exc: RequestValidationError) -> tuple[int, str]:
-    """One readable sentence for the first problem in a request body (400 for bad JSON, else 422)."""
-    errors = exc.errors()
-    if not errors:
-        return 422, "invalid request"
-    err = errors[0]
-    kind = err.get("type", "")
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-    where = ".".join(loc)
-    if kind == "json_invalid":
-        return 400, f"request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}"
-    if kind == "extra_forbidden":
-        return 422, f"unknown field {where!r}; allowed: queries, query, topk, return_scores"
-    if kind == "missing" and not loc:
-        return 422, 'request body is empty: send {"queries": [...], "topk": 3}'
-    if kind in {"model_attributes_type", "dict_type"}:
-        return 422, 'request body must be a JSON object like {"queries": ["..."], "topk": 3}'
-    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    return 422, f"{where}: {msg}" if where else msg
-
-
 class BearerAuth:
     """Require `Authorization: Bearer <key>` on every path but /health.
 
-    A plain ASGI middleware rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware wraps each
-    request in extra tasks and streams, which measurably cuts requests/s under RL burst load (issue 4); and
-    without an API key it is not installed at all.
+    /ready needs the token too: SkyServe's probe sends it, so a replica with a wrong or missing token never
+    turns READY while every client call would get a 401.
+
+    Accepts one or two tokens (the second during a rotation) and compares with `hmac.compare_digest` against
+    each, always both, so the time taken reveals neither which token matched nor how much of it. A plain ASGI
+    middleware rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware wraps each request in
+    extra tasks and streams, which measurably cuts requests/s under RL burst load (issue 4); and without an
+    API key it is not installed at all.
     """
 
-    def __init__(self, app: ASGIApp, *, api_key: str, metrics: RetrievalMetrics) -> None:
+    def __init__(self, app: ASGIApp, *, api_keys: list[str], metrics: RetrievalMetrics) -> None:
         self.app = app
-        self.api_key = api_key.encode()
+        self.api_keys = [k.encode() for k in api_keys]
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,8 +103,11 @@ class BearerAuth:
                 header = value.decode("latin-1")
                 break
         scheme, _, token = header.partition(" ")
-        # compare_digest: the time taken must not reveal how much of the key matched.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key):
+        presented = token.strip().encode("latin-1", "replace")
+        matched = False
+        for key in self.api_keys:  # no early exit: every key is compared every time
+            matched |= hmac.compare_digest(presented, key)
+        if scheme.lower() != "bearer" or not matched:
             reason = "missing Authorization header" if not header else "invalid bearer token"
             if scope["path"] == "/retrieve":
                 self.metrics.observe_request(401, 0, 0.0, "auth")
@@ -119,47 +121,203 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
+class RequestGuard:
+    """Refuse oversized or slow bodies while reading them, and new work while draining.
+
+    The body is read here, chunk by chunk, counting bytes: a declared Content-Length over `max_body_bytes` is
+    refused before one byte is read, a chunked body as soon as the count passes the limit, so memory never
+    holds more than the limit (a 200 MB body used to be buffered whole: 4.4 GB RSS, /health stalled 12.5 s).
+    The whole body must arrive within `body_timeout_s` (408). Refusals close the connection, so the rest of an
+    unread body is never parsed. Then the app gets the buffered body as one message.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, settings: RetrievalSettings, metrics: RetrievalMetrics, state: Any
+    ) -> None:
+        self.app = app
+        self.max_bytes = settings.max_body_bytes
+        self.timeout_s = settings.body_timeout_s
+        self.metrics = metrics
+        self.state = state
+
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, status: int, kind: str, detail: str, **headers: str
+    ) -> None:
+        if scope["path"] == "/retrieve":
+            self.metrics.observe_request(status, 0, 0.0, kind)
+        _ratelog.warning(kind, "refused a request to %s: %s (HTTP %d)", scope["path"], kind, status)
+        await _error(status, detail, {"Connection": "close", **headers})(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if getattr(self.state, "draining", False) and scope["path"] == "/retrieve":
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                503,
+                "draining",
+                "this replica is shutting down; retry on another replica",
+                **{"Retry-After": "1"},
+            )
+            return
+        if scope["method"] not in {"POST", "PUT", "PATCH"}:
+            await self.app(scope, receive, send)
+            return
+        declared: int | None = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await self._refuse(scope, receive, send, 400, "invalid", "Content-Length is not a number")
+                    return
+        too_large = (
+            f"request body is larger than this server's limit of {self.max_bytes} bytes "
+            "(SEARCHRL_RETRIEVAL_MAX_BODY_BYTES); send fewer or shorter queries per request"
+        )
+        if declared is not None and declared > self.max_bytes:
+            await self._refuse(scope, receive, send, 413, "too_large", too_large)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        await self._refuse(scope, receive, send, 413, "too_large", too_large)
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await self._refuse(
+                scope,
+                receive,
+                send,
+                408,
+                "slow_body",
+                f"request body did not arrive within {self.timeout_s:g}s (SEARCHRL_RETRIEVAL_BODY_TIMEOUT_S)",
+            )
+            return
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> FastAPI:
     """Build the app; `backend` may be passed in (tests), otherwise `settings.backend` names it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         be = backend or build_backend(settings)
-        # Backends that batch (dense) report batch sizes, queue depth and cache hits to this app's registry.
+        # Backends that batch (dense, bm25) report batch sizes, queue depth and cache hits to this registry.
         attach = getattr(be, "attach_metrics", None)
         if callable(attach):
             attach(metrics)
         await be.start()
         app.state.backend = be
         log.info("retrieval service ready: %s", be.info())
+        watchdog = asyncio.create_task(_watch(app))
         try:
             yield
         finally:
+            app.state.draining = True
+            # uvicorn has waited for every accepted request by now; this line is what drain tests check
+            log.info(
+                "drained: %d /retrieve requests answered since start, %d still in flight at shutdown",
+                app.state.answered,
+                app.state.in_flight,
+            )
+            watchdog.cancel()
+            with suppress(asyncio.CancelledError):
+                await watchdog
             await be.close()
 
-    app = FastAPI(title="searchrl retrieval", version=__version__, lifespan=lifespan)
-    api_key = settings.api_key_value()
+    async def _watch(app: FastAPI) -> None:
+        """Watchdog: every second, check readiness; log each change once and export it as a gauge."""
+        last: str | None = None
+        while True:
+            problem = _not_ready(app)
+            metrics.set_ready(problem is None)
+            if problem != last:
+                if problem is None:
+                    log.info("ready again")
+                else:
+                    log.warning("not ready: %s", problem)
+                last = problem
+            await asyncio.sleep(1.0)
+
+    def _not_ready(app: FastAPI) -> str | None:
+        if getattr(app.state, "draining", False):
+            return "draining for shutdown"
+        be: Backend | None = getattr(app.state, "backend", None)
+        if be is None:
+            return "index not loaded yet"
+        return be.problem()
+
+    app = FastAPI(
+        title="searchrl retrieval",
+        version=__version__,
+        lifespan=lifespan,
+        description='Search-R1 compatible retrieval. Every error body is {"detail": "<sentence>"}.',
+    )
+    api_keys = settings.api_keys()  # read once: RETRIEVAL_API_KEY_FILE is not re-read per request
     metrics = RetrievalMetrics()
     app.state.metrics = metrics
+    app.state.draining = False
+    app.state.answered = 0  # /retrieve 200s (the drain log line reports it)
+    app.state.in_flight = 0
+    body_model = request_model(settings)
 
-    if api_key is not None:
-        app.add_middleware(BearerAuth, api_key=api_key, metrics=metrics)
+    app.add_middleware(RequestGuard, settings=settings, metrics=metrics, state=app.state)
+    if api_keys:
+        app.add_middleware(BearerAuth, api_keys=api_keys, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, detail = _describe_validation_error(exc)
+        status, detail = describe_errors(list(exc.errors()), settings)
         if request.url.path == "/retrieve":
             metrics.observe_request(status, 0, 0.0, "invalid")
         return _error(status, detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """404/405/...: the same {"detail"} body; a 405 lists every method the path has (GET and POST /ready
+        are two routes, and Starlette would name only the first one's)."""
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            methods = {
+                m for r in app.routes if getattr(r, "path", None) == request.url.path for m in r.methods or ()
+            }
+            headers["Allow"] = ", ".join(sorted(methods))
+        return _error(exc.status_code, str(exc.detail), headers)
 
     @app.exception_handler(SearchRLError)
     async def on_searchrl_error(request: Request, exc: SearchRLError) -> JSONResponse:
         status, kind = _error_kind(exc)
         headers = None
         if isinstance(exc, OverloadedError):
-            headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
+            retry_after = max(1, min(round(exc.retry_after), round(settings.retry_after_max_s)))
+            headers = {"Retry-After": str(retry_after)}
         if status >= 500:
-            log.warning("request failed (%s): %s", kind, exc)
+            # aggregated: under overload every refusal is the same event (4,333 lines in 53 s before)
+            _ratelog.warning(kind, "request failed (%s): %s", kind, exc)
         detail = f"backend {settings.backend} failed: {exc}" if kind == "backend" else str(exc)
         return _error(status, detail, headers)
 
@@ -168,15 +326,45 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         log.exception("unexpected error on %s", request.url.path)
         return _error(500, "internal error (see server log)")
 
-    @app.get("/health")
+    @app.get("/health", responses={200: {"content": {"application/json": {"example": {"status": "ok"}}}}})
     async def health() -> dict[str, str]:
+        """Liveness: the process and its event loop answer. No work, no auth."""
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    # With auth on, every route but /health may answer 401 with the error body.
+    auth_doc: dict[int | str, dict[str, Any]] = (
+        {401: {"model": ErrorBody, "description": "missing or wrong bearer token"}} if api_keys else {}
+    )
+    ready_doc: dict[str, Any] = {
+        "response_model": ReadyBody,
+        "responses": {503: {"model": ReadyBody, "description": "not ready; `detail` says why"}, **auth_doc},
+    }
+
+    @app.post("/ready", operation_id="ready_post", **ready_doc)
+    @app.get("/ready", operation_id="ready_get", **ready_doc)
+    async def ready(request: Request) -> JSONResponse:
+        """Readiness for load balancers (SkyServe's probe): 200 only when this replica can serve now.
+
+        POST is accepted (and its body ignored) because SkyServe's probe POSTs when `post_data` is set.
+        """
+        problem = _not_ready(request.app)
+        if problem is None:
+            return JSONResponse({"ready": True, "detail": "ok"})
+        return JSONResponse({"ready": False, "detail": problem}, status_code=503)
+
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"},
+            **auth_doc,
+        },
+    )
     async def prometheus_metrics() -> Response:
+        """Prometheus text exposition format (needs the bearer token when auth is on)."""
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/")
+    @app.get("/", responses=auth_doc)
     async def describe(request: Request) -> dict[str, Any]:
         be: Backend = request.app.state.backend
         return {
@@ -186,41 +374,66 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
             "default_topk": settings.topk,
             "max_topk": settings.max_topk,
             "max_queries": settings.max_queries,
-            "auth": api_key is not None,
+            "max_body_bytes": settings.max_body_bytes,
+            "auth": bool(api_keys),
         }
 
-    @app.post("/retrieve")
-    async def retrieve(body: RetrieveRequest, request: Request) -> JSONResponse:
+    error_doc = {"model": ErrorBody}
+    retrieve_responses: dict[int | str, dict[str, Any]] = {
+        400: {**error_doc, "description": "body is not valid JSON or not UTF-8"},
+        404: {**error_doc, "description": "replay cache mode and the query was never recorded"},
+        408: {**error_doc, "description": f"body did not arrive within {settings.body_timeout_s:g}s"},
+        413: {**error_doc, "description": f"body larger than {settings.max_body_bytes} bytes"},
+        422: {**error_doc, "description": "body breaks the schema (limits, types, unknown fields)"},
+        429: {**error_doc, "description": "a web backend's request budget is spent"},
+        500: {**error_doc, "description": "bug (see the server log)"},
+        502: {**error_doc, "description": "the backend failed to answer"},
+        503: {
+            **error_doc,
+            "description": "queue full, request deadline passed, or draining: retry after Retry-After",
+            "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}},
+        },
+    }
+    retrieve_responses.update(auth_doc)
+
+    @app.post(
+        "/retrieve",
+        response_model=RetrieveResponse,
+        responses=retrieve_responses,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": body_model.model_json_schema()}},
+            }
+        },
+    )
+    async def retrieve(request: Request) -> JSONResponse:
+        """Top-k passages per query, in query order (Search-R1 contract)."""
         started = time.perf_counter()
+        raw = await request.body()  # already read and size-checked by RequestGuard
+        try:
+            if len(raw) > _PARSE_INLINE_BYTES:
+                body = await asyncio.to_thread(body_model.model_validate_json, raw)
+            else:
+                body = body_model.model_validate_json(raw)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
         queries = body.query_list
         topk = body.topk if body.topk is not None else settings.topk
-        problem = _check_limits(queries, topk)
-        if problem is not None:
-            metrics.observe_request(422, len(queries), time.perf_counter() - started, "invalid")
-            return _error(422, problem)
         be: Backend = request.app.state.backend
+        app.state.in_flight += 1
         try:
             hits = await be.search(queries, topk)
         except Exception as exc:  # counted here, answered by the exception handlers above
             status, kind = _error_kind(exc)
             metrics.observe_request(status, len(queries), time.perf_counter() - started, kind)
             raise
+        finally:
+            app.state.in_flight -= 1
         response = JSONResponse(hits_to_payload(hits, return_scores=body.return_scores))
         metrics.observe_request(200, len(queries), time.perf_counter() - started)
+        app.state.answered += 1
         return response
-
-    def _check_limits(queries: list[str], topk: int) -> str | None:
-        """The first server-side limit a request breaks, as a 422 message, or None."""
-        if topk > settings.max_topk:
-            return f"topk: {topk} is above this server's maximum of {settings.max_topk}"
-        if len(queries) > settings.max_queries:
-            return f"queries: {len(queries)} queries in one request; this server takes at most {settings.max_queries}"
-        for i, q in enumerate(queries):
-            if len(q) > settings.max_query_chars:
-                return f"queries.{i}: {len(q)} characters; the maximum is {settings.max_query_chars}"
-            if not q.strip():
-                return f"queries.{i}: empty query string"
-        return None
 
     return app
 

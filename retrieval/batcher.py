@@ -13,7 +13,12 @@ In front of the queue:
 - in-flight de-duplication: an identical (query, topk) already queued or being computed gets the same result.
 
 Behind it, backpressure: at most `queue_size` queries wait; past that `OverloadedError` (HTTP 503 with
-Retry-After) instead of unbounded latency, and each request has a deadline (`request_timeout_s`).
+Retry-After) instead of unbounded latency, and each request has a deadline (`request_timeout_s`). Retry-After
+is the time the queue needs to drain at the measured rate, capped at `retry_after_max_s` so it stays inside a
+client's deadline (a 30 s Retry-After is useless to a client that gives up after 10 s).
+
+Watchdog: `problem()` says why the batcher cannot serve (worker thread dead, one batch running longer than
+`stall_s`, queue nearly full); the app's `/ready` reports it so the load balancer stops sending traffic.
 
 `close()` stops taking new requests, lets everything queued finish, then stops the worker; uvicorn's
 graceful shutdown (SIGTERM) waits for in-flight HTTP requests before the lifespan calls it.
@@ -142,6 +147,9 @@ class Batcher:
         request_timeout_s: float = 30.0,
         name: str = "batcher",
         executor: Executor | None = None,
+        retry_after_max_s: float = 30.0,
+        stall_s: float = 30.0,
+        ready_queue_fraction: float = 0.9,
     ) -> None:
         """`executor`: run the worker loop there (a single-thread executor that already owns the model and
         index, e.g. the one that loaded a GPU index) instead of on a thread of its own."""
@@ -152,6 +160,11 @@ class Batcher:
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.queue_size = queue_size
         self.request_timeout_s = request_timeout_s
+        self.retry_after_max_s = retry_after_max_s
+        self.stall_s = stall_s
+        self.ready_queue_fraction = ready_queue_fraction
+        self._busy_since: float | None = None  # monotonic start of the batch the worker is computing
+        self._worker_error: BaseException | None = None
         self.name = name
         self.metrics: BatcherMetrics = _NoMetrics()
         self._cache = _LRU(cache_size)
@@ -209,6 +222,25 @@ class Batcher:
 
     def attach_metrics(self, metrics: BatcherMetrics) -> None:
         self.metrics = metrics
+
+    def problem(self) -> str | None:
+        """Why this batcher cannot take traffic now (for /ready), or None when it can."""
+        if self._loop is None:
+            return f"{self.name} is not started"
+        if self._closing:
+            return f"{self.name} is draining for shutdown"
+        dead = (self._thread is not None and not self._thread.is_alive()) or (
+            self._worker is not None and self._worker.done()
+        )
+        if dead:
+            why = f": {type(self._worker_error).__name__}: {self._worker_error}" if self._worker_error else ""
+            return f"{self.name} worker thread is dead{why}"
+        busy_since = self._busy_since
+        if busy_since is not None and time.monotonic() - busy_since > self.stall_s:
+            return f"{self.name} worker stalled: one batch has run for {time.monotonic() - busy_since:.0f}s"
+        if len(self._queue) >= self.ready_queue_fraction * self.queue_size:
+            return f"{self.name} queue is saturated ({len(self._queue)} of {self.queue_size} queries waiting)"
+        return None
 
     @property
     def queue_depth(self) -> int:
@@ -302,7 +334,7 @@ class Batcher:
         depth = self.queue_depth if depth is None else depth
         if self._rate <= 0:
             return 1.0
-        return float(min(30.0, max(1.0, depth / self._rate)))
+        return float(min(self.retry_after_max_s, max(1.0, depth / self._rate)))
 
     # --- worker side (worker thread) ---------------------------------------------------------------------
     def _take_batch(self) -> list[_Item] | None:
@@ -325,6 +357,13 @@ class Batcher:
             return [self._queue.popleft() for _ in range(n)]
 
     def _run(self) -> None:
+        try:
+            self._loop_batches()
+        except BaseException as exc:  # recorded for problem(): /ready then fails and the replica is replaced
+            self._worker_error = exc
+            log.exception("%s: worker thread died", self.name)  # logged once here; the thread then ends
+
+    def _loop_batches(self) -> None:
         assert self._loop is not None
         loop = self._loop
         while True:
@@ -332,6 +371,7 @@ class Batcher:
             if batch is None:
                 return
             started = time.monotonic()
+            self._busy_since = started
             live = [it for it in batch if it.deadline > started]
             expired = [it for it in batch if it.deadline <= started]
             error: BaseException | None = None
@@ -354,6 +394,7 @@ class Batcher:
                     log.exception("%s: batch of %d queries failed", self.name, len(texts))
                     error = BackendError(f"{self.name}: batch failed ({type(exc).__name__}: {exc})")
             elapsed = time.monotonic() - started
+            self._busy_since = None
             if live and error is None and elapsed > 0:
                 rate = len(live) / elapsed
                 self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate

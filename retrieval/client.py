@@ -3,11 +3,24 @@
 Why aiohttp: under RL rollouts a client has 100+ requests in flight; on this class of machine httpx's
 AsyncClient tops out near 260 requests/s while aiohttp reaches thousands (../shared/DESIGN.md section 5).
 
-Failure policy (tenacity): each attempt tries the URLs in order (failover); connection errors, timeouts, 429 and
-5xx move on to the next URL, and once every URL failed the attempt waits a jittered exponential back-off (or the
-server's Retry-After, if longer) before the next attempt. Other 4xx (bad request, wrong token) are not retried:
-repeating them cannot help. Every failure surfaces as `RetrievalUnavailableError` with a short `kind`
-("timeout", "connect", "http_401", "http_503", "malformed") for metrics; messages never contain the API key.
+Failure policy, built so one bad replica never stalls a training run:
+- **Spread:** each attempt orders the URLs by fewest outstanding requests, ties broken round-robin, so load
+  spreads over replicas and a hung replica (requests pile up on it) stops getting new ones.
+- **Circuit breaker per URL** (`CircuitBreaker`): a refused connection opens it at once, `breaker_failures`
+  consecutive timeouts/5xx open it too. An open URL is skipped (a dead replica costs one fast failure, not a
+  timeout per call), and after `breaker_reset_s` (doubling up to `breaker_max_reset_s`) one probe request is let
+  through (half-open); success closes it. 429 and 503 are load signals, not faults: they never open it. With a
+  single URL (e.g. SkyServe's load balancer) the breaker is off: there is no other replica to send the call to.
+- **Deadlines:** `connect_timeout_s` for the TCP connect, `timeout_s` per attempt (reading the answer), waiting
+  for one of our own `max_connections` slots is bounded separately by `pool_timeout_s` (kind "pool"), and the
+  whole call, retries included, by `deadline_s`.
+- **Retries (tenacity):** only retryable failures (connect, timeout, pool, 429, 5xx) are retried,
+  after a jittered exponential back-off or the server's Retry-After if longer; a wait that would end past the
+  deadline is not started. Other 4xx (bad request, wrong token) and malformed answers are not retried: repeating them cannot help.
+
+Every failure surfaces as `RetrievalUnavailableError` with a short `kind` ("timeout", "connect", "pool",
+"http_401", "http_503", "malformed") for metrics; messages never contain the API key. `stats()` returns per-URL
+counters (sent, ok, failed by kind, breaker state) that the verl tool and eval report.
 """
 
 from __future__ import annotations
@@ -15,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -26,6 +39,7 @@ from tenacity import (
     RetryCallState,
     retry_if_exception,
     stop_after_attempt,
+    stop_before_delay,
     wait_random_exponential,
 )
 
@@ -110,11 +124,104 @@ def parse_result(payload: Any, n_queries: int) -> list[list[Hit]]:
     return out
 
 
+#: failure kinds that count against a URL's circuit breaker (load signals such as 429/503 do not)
+_FAULT_KINDS_INSTANT = frozenset({"connect"})  # the replica is not there: open at once
+
+
+class CircuitBreaker:
+    """Per-URL breaker: closed -> open (skip the URL) -> half-open (one probe) -> closed.
+
+    Not thread-safe: used from one event loop. `clock` is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        failures: int = 3,
+        reset_s: float = 1.0,
+        max_reset_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.failures = failures
+        self.reset_s = reset_s
+        self.max_reset_s = max_reset_s
+        self.clock = clock
+        self.state = "closed"  # closed | open | half_open
+        self.consecutive = 0
+        self.opened = 0  # times it opened (counter)
+        self._open_until = 0.0
+        self._cooldown = reset_s
+        self._probe_out = False
+
+    def allow(self) -> bool:
+        """May a request go to this URL now? Claims the single probe slot when half-open."""
+        if self.state == "closed" or self.failures <= 0:
+            return True
+        if self.state == "open" and self.clock() >= self._open_until:
+            self.state = "half_open"
+            self._probe_out = False
+        if self.state == "half_open" and not self._probe_out:
+            self._probe_out = True
+            return True
+        return False
+
+    def seconds_to_probe(self) -> float:
+        if self.state != "open":
+            return 0.0
+        return max(0.0, self._open_until - self.clock())
+
+    def record_success(self) -> None:
+        if self.state != "closed":
+            log.warning("retrieval circuit breaker closed again after a successful probe")
+        self.state = "closed"
+        self.consecutive = 0
+        self._cooldown = self.reset_s
+        self._probe_out = False
+
+    def record_failure(self, kind: str) -> bool:
+        """Count a fault; returns True when this failure opened the breaker."""
+        self.consecutive += 1
+        if self.failures <= 0:  # disabled
+            return False
+        if self.state == "half_open":
+            # the probe failed: stay away for longer
+            self._cooldown = min(self.max_reset_s, self._cooldown * 2)
+            return self._open()
+        if self.state == "closed" and (kind in _FAULT_KINDS_INSTANT or self.consecutive >= self.failures):
+            return self._open()
+        return False
+
+    def release_probe(self) -> None:
+        """A probe that ended without a verdict (e.g. 503 overloaded): let another one through."""
+        self._probe_out = False
+
+    def _open(self) -> bool:
+        self.state = "open"
+        self.opened += 1
+        self._open_until = self.clock() + self._cooldown
+        self._probe_out = False
+        return True
+
+
+@dataclass
+class UrlStats:
+    """Counters for one URL (see `RetrievalClient.stats`)."""
+
+    sent: int = 0
+    ok: int = 0
+    failed: dict[str, int] = field(default_factory=dict)  # kind -> count
+    outstanding: int = 0
+    last_error: str = ""
+
+
 class RetrievalClient:
     """Async client for one or more replicas of the retrieval service.
 
     Construction does no I/O (verl builds tools in processes that never call them); the aiohttp session is
     created on first use in the running event loop, and re-created if the loop changes.
+
+    `timeout_s` bounds one attempt (reading the answer); `deadline_s` (default: `timeout_s` x attempts) bounds a
+    whole `search()` call, retries and Retry-After waits included.
     """
 
     def __init__(
@@ -127,6 +234,12 @@ class RetrievalClient:
         backoff_base_s: float = 0.2,
         backoff_max_s: float = 5.0,
         max_connections: int = 256,
+        connect_timeout_s: float = 2.0,
+        pool_timeout_s: float = 5.0,
+        deadline_s: float | None = None,
+        breaker_failures: int = 3,
+        breaker_reset_s: float = 1.0,
+        breaker_max_reset_s: float = 30.0,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         url_list = [u.strip().rstrip("/") for u in url_list if u and u.strip()]
@@ -144,7 +257,22 @@ class RetrievalClient:
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self.max_connections = max_connections
+        self.connect_timeout_s = min(connect_timeout_s, timeout_s)
+        self.pool_timeout_s = pool_timeout_s
+        self.deadline_s = deadline_s if deadline_s is not None else timeout_s * (max_retries + 1)
+        # With one URL there is nowhere else to go: skipping it would only fail calls without trying, so the
+        # breaker is off and retries with back-off pace the calls instead.
+        failures = breaker_failures if len(self.urls) > 1 else 0
+        self.breakers = {
+            u: CircuitBreaker(failures=failures, reset_s=breaker_reset_s, max_reset_s=breaker_max_reset_s)
+            for u in self.urls
+        }
+        self._stats = {u: UrlStats() for u in self.urls}
+        self._rr = 0
+        self.calls = 0  # search() calls
+        self.retries = 0  # attempts after the first, over all calls
         self._session: aiohttp.ClientSession | None = None
+        self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _headers(self) -> dict[str, str]:
@@ -156,15 +284,80 @@ class RetrievalClient:
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections)
+            # Our semaphore bounds connections (so pool waiting has its own deadline); the connector does not.
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=self.connect_timeout_s, sock_read=self.timeout_s
+                ),
             )
+            self._slots = asyncio.Semaphore(self.max_connections)
             self._loop = loop
         return self._session
 
-    async def _post_once(self, url: str, body: dict[str, Any], n_queries: int) -> list[list[Hit]]:
+    # --- counters --------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters since construction: per URL (sent, ok, failed by kind, outstanding, breaker state) and
+        totals. Plain dicts, so the verl tool and eval can log or serialise them as they are."""
+        per_url = {}
+        for url in self.urls:
+            st, br = self._stats[url], self.breakers[url]
+            per_url[url.removesuffix("/retrieve")] = {
+                "sent": st.sent,
+                "ok": st.ok,
+                "failed": dict(st.failed),
+                "outstanding": st.outstanding,
+                "breaker": br.state,
+                "breaker_opened": br.opened,
+                "last_error": st.last_error,
+            }
+        return {"calls": self.calls, "retries": self.retries, "urls": per_url}
+
+    def _record_failure(self, url: str, exc: RetrievalUnavailableError) -> None:
+        st = self._stats[url]
+        st.failed[exc.kind] = st.failed.get(exc.kind, 0) + 1
+        st.last_error = str(exc)[:200]
+        breaker = self.breakers[url]
+        if exc.kind in {"http_429", "http_503", "pool"}:
+            breaker.release_probe()  # load, not a fault
+        elif isinstance(exc, _Retryable) and breaker.record_failure(exc.kind):
+            log.warning(
+                "retrieval circuit breaker OPEN for %s for %.1fs after %s",
+                url,
+                breaker.seconds_to_probe(),
+                exc.kind,
+            )
+
+    # --- requests --------------------------------------------------------------------------------------
+    async def _post_once(
+        self, url: str, body: dict[str, Any], n_queries: int, timeout: float
+    ) -> list[list[Hit]]:
         session = self._get_session()
+        assert self._slots is not None
+        try:
+            await asyncio.wait_for(self._slots.acquire(), timeout=min(self.pool_timeout_s, timeout))
+        except asyncio.TimeoutError:
+            raise _Retryable(
+                f"no free connection slot within {self.pool_timeout_s:g}s ({self.max_connections} in use); "
+                "raise max_connections or lower concurrency",
+                kind="pool",
+            ) from None
+        st = self._stats[url]
+        st.sent += 1
+        st.outstanding += 1
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._exchange(session, url, body, n_queries)
+        except asyncio.TimeoutError:
+            raise _Retryable(f"timeout after {timeout:.3g}s at {url}", kind="timeout") from None
+        finally:
+            st.outstanding -= 1
+            self._slots.release()
+
+    async def _exchange(
+        self, session: aiohttp.ClientSession, url: str, body: dict[str, Any], n_queries: int
+    ) -> list[list[Hit]]:
         try:
             async with session.post(url, json=body, headers=self._headers()) as resp:
                 status = resp.status
@@ -186,22 +379,62 @@ class RetrievalClient:
                         retry_after=_parse_retry_after(resp.headers.get("Retry-After")),
                     )
                 raise RetrievalUnavailableError(message, kind=f"http_{status}", status=status)
-        except asyncio.TimeoutError:
-            raise _Retryable(f"timeout after {self.timeout_s:g}s at {url}", kind="timeout") from None
+        except aiohttp.ConnectionTimeoutError:
+            raise _Retryable(
+                f"cannot connect to {url} within {self.connect_timeout_s:g}s", kind="connect"
+            ) from None
+        except aiohttp.ServerTimeoutError:
+            raise _Retryable(
+                f"timeout after {self.timeout_s:g}s reading from {url}", kind="timeout"
+            ) from None
         except aiohttp.ClientConnectionError as exc:
             raise _Retryable(f"cannot connect to {url} ({type(exc).__name__})", kind="connect") from None
+        except aiohttp.ClientPayloadError as exc:
+            raise _Retryable(f"broken response from {url} ({type(exc).__name__})", kind="connect") from None
 
-    async def _attempt(self, body: dict[str, Any], n_queries: int) -> list[list[Hit]]:
-        """One attempt: try each URL in order and return the first answer."""
+    def _order(self) -> list[str]:
+        """URLs by fewest outstanding requests, ties round-robin (so calls spread over replicas)."""
+        n = len(self.urls)
+        start = self._rr % n
+        self._rr += 1
+        return sorted(
+            self.urls,
+            key=lambda u: (self._stats[u].outstanding, (self.urls.index(u) - start) % n),
+        )
+
+    async def _attempt(self, body: dict[str, Any], n_queries: int, deadline: float) -> list[list[Hit]]:
+        """One attempt: try each URL whose breaker allows it, best first; return the first answer."""
         last: _Retryable | None = None
-        for url in self.urls:
+        for url in self._order():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if not self.breakers[url].allow():
+                continue
             try:
-                return await self._post_once(url, body, n_queries)
-            except _Retryable as exc:
+                hits = await self._post_once(url, body, n_queries, min(self.timeout_s, remaining))
+            except RetrievalUnavailableError as exc:
                 log.debug("retrieval attempt failed: %s", exc)
+                self._record_failure(url, exc)
+                if not isinstance(exc, _Retryable):
+                    self.breakers[url].release_probe()
+                    raise
                 last = exc
-        assert last is not None
-        raise last
+                continue
+            self._stats[url].ok += 1
+            self.breakers[url].record_success()
+            return hits
+        if last is not None:
+            raise last
+        # every breaker is open: wait until the first one lets a probe through (within the deadline)
+        wait = min(b.seconds_to_probe() for b in self.breakers.values())
+        errors = "; ".join(s.last_error for s in self._stats.values() if s.last_error)[:300]
+        kinds = [k for s in self._stats.values() for k in s.failed]
+        raise _Retryable(
+            f"all {len(self.urls)} retrieval URL(s) are failing (circuit breakers open): {errors or 'deadline'}",
+            kind=kinds[-1] if kinds else "timeout",
+            retry_after=wait,
+        )
 
     def _wait(self, state: RetryCallState) -> float:
         backoff = wait_random_exponential(multiplier=self.backoff_base_s, max=self.backoff_max_s)(state)
@@ -215,19 +448,28 @@ class RetrievalClient:
         if not queries:
             return []
         body = {"queries": queries, "topk": int(topk), "return_scores": True}
+        self.calls += 1
+        started = time.monotonic()
+        deadline = started + self.deadline_s
+        attempts = 0
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
-                stop=stop_after_attempt(self.max_retries + 1),
+                # stop_before_delay: never start a wait (back-off or Retry-After) that ends past the deadline
+                stop=stop_after_attempt(self.max_retries + 1) | stop_before_delay(self.deadline_s),
                 wait=self._wait,
                 reraise=True,
             ):
                 with attempt:
-                    return await self._attempt(body, len(queries))
+                    attempts += 1
+                    if attempts > 1:
+                        self.retries += 1
+                    return await self._attempt(body, len(queries), deadline)
         except _Retryable as exc:
             # Re-raise as the public type so callers never see the internal class.
             raise RetrievalUnavailableError(
-                f"{exc} (after {self.max_retries + 1} attempts over {len(self.urls)} URL(s))",
+                f"{exc} (after {attempts} attempts over {len(self.urls)} URL(s) in "
+                f"{time.monotonic() - started:.1f}s)",
                 kind=exc.kind,
                 status=exc.status,
             ) from None
@@ -289,7 +531,9 @@ def check_health(
                     hits = (await client.search([query], topk))[0]
                 except RetrievalUnavailableError as exc:
                     retryable = (
-                        exc.kind in {"timeout", "connect"} or (exc.status or 0) >= 500 or exc.status == 429
+                        exc.kind in {"timeout", "connect", "pool"}
+                        or (exc.status or 0) >= 500
+                        or exc.status == 429
                     )
                     reason = _health_reason(exc)
                     if not retryable or time.monotonic() + interval_s > deadline:
@@ -328,4 +572,12 @@ def _health_reason(exc: RetrievalUnavailableError) -> str:
     return str(exc)
 
 
-__all__ = ["HEALTH_QUERY", "HealthResult", "Hit", "RetrievalClient", "check_health", "parse_result"]
+__all__ = [
+    "HEALTH_QUERY",
+    "CircuitBreaker",
+    "HealthResult",
+    "Hit",
+    "RetrievalClient",
+    "check_health",
+    "parse_result",
+]

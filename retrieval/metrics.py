@@ -14,6 +14,7 @@ Each app gets its own `CollectorRegistry` (not the process-global default one) s
     searchrl_retrieval_queue_wait_seconds            time a query waits before its batch starts
     searchrl_retrieval_cache_hits_total / _misses_total   result-cache lookups
     searchrl_retrieval_dedup_total                   queries answered by an identical in-flight query
+    searchrl_retrieval_ready                         1 when /ready answers 200 (watchdog, every second)
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class RetrievalMetrics:
         self.dedup = Counter(
             f"{_PREFIX}_dedup", "queries answered by an identical query already in flight", registry=r
         )
+        self.ready = Gauge(f"{_PREFIX}_ready", "1 when this replica passes its readiness checks", registry=r)
+
+    def set_ready(self, ready: bool) -> None:
+        self.ready.set(1 if ready else 0)
 
     # --- per request (app) ---------------------------------------------------------------------------------
     def observe_request(

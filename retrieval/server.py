@@ -1,35 +1,150 @@
-"""Run the retrieval service with uvicorn in the foreground (what `searchrl serve` and SkyServe run)."""
+"""Run the retrieval service with uvicorn in the foreground (what `searchrl serve` and SkyServe run).
+
+Slow clients (issue 13): uvicorn closes idle keep-alive connections but has no deadline for a request's
+*headers*, so 400 connections sending a byte a second stayed open indefinitely. `_GuardedHttpTools` adds one:
+headers must arrive within `header_timeout_s` and stay under `max_header_bytes`, or the connection is closed.
+The body deadline and size limit are enforced by the app (`retrieval.app.RequestGuard`), and `max_connections`
+is uvicorn's `limit_concurrency` (503 past it). SIGTERM: `DrainingServer` marks the app as draining (/ready
+503, new /retrieve 503) and uvicorn finishes every accepted request before the lifespan stops the backend.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from typing import Any
 
+from retrieval.ratelog import RateLimitFilter
 from retrieval.settings import RetrievalSettings
 from searchrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+_BODY_431 = b'{"detail":"request headers are larger than this server accepts (max_header_bytes)"}'
+_TOO_LARGE_HEADERS = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_BODY_431), _BODY_431)
+)
+
 
 def check_bind(settings: RetrievalSettings) -> None:
     """Refuse a public bind without an API key: SkyServe exposes the port and has no auth of its own."""
-    if settings.is_public_bind and settings.api_key_value() is None and not settings.insecure:
+    if settings.is_public_bind and not settings.api_keys() and not settings.insecure:
         raise ConfigError(
-            f"refusing to listen on {settings.host} without an API key: set RETRIEVAL_API_KEY "
-            "(clients send 'Authorization: Bearer <key>') or pass --insecure"
+            f"refusing to listen on {settings.host} without an API key: set RETRIEVAL_API_KEY or "
+            "RETRIEVAL_API_KEY_FILE (clients send 'Authorization: Bearer <key>') or pass --insecure"
         )
+
+
+def guarded_protocol(header_timeout_s: float, max_header_bytes: int) -> type:
+    """uvicorn's httptools protocol with a header deadline and a header size cap (see module docstring)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class _GuardedHttpTools(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _header_bytes = 0
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_bytes = 0
+            self._header_timer = self.loop.call_later(header_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            awaiting_headers = self._header_timer is not None
+            super().data_received(data)  # on_headers_complete disarms the timer if the headers ended here
+            if awaiting_headers and self._header_timer is not None:
+                self._header_bytes += len(data)
+                if self._header_bytes > max_header_bytes and not self.transport.is_closing():
+                    self._disarm()
+                    self.transport.write(_TOO_LARGE_HEADERS)
+                    self.transport.close()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and not self.pipeline:
+                self._arm()  # the next request's headers get the same deadline
+
+    return _GuardedHttpTools
+
+
+def make_config(app: Any, settings: RetrievalSettings, **overrides: Any) -> Any:
+    """The uvicorn.Config the service runs with (tests and the reliability benchmark use it too)."""
+    import uvicorn
+
+    kwargs: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": "info",  # prints "Uvicorn running on http://HOST:PORT" once listening
+        "timeout_graceful_shutdown": settings.drain_timeout_s,
+        # access logs off: one line per rollout request would swamp the log at hundreds of requests/s
+        "access_log": False,
+        "http": guarded_protocol(settings.header_timeout_s, settings.max_header_bytes),
+        "limit_concurrency": settings.max_connections,
+        "timeout_keep_alive": settings.keep_alive_s,
+        "lifespan": "on",
+    }
+    kwargs.update(overrides)
+    config = uvicorn.Config(app, **kwargs)  # configures uvicorn's loggers: add the filter after
+    quiet_uvicorn_floods()
+    return config
+
+
+_UVICORN_FILTER = RateLimitFilter()
+
+
+def quiet_uvicorn_floods() -> None:
+    """Aggregate uvicorn's per-connection warnings (one line per refused connection under overload)."""
+    uv = logging.getLogger("uvicorn.error")
+    if _UVICORN_FILTER not in uv.filters:
+        uv.addFilter(_UVICORN_FILTER)
+
+
+def draining_server(config: Any) -> Any:
+    """A uvicorn.Server that tells the app it is draining as soon as SIGTERM/SIGINT arrives."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            state = getattr(config.app, "state", None)
+            if state is not None and not getattr(state, "draining", False):
+                state.draining = True
+                log.info("signal %d: draining (finishing accepted requests, refusing new ones)", sig)
+            super().handle_exit(sig, frame)
+
+    return DrainingServer(config)
 
 
 def run_server(settings: RetrievalSettings) -> None:
     """Prepare the index (build on first use), then serve until SIGINT/SIGTERM."""
     # Before torch/faiss load their OpenMP runtime: spinning OpenMP threads starve the event loop (issue 4).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import uvicorn
-
     from retrieval.app import create_app
 
     check_bind(settings)
-    if settings.is_public_bind and settings.api_key_value() is None:
+    if settings.is_public_bind and not settings.api_keys():
         log.warning("serving on %s WITHOUT authentication (--insecure)", settings.host)
     app = create_app(settings)
     log.info(
@@ -38,12 +153,4 @@ def run_server(settings: RetrievalSettings) -> None:
         settings.host,
         settings.port,
     )
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="info",  # prints "Uvicorn running on http://HOST:PORT" once listening
-        timeout_graceful_shutdown=30,
-        # access logs off: one line per rollout request would swamp the log at hundreds of requests/s
-        access_log=False,
-    )
+    draining_server(make_config(app, settings)).run()

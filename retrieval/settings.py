@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from searchrl.errors import ConfigError
+
 BackendName = Literal["dense", "bm25", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"]
 # Sites that host the benchmarks' question/answer pairs (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, Musique,
 # Bamboogle and the trivia sites TriviaQA was scraped from): a web search that lands on them reads the answer key.
@@ -58,13 +60,35 @@ class RetrievalSettings(BaseSettings):
     insecure: bool = False  # allow a public bind without an API key (never on an internet-facing port)
     api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("RETRIEVAL_API_KEY", "SEARCHRL_RETRIEVAL_API_KEY")
-    )
+    )  # bearer token clients must send; pass with --secret, never --env or argv
+    api_key_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("RETRIEVAL_API_KEY_FILE", "SEARCHRL_RETRIEVAL_API_KEY_FILE"),
+    )  # file with the token on line 1 and, during a rotation, the previous token on line 2
+    api_key_previous: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("RETRIEVAL_API_KEY_PREVIOUS", "SEARCHRL_RETRIEVAL_API_KEY_PREVIOUS"),
+    )  # a second accepted token while clients move to the new one (rotation); unset it afterwards
 
     # --- request limits ------------------------------------------------------------------------------------
     topk: int = Field(default=3, ge=1)  # default results per query (Search-R1 recipe: 3)
     max_topk: int = Field(default=50, ge=1)  # larger topk is a 422
     max_queries: int = Field(default=256, ge=1)  # queries per request
     max_query_chars: int = Field(default=2048, ge=1)  # characters per query string
+    # request body bytes, refused with 413 while reading (before buffering); 4 MiB fits 256 x 2048 characters
+    # even when every character is sent as a 6-byte \uXXXX escape (3.1 MB)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+
+    # --- slow clients and overload (issue 13) ---------------------------------------------------------------
+    header_timeout_s: float = Field(default=10.0, gt=0)  # a request's headers must arrive within this
+    body_timeout_s: float = Field(default=10.0, gt=0)  # its body within this (else 408, connection closed)
+    max_header_bytes: int = Field(default=65_536, ge=1024)  # bigger request headers: 431, connection closed
+    max_connections: int = Field(default=2048, ge=1)  # open connections+requests; past it uvicorn sends 503
+    keep_alive_s: int = Field(default=5, ge=1)  # idle keep-alive connections close after this
+    retry_after_max_s: float = Field(default=5.0, gt=0)  # cap on Retry-After (below clients' 10 s timeout)
+    drain_timeout_s: int = Field(default=30, ge=1)  # on SIGTERM: seconds to finish accepted requests
+    ready_queue_fraction: float = Field(default=0.9, gt=0, le=1)  # /ready fails when the queue is this full
+    worker_stall_s: float = Field(default=30.0, gt=0)  # /ready fails if one batch runs longer than this
 
     # --- performance (issue 4) -----------------------------------------------------------------------------
     device: str = "auto"  # auto | cpu | cuda
@@ -76,7 +100,9 @@ class RetrievalSettings(BaseSettings):
     forward_batch_size: int = Field(default=32, ge=1)
     batch_wait_ms: float = Field(default=2.0, ge=0)  # how long the batcher waits to fill a batch
     queue_size: int = Field(default=4096, ge=1)  # queued queries past which requests get 503
-    request_timeout_s: float = Field(default=30.0, gt=0)  # per-request deadline
+    # per-request deadline in the queue; below the client's 10 s timeout, so a request that cannot be served
+    # in time gets a 503 + Retry-After it can act on instead of a client-side timeout
+    request_timeout_s: float = Field(default=8.0, gt=0)
     cache_size: int = Field(default=100_000, ge=0)  # LRU result cache entries; 0 disables
     nprobe: int = Field(default=32, ge=1)  # IVF lists probed per query
     ef_search: int = Field(default=128, ge=1)  # HNSW search depth
@@ -153,5 +179,36 @@ class RetrievalSettings(BaseSettings):
         return self.host not in LOOPBACK_HOSTS
 
     def api_key_value(self) -> str | None:
-        """The key in clear, for the one place that compares it; never log the result."""
-        return self.api_key.get_secret_value() if self.api_key and self.api_key.get_secret_value() else None
+        """The current key in clear (client side, health checks); never log the result."""
+        keys = self.api_keys()
+        return keys[0] if keys else None
+
+    def api_keys(self) -> list[str]:
+        """Every accepted token in clear (current first, then the previous one during a rotation), for the one
+        place that compares them; never log the result. Reads RETRIEVAL_API_KEY_FILE on each call, so the
+        caller decides when (the app reads it once at start-up)."""
+        keys: list[str] = []
+        if self.api_key_file is not None:
+            try:
+                lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot read RETRIEVAL_API_KEY_FILE {self.api_key_file}: {exc.strerror or exc}"
+                ) from None
+            tokens = [line.strip() for line in lines if line.strip()]
+            if not tokens or len(tokens) > 2:
+                raise ConfigError(
+                    f"RETRIEVAL_API_KEY_FILE {self.api_key_file} has {len(tokens)} tokens; put the current "
+                    "token on line 1 and, during a rotation only, the previous one on line 2"
+                )
+            keys += tokens
+        for secret in (self.api_key, self.api_key_previous):
+            value = secret.get_secret_value().strip() if secret else ""
+            if value and value not in keys:
+                keys.append(value)
+        if len(keys) > 2:
+            raise ConfigError(
+                "more than two accepted tokens: use RETRIEVAL_API_KEY (or line 1 of RETRIEVAL_API_KEY_FILE) for "
+                "the current token and RETRIEVAL_API_KEY_PREVIOUS (or line 2) for the one being retired"
+            )
+        return keys

@@ -24,11 +24,20 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_in_thread(
-    app: Any, *, port: int | None = None, ready_path: str = "/health", timeout: float = 300.0
+    app: Any,
+    *,
+    port: int | None = None,
+    ready_path: str = "/health",
+    timeout: float = 300.0,
+    **uvicorn_kwargs: Any,
 ) -> Iterator[str]:
-    """Serve `app` on 127.0.0.1 and yield its base URL once `ready_path` answers 200."""
+    """Serve `app` on 127.0.0.1 and yield its base URL once `ready_path` answers 200.
+
+    `uvicorn_kwargs` go to uvicorn.Config (e.g. the service's own settings from retrieval.server.make_config).
+    """
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    kwargs: dict[str, Any] = {"host": "127.0.0.1", "log_level": "warning", "lifespan": "on", **uvicorn_kwargs}
+    config = uvicorn.Config(app, port=port, **kwargs)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

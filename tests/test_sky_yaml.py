@@ -225,21 +225,20 @@ def service_like_run(tmp_path: Path) -> Iterator[tuple[str, dict]]:
 def test_readiness_probe_gets_200_from_a_service_started_like_run(service_like_run: tuple[str, dict]) -> None:
     base, parsed = service_like_run
     assert parsed["run"].count("exec searchrl serve") == 1
-    assert parsed["method"] == "POST" and parsed["path"] == "/retrieve"
+    assert parsed["method"] == "POST" and parsed["path"] == "/ready"
     assert parsed["headers"] == {"Authorization": f"Bearer {TOKEN}"}  # the secret, substituted by SkyPilot
     # exactly what SkyServe sends: requests.post(url + path, json=post_data, headers=headers, timeout=...)
     probe = dict(json=parsed["post_data"], timeout=parsed["timeout"])
     ok = httpx.post(base + parsed["path"], headers=parsed["headers"], **probe)
     assert ok.status_code == 200, ok.text
-    titles = [h["document"]["contents"].split("\n")[0] for h in ok.json()["result"][0]]
-    assert titles[0] == '"The Seventh Seal"'
+    assert ok.json() == {"ready": True, "detail": "ok"}  # index loaded, worker alive, queue not saturated
     # the header matters: the same probe with another token is refused, so a missing secret would never pass
     wrong = httpx.post(base + parsed["path"], headers={"Authorization": "Bearer nope"}, **probe)
     assert wrong.status_code == 401
     # and the CLI that sends it from SkyPilot's parsed task (value by NAME from the environment, never argv)
     cli = searchrl("sky", "probe", base, "--secret", "RETRIEVAL_API_KEY", env={"RETRIEVAL_API_KEY": TOKEN})
     assert cli.returncode == 0, cli.stderr
-    assert cli.stdout.strip() == "POST /retrieve -> 200"
+    assert cli.stdout.strip() == "POST /ready -> 200"
     assert TOKEN not in cli.stdout + cli.stderr
     forgot = searchrl("sky", "probe", base)  # no --secret: SkyPilot would leave the header as literal text
     assert forgot.returncode == 2

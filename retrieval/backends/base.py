@@ -31,6 +31,13 @@ class Backend(abc.ABC):
         when it cannot answer.
         """
 
+    def problem(self) -> str | None:
+        """Why this backend cannot take traffic now (GET /ready answers 503 with it), or None when it can.
+
+        Backends with a worker thread report a dead or stalled worker and a saturated queue here.
+        """
+        return None
+
     def info(self) -> dict[str, Any]:
         """What GET / reports about this backend (corpus size, index type, encoder, ...)."""
         return {"backend": self.name}

@@ -2,6 +2,10 @@
 
 Queries are tokenised exactly as the index was (lowercase, English stopwords, Snowball English stemmer;
 the manifest records this and `verify_manifest` checks it).
+
+Requests go through the same `Batcher` as dense (issue 13): one bounded queue with 503 + Retry-After past
+`queue_size`, a per-request deadline, the result cache and in-flight de-duplication. Before that, an
+unbounded executor queue let latency grow past every client's timeout at ~1,000 concurrent clients.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from retrieval.backends.base import Backend
+from retrieval.batcher import Batcher, BatcherMetrics
 from retrieval.corpus import DocStore
 from retrieval.indexing import (
     BM25_DIR,
@@ -25,6 +30,7 @@ from retrieval.indexing import (
     resolve_corpus,
     verify_manifest,
 )
+from retrieval.ratelog import RateLimitedLog
 from retrieval.schemas import ScoredDocument
 from searchrl.errors import BackendError, SearchRLError
 
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
     from retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
+_ratelog = RateLimitedLog(log)
 
 
 class BM25Backend(Backend):
@@ -46,6 +53,20 @@ class BM25Backend(Backend):
         # One thread: the stemmer and bm25s retriever are not documented as thread-safe, and one BM25 query
         # over 10k passages takes ~1 ms, so a single worker is not the bottleneck.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
+        # The batcher's worker loop runs on that one thread too, after _load.
+        self._batcher = Batcher(
+            self._search_sync,
+            batch_size=settings.batch_size,
+            batch_wait_ms=settings.batch_wait_ms,
+            queue_size=settings.queue_size,
+            cache_size=settings.cache_size,
+            request_timeout_s=settings.request_timeout_s,
+            name="bm25",
+            executor=self._executor,
+            retry_after_max_s=settings.retry_after_max_s,
+            stall_s=settings.worker_stall_s,
+            ready_queue_fraction=settings.ready_queue_fraction,
+        )
         self._retriever: Any = None
         self._stemmer: Any = None
         self._store: DocStore | None = None
@@ -59,6 +80,14 @@ class BM25Backend(Backend):
 
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        await self._batcher.start()
+
+    def attach_metrics(self, metrics: BatcherMetrics) -> None:
+        """Report batch sizes, queue depth/wait and cache hits to the app's metrics."""
+        self._batcher.attach_metrics(metrics)
+
+    def problem(self) -> str | None:
+        return self._batcher.problem()
 
     def _load(self) -> None:
         import bm25s
@@ -74,6 +103,8 @@ class BM25Backend(Backend):
         for count in (len(store), int(retriever.scores["num_docs"])):
             verify_manifest(manifest, index_dir, kind="bm25", count=count)
         self._stemmer = Stemmer.Stemmer(BM25_STEMMER)
+        # bm25s sets its logger to DEBUG and logs one INFO line per stopword-only query (a log flood under RL)
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
         self._retriever, self._store, self.manifest, self.index_dir = retriever, store, manifest, index_dir
         self.open_seconds = time.perf_counter() - started
         log.info(
@@ -86,9 +117,7 @@ class BM25Backend(Backend):
     async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
         if self._retriever is None:
             raise BackendError("bm25 backend is not started")
-        return await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._search_sync, queries, topk
-        )
+        return await self._batcher.search(queries, topk)
 
     def _search_sync(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
         """Score a batch of queries; runs on the worker thread."""
@@ -105,7 +134,13 @@ class BM25Backend(Backend):
                 show_progress=False,
             )
             # A query with no indexed token (all stopwords, unknown words) scores 0 everywhere; bm25s maps it
-            # to its empty token, so it still gets k (arbitrary, score 0) results rather than an error.
+            # to its empty token, so it still gets k (arbitrary, score 0) results rather than an error. bm25s
+            # logs that at INFO once per query; we silence it (in _load) and write one aggregated line.
+            empty = sum(1 for t in tokens if not t)
+            if empty:
+                _ratelog.info(
+                    "empty", "bm25: %d queries had only stopwords/no indexed word (score-0 results)", empty
+                )
             rows, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
             return self._store.hits(rows.tolist(), scores.tolist())
         except SearchRLError:
@@ -129,6 +164,7 @@ class BM25Backend(Backend):
         }
 
     async def close(self) -> None:
+        await self._batcher.close()  # finishes queued queries, then frees the worker thread
         self._executor.shutdown(wait=True)
         if self._store is not None:
             self._store.close()

@@ -88,6 +88,9 @@ class DenseBackend(Backend):
             request_timeout_s=settings.request_timeout_s,
             name="dense",
             executor=self._executor,
+            retry_after_max_s=settings.retry_after_max_s,
+            stall_s=settings.worker_stall_s,
+            ready_queue_fraction=settings.ready_queue_fraction,
         )
 
     @classmethod
@@ -98,6 +101,9 @@ class DenseBackend(Backend):
         # On the worker thread too: the thread that loads a (GPU) index is the one that uses it.
         await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
         await self._batcher.start()
+
+    def problem(self) -> str | None:
+        return self._batcher.problem()
 
     def attach_metrics(self, metrics: BatcherMetrics) -> None:
         """Report batch sizes, queue depth/wait and cache hits to the app's metrics (see retrieval/app.py)."""

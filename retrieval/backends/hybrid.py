@@ -112,6 +112,10 @@ class HybridBackend(Backend):
             if attach is not None:
                 attach(metrics)
 
+    def problem(self) -> str | None:
+        problems = [p for p in (b.problem() for b, _ in self._parts) if p]
+        return "; ".join(problems) or None
+
     def info(self) -> dict[str, Any]:
         return {
             "backend": self.name,

@@ -3,7 +3,9 @@
     searchrl serve --backend bm25 --port 8000          # loopback, no key needed
     RETRIEVAL_API_KEY=... searchrl serve --host 0.0.0.0   # public bind needs a key (or --insecure)
 
-The API key is read from the environment (RETRIEVAL_API_KEY) only: a flag would put it in argv and `ps`.
+The API key is read from the environment (RETRIEVAL_API_KEY) or a file (RETRIEVAL_API_KEY_FILE: the token on
+line 1, the previous one on line 2 during a rotation) only: a flag would put it in argv and `ps`. Limits,
+timeouts and readiness knobs are SEARCHRL_RETRIEVAL_* variables (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--backend",
         help="bm25 | dense | hybrid | google (Serper/SerpAPI) | serper | serpapi | searxng | google-cse (default: bm25)",
     )
-    p.add_argument("--host", help="bind address (default 127.0.0.1; public needs RETRIEVAL_API_KEY)")
+    p.add_argument(
+        "--host",
+        help="bind address (default 127.0.0.1; public needs RETRIEVAL_API_KEY or RETRIEVAL_API_KEY_FILE)",
+    )
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--corpus", help="bundled | wiki18-100k | wiki18 | path to Search-R1 JSONL(.gz)")
     p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")

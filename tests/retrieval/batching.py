@@ -82,6 +82,9 @@ class BatchedBackend(Backend):
     async def start(self) -> None:
         await self.batcher.start()
 
+    def problem(self) -> str | None:
+        return self.batcher.problem()
+
     async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
         return await self.batcher.search(queries, topk)
 

@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from retrieval.client import RetrievalClient, check_health
+from retrieval.client import CircuitBreaker, RetrievalClient, check_health
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from tests.live import free_port, serve_in_thread
 
@@ -200,3 +200,152 @@ def test_check_health_unauthorized(upstream: tuple[Script, str], script: Script)
     res = check_health(url, api_key="wrong-key", deadline_s=5)
     assert not res.ok and "401" in res.reason and "wrong-key" not in res.reason
     assert len(script.requests) == 1
+
+
+# --- issue 13: spread, circuit breaker, deadlines, counters ------------------------------------------------
+
+
+def test_breaker_states_with_a_fake_clock() -> None:
+    now = [0.0]
+    br = CircuitBreaker(failures=3, reset_s=1.0, max_reset_s=4.0, clock=lambda: now[0])
+    assert br.allow() and not br.record_failure("timeout") and not br.record_failure("http_500")
+    assert br.record_failure("timeout") and br.state == "open" and not br.allow()
+    now[0] = 1.0
+    assert br.allow() and br.state == "half_open"
+    assert not br.allow()  # one probe at a time
+    assert br.record_failure("timeout") and br.seconds_to_probe() == 2.0  # failed probe: cool-down doubles
+    now[0] = 3.0
+    assert br.allow()
+    br.record_success()
+    assert br.state == "closed" and br.allow()
+    assert br.record_failure("connect") and br.state == "open"  # a refused connection opens at once
+    assert br.opened == 3
+
+
+def test_round_robin_spreads_over_urls(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    other = Script()
+    with serve_in_thread(other.app()) as url2:
+
+        async def go() -> dict[str, Any]:
+            async with RetrievalClient([url, url2]) as client:
+                for _ in range(10):
+                    await client.search(["q"], 1)
+                return client.stats()
+
+        stats = run(go())
+    assert len(script.requests) == 5 and len(other.requests) == 5
+    assert stats["calls"] == 10 and all(u["ok"] == 5 for u in stats["urls"].values())
+
+
+def test_dead_replica_costs_one_failure_then_is_skipped(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def go() -> dict[str, Any]:
+        async with RetrievalClient([dead, url], breaker_reset_s=60) as client:
+            for _ in range(20):
+                assert (await client.search(["q"], 1))[0][0].id == "7"
+            return client.stats()
+
+    stats = run(go())
+    assert stats["urls"][dead] == {
+        **stats["urls"][dead],
+        "sent": 1,
+        "failed": {"connect": 1},
+        "breaker": "open",
+        "breaker_opened": 1,
+    }
+    assert stats["urls"][url]["ok"] == 20 and len(script.requests) == 20
+
+
+def test_breaker_probes_and_closes_when_the_replica_returns(
+    upstream: tuple[Script, str], script: Script
+) -> None:
+    _, url = upstream
+    port = free_port()
+    back = f"http://127.0.0.1:{port}"
+
+    async def go() -> tuple[str, str]:
+        async with RetrievalClient([back, url], breaker_reset_s=0.2) as client:
+            await client.search(["q"], 1)
+            opened = client.stats()["urls"][back]["breaker"]
+            with serve_in_thread(Script().app(), port=port):
+                await asyncio.sleep(0.3)
+                for _ in range(4):
+                    await client.search(["q"], 1)
+                return opened, client.stats()["urls"][back]["breaker"]
+
+    assert run(go()) == ("open", "closed")
+
+
+def test_retry_after_past_the_deadline_gives_up_at_once(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    script.steps.append((503, {"detail": "queue full"}, {"Retry-After": "30"}, 0.0))
+    started = time.monotonic()
+    with pytest.raises(RetrievalUnavailableError) as info:
+        run(_search(url, deadline_s=2.0))
+    assert info.value.kind == "http_503" and time.monotonic() - started < 1.0
+    assert len(script.requests) == 1
+
+
+def test_pool_wait_has_its_own_deadline_and_kind(upstream: tuple[Script, str], script: Script) -> None:
+    _, url = upstream
+    script.steps.append((200, GOOD, {}, 1.0))
+
+    async def go() -> RetrievalUnavailableError:
+        async with RetrievalClient(url, max_connections=1, pool_timeout_s=0.1, max_retries=0) as client:
+            slow = asyncio.create_task(client.search(["slow"], 1))
+            await asyncio.sleep(0.2)
+            with pytest.raises(RetrievalUnavailableError) as info:
+                await client.search(["q"], 1)
+            await slow
+            return info.value
+
+    assert run(go()).kind == "pool"
+
+
+def test_hung_replica_costs_one_timeout_then_the_breaker_skips_it(
+    upstream: tuple[Script, str], script: Script
+) -> None:
+    """A replica that accepts connections but never answers (what SIGSTOP looks like)."""
+    import socket
+
+    _, url = upstream
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(128)  # the kernel completes handshakes; nobody ever reads
+    hung_url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+
+    async def go() -> tuple[float, dict[str, Any]]:
+        async with RetrievalClient([hung_url, url], timeout_s=0.5, breaker_failures=1) as client:
+            started = time.monotonic()
+            for _ in range(10):
+                assert (await client.search(["q"], 1))[0][0].id == "7"
+            return time.monotonic() - started, client.stats()
+
+    try:
+        elapsed, stats = run(go())
+    finally:
+        hung.close()
+    assert (
+        stats["urls"][hung_url]["failed"] == {"timeout": 1} and stats["urls"][hung_url]["breaker"] == "open"
+    )
+    assert elapsed < 2.0
+
+
+def test_single_url_has_no_breaker_every_attempt_is_tried() -> None:
+    """One URL (SkyServe's load balancer): skipping it could only fail calls without trying."""
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def go() -> dict[str, Any]:
+        client = RetrievalClient(dead, max_retries=2, backoff_base_s=0.01, backoff_max_s=0.02)
+        with pytest.raises(RetrievalUnavailableError):
+            await client.search(["q"], 1)
+        await client.aclose()
+        return client.stats()["urls"][dead]
+
+    url_stats = run(go())
+    assert (
+        url_stats["sent"] == 3 and url_stats["breaker"] == "closed" and url_stats["failed"] == {"connect": 3}
+    )

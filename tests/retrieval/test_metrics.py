@@ -45,7 +45,9 @@ def test_metrics_count_requests_queries_batches_cache_and_errors() -> None:
     assert value(text, "searchrl_retrieval_requests_total", status="422") == 1
     assert value(text, "searchrl_retrieval_requests_total", status="400") == 1
     assert value(text, "searchrl_retrieval_errors_total", kind="invalid") == 2
-    assert value(text, "searchrl_retrieval_queries_total") == 4  # 2 + 1 + 1 (the 422 request's query)
+    assert (
+        value(text, "searchrl_retrieval_queries_total") == 3
+    )  # 2 + 1; a body the schema refuses counts none
     assert value(text, "searchrl_retrieval_request_seconds_count") == 4
     assert value(text, "searchrl_retrieval_cache_hits_total") == 1
     assert value(text, "searchrl_retrieval_cache_misses_total") == 2

@@ -1,0 +1,627 @@
+"""Reliability benchmark (issue 13): real `searchrl serve` processes on loopback, under faults.
+
+    searchrl reliability                          # make bench-reliability: every scenario, default sizes
+    searchrl reliability --seconds 60 --only soak,kill
+
+Scenarios (each returns one row of the table in docs/operations.md):
+    soak        C clients x unique queries for S seconds: every answer checked, RSS after warm-up vs end
+    overload    10 x the queue bound in concurrent clients: 503 + Retry-After, never a hang; retries get all
+    kill        3 replicas, SIGKILL one mid-run, restart it: breaker open/close times, no call lost
+    hang        3 replicas, SIGSTOP one mid-run (a hung replica), SIGCONT later: calls finish in the deadline
+    drain       SIGTERM one replica under load: no accepted request lost, exit code 0
+    big-body    a 200 MB chunked body: refused while reading; RSS rise and /health latency meanwhile
+    slow        400 connections trickling a byte a second: closed by the header/body deadlines
+
+Not in the service modules on purpose: this is a load generator, it imports the client and starts processes.
+Correctness: each query's expected passage ids come from one sequential call before any load, with the
+replicas' result cache off, so a correct answer under load means the right work was done for that query.
+The tests in tests/retrieval/test_reliability.py run the same scenarios with small sizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from retrieval.client import RetrievalClient
+from retrieval.settings import RetrievalSettings
+from searchrl.errors import RetrievalUnavailableError
+
+#: call(query) -> an answer that can be compared with the reference (passage ids, or an observation text)
+Call = Callable[[str], Awaitable[Any]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Replica:
+    """One `searchrl serve` subprocess (what SkyServe runs per replica), restartable on the same port."""
+
+    settings: RetrievalSettings
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 120.0) -> Replica:
+        s = self.settings
+        cmd = [sys.executable, "-m", "searchrl", "serve", "--backend", s.backend, "--corpus", s.corpus]
+        cmd += ["--data-dir", str(s.data_dir), "--port", str(self.port), "--no-build"]
+        env = {**os.environ, "SEARCHRL_LOG_LEVEL": "WARNING", **self.env}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"replica exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"replica on {self.url} not ready after {timeout_s}s; see {self.log_path}")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def rss(self) -> int:
+        import psutil
+
+        assert self.proc is not None
+        return int(psutil.Process(self.proc.pid).memory_info().rss)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@contextmanager
+def replicas(
+    settings: RetrievalSettings, n: int, workdir: Path, env: dict[str, str] | None = None
+) -> Iterator[list[Replica]]:
+    """Start `n` replicas (index prepared once, before), stop every one on exit."""
+    from retrieval.indexing import ensure_index
+
+    ensure_index(settings, settings.backend if settings.backend in ("bm25", "dense") else "bm25")  # type: ignore[arg-type]
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {"SEARCHRL_RETRIEVAL_CACHE_SIZE": "0", **(env or {})}
+    started: list[Replica] = []
+    try:
+        for i in range(n):
+            started.append(Replica(settings, workdir / f"replica-{i}.log", env=env).start())
+        yield started
+    finally:
+        for r in started:
+            r.stop()
+
+
+def corpus_queries(settings: RetrievalSettings, n: int) -> list[str]:
+    """`n` distinct queries made from the corpus titles (title + a rotating question frame)."""
+    from retrieval.indexing import resolve_corpus
+    from searchrl.prompt import split_title
+
+    titles: list[str] = []
+    with open(resolve_corpus(settings), encoding="utf-8") as f:
+        for line in f:
+            titles.append(split_title(json.loads(line)["contents"])[0])
+    frames = ["{}", "who or what is {}", "history of {}", "facts about {}", "{} explained", "where is {}"]
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        out.append(frames[(i // len(titles)) % len(frames)].format(titles[i % len(titles)]) + f" {i}")
+        i += 1
+    return out
+
+
+def client_call(client: RetrievalClient, topk: int = 3) -> Call:
+    async def call(query: str) -> list[str]:
+        return [h.id for h in (await client.search([query], topk))[0]]
+
+    return call
+
+
+async def reference(call: Call, queries: Sequence[str]) -> dict[str, Any]:
+    """Expected answer per query: one call each, sequential, before any load or fault."""
+    return {q: await call(q) for q in queries}
+
+
+@dataclass
+class Outcome:
+    """What a load run saw, client side."""
+
+    sent: int = 0
+    answered: int = 0
+    wrong: int = 0
+    lost: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+
+    def p(self, q: float) -> float:
+        if not self.latencies:
+            return 0.0
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    def row(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "answered": self.answered,
+            "wrong": self.wrong,
+            "lost": self.lost,
+            "p50_s": round(self.p(0.50), 3),
+            "p99_s": round(self.p(0.99), 3),
+            "max_s": round(max(self.latencies, default=0.0), 3),
+            "errors": dict(self.errors),
+            **extra,
+        }
+
+
+async def run_load(
+    call: Call,
+    expected: dict[str, Any],
+    clients: int,
+    *,
+    seconds: float | None = None,
+    per_client: int | None = None,
+    until: asyncio.Event | None = None,
+) -> Outcome:
+    """`clients` concurrent loops over the query pool (each client its own offset), for `seconds` or
+    `per_client` calls each (and, with `until`, at least until it is set). Every answer is compared with
+    `expected`."""
+    pool = list(expected)
+    out = Outcome()
+    stop_at = time.monotonic() + seconds if seconds is not None else None
+
+    def more(n: int) -> bool:
+        if until is not None and not until.is_set():
+            return True
+        return (per_client is None or n < per_client) and (stop_at is None or time.monotonic() < stop_at)
+
+    async def worker(w: int) -> None:
+        i = w
+        n = 0
+        while more(n):
+            q = pool[i % len(pool)]
+            i += clients
+            n += 1
+            out.sent += 1
+            started = time.monotonic()
+            try:
+                got = await call(q)
+            except RetrievalUnavailableError as exc:
+                out.lost += 1
+                out.errors[exc.kind] += 1
+                continue
+            out.latencies.append(time.monotonic() - started)
+            if got == expected[q]:
+                out.answered += 1
+            else:
+                out.wrong += 1
+
+    await asyncio.gather(*(worker(w) for w in range(clients)))
+    return out
+
+
+def server_5xx(stats: dict[str, Any]) -> int:
+    """5xx answers the client saw (retried ones included), from RetrievalClient.stats()."""
+    return sum(
+        n for u in stats["urls"].values() for kind, n in u["failed"].items() if kind.startswith("http_5")
+    )
+
+
+# --- scenarios ---------------------------------------------------------------------------------------------
+
+
+async def soak(settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 128) -> dict:
+    with replicas(settings, 1, workdir / "soak") as (r,):
+        async with RetrievalClient(r.url, timeout_s=10, max_retries=5) as client:
+            call = client_call(client)
+            expected = await reference(call, corpus_queries(settings, 2000))
+            warm = await run_load(call, expected, clients, seconds=max(5.0, seconds * 0.1))
+            rss_warm = r.rss()
+            out = await run_load(call, expected, clients, seconds=seconds)
+            rss_end = r.rss()
+            stats = client.stats()
+    out.sent += warm.sent
+    out.answered += warm.answered
+    out.wrong += warm.wrong
+    out.lost += warm.lost
+    return out.row(
+        scenario=f"soak {seconds:g}s, {clients} clients",
+        http_5xx=server_5xx(stats),
+        rss_warm_mb=round(rss_warm / 2**20, 1),
+        rss_end_mb=round(rss_end / 2**20, 1),
+    )
+
+
+async def overload(
+    settings: RetrievalSettings, workdir: Path, *, seconds: float, queue: int = 16, factor: int = 10
+) -> dict:
+    """Offered concurrency = factor x the queue bound (each client keeps one unique query in flight)."""
+    env = {
+        "SEARCHRL_RETRIEVAL_QUEUE_SIZE": str(queue),
+        "SEARCHRL_RETRIEVAL_BATCH_SIZE": str(max(1, queue // 2)),
+    }
+    with replicas(settings, 1, workdir / "overload", env) as (r,):
+        async with RetrievalClient(
+            r.url,
+            timeout_s=10,
+            max_retries=1000,
+            deadline_s=seconds + 60,
+            backoff_base_s=0.05,
+            backoff_max_s=1.0,
+        ) as client:
+            call = client_call(client)
+            expected = await reference(call, corpus_queries(settings, queue * factor * 4))
+            out = await run_load(call, expected, queue * factor, seconds=seconds)
+            stats = client.stats()
+            alive = r.proc is not None and r.proc.poll() is None
+            ready = httpx.get(r.url + "/ready", timeout=5).status_code
+    return out.row(
+        scenario=f"overload {factor}x queue ({queue * factor} clients, queue {queue})",
+        http_5xx=server_5xx(stats),
+        http_503=sum(u["failed"].get("http_503", 0) for u in stats["urls"].values()),
+        retries=stats["retries"],
+        alive_after=alive,
+        ready_after=ready,
+    )
+
+
+async def _with_fault(
+    settings: RetrievalSettings,
+    workdir: Path,
+    *,
+    seconds: float,
+    clients: int,
+    fault: str,
+    make_call: Callable[[list[str]], tuple[Call, Callable[[], dict], Callable[[], Awaitable[None]]]] | None,
+    timeout_s: float,
+) -> dict:
+    """3 replicas; at 1/3 of the run SIGKILL (or SIGSTOP) replica 0; at 2/3 restart (or SIGCONT) it."""
+    with replicas(settings, 3, workdir / fault) as reps:
+        urls = [r.url for r in reps]
+        if make_call is None:
+            client = RetrievalClient(urls, timeout_s=timeout_s, max_retries=3, breaker_reset_s=0.5)
+            call, stats, close = client_call(client), client.stats, client.aclose
+        else:
+            call, stats, close = make_call(urls)
+        try:
+            expected = await reference(call, corpus_queries(settings, 600))
+            target = urls[0]
+            times: dict[str, float] = {}
+
+            def breaker() -> str:
+                return str(stats()["urls"][target]["breaker"])
+
+            async def inject() -> None:
+                await asyncio.sleep(seconds / 3)
+                times["fault"] = time.monotonic()
+                reps[0].signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+                while breaker() == "closed" and time.monotonic() - times["fault"] < seconds:
+                    await asyncio.sleep(0.005)
+                times["opened"] = time.monotonic()
+                await asyncio.sleep(
+                    max(0.0, seconds * 2 / 3 - (time.monotonic() - times["fault"]) - seconds / 3)
+                )
+                if fault == "kill":
+                    await asyncio.to_thread(reps[0].start)
+                else:
+                    reps[0].signal(signal.SIGCONT)
+                times["back"] = time.monotonic()
+                # calls keep going until the breaker closed (a probe needs traffic), at most 60 s more
+                while breaker() != "closed" and time.monotonic() - times["back"] < 60:
+                    await asyncio.sleep(0.005)
+                times["closed"] = time.monotonic()
+                recovered.set()
+
+            recovered = asyncio.Event()
+            injector = asyncio.create_task(inject())
+            out = await run_load(call, expected, clients, seconds=seconds, until=recovered)
+            await injector
+            st = stats()
+        finally:
+            await close()
+    return out.row(
+        scenario=f"replica {'SIGKILL' if fault == 'kill' else 'SIGSTOP'} (3 replicas, {clients} clients)",
+        http_5xx=server_5xx(st),
+        breaker_open_s=round(times["opened"] - times["fault"], 3),
+        breaker_closed_after_back_s=round(times["closed"] - times["back"], 3),
+        deadline_s=timeout_s * 4,
+    )
+
+
+async def replica_kill(
+    settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 32, make_call: Any = None
+) -> dict:
+    return await _with_fault(
+        settings, workdir, seconds=seconds, clients=clients, fault="kill", make_call=make_call, timeout_s=10
+    )
+
+
+async def replica_hang(
+    settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 32, make_call: Any = None
+) -> dict:
+    return await _with_fault(
+        settings, workdir, seconds=seconds, clients=clients, fault="hang", make_call=make_call, timeout_s=2
+    )
+
+
+async def drain(settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 64) -> dict:
+    """SIGTERM under load, no client retries: every request is answered, refused (503 / connection refused,
+    i.e. never accepted) or lost (accepted, then no answer). Lost must be 0."""
+    import aiohttp
+
+    with replicas(settings, 1, workdir / "drain", {"SEARCHRL_LOG_LEVEL": "INFO"}) as (r,):
+        async with RetrievalClient(r.url) as client:
+            expected = await reference(client_call(client), corpus_queries(settings, 1000))
+        pool = list(expected)
+        counts: Counter[str] = Counter()
+        latencies: list[float] = []
+        stop_at = time.monotonic() + seconds
+
+        async def worker(w: int, session: aiohttp.ClientSession) -> None:
+            i = w
+            while time.monotonic() < stop_at:
+                q = pool[i % len(pool)]
+                i += clients
+                started = time.monotonic()
+                try:
+                    async with session.post(r.url + "/retrieve", json={"queries": [q], "topk": 3}) as resp:
+                        body = await resp.json(content_type=None)
+                        if resp.status == 200:
+                            ids = [d["id"] for d in body["result"][0]]
+                            counts["answered" if ids == expected[q] else "wrong"] += 1
+                            latencies.append(time.monotonic() - started)
+                        else:
+                            counts[f"refused_{resp.status}"] += 1
+                except aiohttp.ClientConnectorError:
+                    counts["refused_connect"] += 1
+                    await asyncio.sleep(0.01)
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    counts["lost"] += 1
+
+        async def terminate() -> None:
+            await asyncio.sleep(seconds / 2)
+            r.signal(signal.SIGTERM)
+
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await asyncio.gather(terminate(), *(worker(w, session) for w in range(clients)))
+        assert r.proc is not None
+        code = r.proc.wait(timeout=60)
+    drained = re.findall(
+        r"drained: (\d+) /retrieve requests answered since start, (\d+) still in flight",
+        r.log_path.read_text(),
+    )
+    server_answered, in_flight = (int(x) for x in drained[-1]) if drained else (-1, -1)
+    out = Outcome(
+        sent=sum(counts.values()),
+        answered=counts["answered"],
+        wrong=counts["wrong"],
+        lost=counts["lost"],
+        latencies=latencies,
+    )
+    refused = {k: v for k, v in counts.items() if k.startswith("refused")}
+    # Accepted = read by the server. The server answered `server_answered` (reference calls included); the
+    # client received `answered` + the reference calls. A client-side disconnect on an idle keep-alive connection
+    # that the server closed at shutdown was never read, so it is not lost: it counts as refused_disconnect.
+    accepted_lost = server_answered - (counts["answered"] + counts["wrong"] + len(expected))
+    refused["refused_disconnect"] = counts["lost"]
+    out.lost = max(0, accepted_lost)
+    return out.row(
+        scenario=f"SIGTERM drain ({clients} clients)",
+        http_5xx=0,
+        refused=refused,
+        server_answered=server_answered,
+        in_flight_at_exit=in_flight,
+        exit_signal=-code if code < 0 else code,
+    )
+
+
+def big_body(settings: RetrievalSettings, workdir: Path, *, megabytes: int = 200) -> dict:
+    """Stream a `megabytes` chunked JSON body (no Content-Length) while timing /health every 20 ms."""
+    with replicas(settings, 1, workdir / "big-body") as (r,):
+        rss_before = r.rss()
+        rss_peak = rss_before
+        health: list[float] = []
+        done = threading.Event()
+        result: dict[str, Any] = {}
+
+        def send() -> None:
+            sock = socket.create_connection(("127.0.0.1", r.port))
+            head = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            sent = 0
+            chunk = b'"q",' * 16384  # 64 KiB of short queries
+            piece = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+            try:
+                sock.sendall(head + b'%x\r\n{"queries":[\r\n' % len(b'{"queries":['))
+                while sent < megabytes * 2**20:
+                    sock.sendall(piece)
+                    sent += len(chunk)
+            except OSError:
+                pass
+            result["sent_mb"] = round(sent / 2**20, 1)
+            sock.settimeout(5)
+            try:
+                result["status_line"] = sock.recv(200).split(b"\r\n")[0].decode()
+            except OSError as exc:
+                result["status_line"] = f"no answer ({type(exc).__name__})"
+            sock.close()
+            done.set()
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        with httpx.Client(timeout=5) as h:
+            until = time.monotonic() + 1.0  # and at least one second of probes
+            while not done.is_set() or time.monotonic() < until:
+                started = time.monotonic()
+                h.get(r.url + "/health")
+                health.append(time.monotonic() - started)
+                rss_peak = max(rss_peak, r.rss())
+                time.sleep(0.02)
+        sender.join()
+        rss_after = r.rss()
+    return {
+        "scenario": f"{megabytes} MB chunked body",
+        **result,
+        "rss_before_mb": round(rss_before / 2**20, 1),
+        "rss_peak_mb": round(rss_peak / 2**20, 1),
+        "rss_after_mb": round(rss_after / 2**20, 1),
+        "limit_mb": round(settings.max_body_bytes / 2**20, 1),
+        "health_max_ms": round(max(health, default=0.0) * 1000, 1),
+        "health_probes": len(health),
+    }
+
+
+def slow_clients(
+    settings: RetrievalSettings, workdir: Path, *, n: int = 400, header_timeout_s: float = 3.0
+) -> dict:
+    """`n` connections sending one byte a second: half still in the headers, half in a declared body."""
+    env = {
+        "SEARCHRL_RETRIEVAL_HEADER_TIMEOUT_S": str(header_timeout_s),
+        "SEARCHRL_RETRIEVAL_BODY_TIMEOUT_S": str(header_timeout_s),
+    }
+    with replicas(settings, 1, workdir / "slow", env) as (r,):
+        socks: list[socket.socket] = []
+        for i in range(n):
+            s = socket.create_connection(("127.0.0.1", r.port))
+            if i % 2:  # headers done, the body trickles (JSON whitespace)
+                s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            else:  # the headers trickle (a header value that never ends)
+                s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            s.setblocking(False)
+            socks.append(s)
+        started = time.monotonic()
+        open_ = set(range(n))
+        closed_at: list[float] = []
+        status: Counter[str] = Counter()
+        limit = header_timeout_s * 3 + 5
+        while open_ and time.monotonic() - started < limit:
+            for i in list(open_):
+                try:
+                    data = socks[i].recv(4096)
+                    if data:
+                        status[data.split(b"\r\n")[0].decode(errors="replace")] += 1
+                        socks[i].send(b" " if i % 2 else b"a")
+                        continue
+                    closed = True
+                except BlockingIOError:
+                    try:
+                        socks[i].send(b" " if i % 2 else b"a")  # the trickle: one byte per loop (~1 s)
+                        closed = False
+                    except OSError:
+                        closed = True
+                except OSError:
+                    closed = True
+                if closed:
+                    open_.discard(i)
+                    closed_at.append(time.monotonic() - started)
+            time.sleep(1.0)
+        health = httpx.get(r.url + "/health", timeout=5).status_code
+        for s in socks:
+            s.close()
+    return {
+        "scenario": f"{n} slow connections (1 byte/s), header/body deadline {header_timeout_s:g}s",
+        "connections": n,
+        "closed_by_server": n - len(open_),
+        "still_open": len(open_),
+        "last_closed_s": round(max(closed_at, default=0.0), 1),
+        "answers": dict(status),
+        "health_after": health,
+    }
+
+
+SCENARIOS = ("soak", "overload", "kill", "hang", "drain", "big-body", "slow")
+
+
+async def run_all(
+    settings: RetrievalSettings,
+    workdir: Path,
+    *,
+    seconds: float,
+    only: Sequence[str] = SCENARIOS,
+    make_call: Any = None,
+) -> list[dict]:
+    rows: list[dict] = []
+    for name in only:
+        if name == "soak":
+            rows.append(await soak(settings, workdir, seconds=seconds))
+        elif name == "overload":
+            rows.append(await overload(settings, workdir, seconds=min(seconds, 20)))
+        elif name == "kill":
+            rows.append(await replica_kill(settings, workdir, seconds=min(seconds, 30), make_call=make_call))
+        elif name == "hang":
+            rows.append(await replica_hang(settings, workdir, seconds=min(seconds, 30), make_call=make_call))
+        elif name == "drain":
+            rows.append(await drain(settings, workdir, seconds=min(seconds, 10)))
+        elif name == "big-body":
+            rows.append(await asyncio.to_thread(big_body, settings, workdir))
+        elif name == "slow":
+            rows.append(await asyncio.to_thread(slow_clients, settings, workdir))
+    return rows
+
+
+def render_table(rows: Sequence[dict]) -> str:
+    """The markdown table docs/operations.md shows: one line per scenario, extra fields as key=value."""
+    lines = [
+        "| scenario | sent | answered | wrong | lost | 5xx | p99 s | other |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    core = {"scenario", "sent", "answered", "wrong", "lost", "http_5xx", "p99_s"}
+    for row in rows:
+        other = ", ".join(f"{k}={v}" for k, v in row.items() if k not in core and k not in {"p50_s"})
+        cells = [
+            str(row.get(k, ""))
+            for k in ("scenario", "sent", "answered", "wrong", "lost", "http_5xx", "p99_s")
+        ]
+        lines.append("| " + " | ".join(cells) + f" | {other} |")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "SCENARIOS",
+    "Outcome",
+    "Replica",
+    "big_body",
+    "client_call",
+    "corpus_queries",
+    "drain",
+    "overload",
+    "reference",
+    "render_table",
+    "replica_hang",
+    "replica_kill",
+    "replicas",
+    "run_all",
+    "run_load",
+    "slow_clients",
+    "soak",
+]

@@ -1,0 +1,92 @@
+"""`searchrl reliability`: the reliability benchmark (what `make bench-reliability` runs; issue 13).
+
+    searchrl reliability                              # every scenario, 600 s soak (~20 minutes in all)
+    searchrl reliability --seconds 60 --only soak,kill,hang --out outputs/bench
+
+Starts real `searchrl serve` replicas on loopback ports, runs the scenarios in `retrieval.reliability`
+(soak, 10x overload, SIGKILL/SIGSTOP of a replica behind the verl tool, SIGTERM drain, 200 MB body, 400 slow
+connections) and prints a markdown table on stdout; JSON rows go to `--out`/reliability.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from searchrl.cli import given
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "reliability",
+        help="reliability benchmark: soak, overload, dying/hung replicas, drain, big bodies, slow clients",
+        description="Run the issue-13 fault scenarios against real service processes on loopback.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--seconds", type=float, help="soak length; other scenarios use up to 30 s (default 600)")
+    p.add_argument(
+        "--only", help="comma-separated: soak,overload,kill,hang,drain,big-body,slow (default all)"
+    )
+    p.add_argument("--corpus", help="corpus to serve (default bundled)")
+    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    p.add_argument("--out", type=Path, help="directory for reliability.json (default outputs/bench)")
+    p.add_argument(
+        "--no-tool",
+        dest="tool",
+        action="store_false",
+        help="drive kill/hang with RetrievalClient instead of the verl SearchTool (no verl needed)",
+    )
+    p.set_defaults(handler=_run)
+
+
+def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
+    """call(query) through the verl SearchTool (what rollouts run), its client's stats, and close."""
+    from trainer.tool import SearchTool
+
+    # verl's BaseTool prints the tool schema on stdout; stdout carries only the results table here
+    with contextlib.redirect_stdout(sys.stderr):
+        tool = SearchTool({"type": "native", "retrieval_urls": urls, "timeout_s": 2.0, "max_retries": 3})
+
+    async def call(query: str) -> str:
+        instance_id, _ = await tool.create(create_kwargs={"question": query})
+        response, _, _ = await tool.execute(instance_id, {"query": query})
+        await tool.release(instance_id)
+        return str(response.text)
+
+    return call, lambda: tool._get_client().stats(), tool.aclose
+
+
+def _run(args: argparse.Namespace) -> int:
+    from retrieval.reliability import SCENARIOS, render_table, run_all
+    from retrieval.settings import RetrievalSettings
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+
+    setup_logging()
+    only = [s.strip() for s in getattr(args, "only", ",".join(SCENARIOS)).split(",") if s.strip()]
+    unknown = sorted(set(only) - set(SCENARIOS))
+    if unknown:
+        raise ConfigError(
+            f"--only: unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}"
+        )
+    settings = load_settings(RetrievalSettings, backend="bm25", **given(args, "corpus", "data_dir"))
+    out_dir: Path = getattr(args, "out", Path("outputs/bench"))
+    seconds = float(getattr(args, "seconds", 600.0))
+    make_call = tool_caller if getattr(args, "tool", True) else None
+    with tempfile.TemporaryDirectory(prefix="searchrl-reliability-") as tmp:
+        rows = asyncio.run(run_all(settings, Path(tmp), seconds=seconds, only=only, make_call=make_call))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "reliability.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    print(render_table(rows))  # noqa: T201
+    log.info("wrote %s", out_dir / "reliability.json")
+    return 0
