@@ -48,6 +48,11 @@ def _eval_argv(llm_url: str, retrieval_url: str, tokenizer: Path, out: Path, *ex
     ]  # fmt: skip
 
 
+def _error_line(stderr: str) -> str:
+    """The CLI's one `error:` line (the test's service logs its drain to stderr after the CLI returns)."""
+    return [line for line in stderr.splitlines() if line.startswith("error:")][-1]
+
+
 def test_spent_quota_stops_the_run_and_marks_it_invalid(
     fake: FakeSearchAPIs, chat_tokenizer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -57,7 +62,7 @@ def test_spent_quota_stops_the_run_and_marks_it_invalid(
         for llm_url, _ in serve_scripts({MODEL: TRAINED}):
             rc = main(_eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, tmp_path / "results"))
     assert rc == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    err = _error_line(capsys.readouterr().err)
     assert err.startswith("error: run stopped: the search quota is spent (429)") and "re-run" in err
     (path,) = (tmp_path / "results").glob("*.json")
     doc = json.loads(path.read_text())
@@ -120,6 +125,6 @@ def test_replay_miss_fails_the_preflight_before_any_generation(
             rc = main(_eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, tmp_path / "results"))
             assert app.state.requests == []  # no generation was spent
     assert rc == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    err = _error_line(capsys.readouterr().err)
     assert err.startswith("error: pre-flight search") and "replay-cache miss" in err
     assert not list((tmp_path / "results").glob("*.json")) if (tmp_path / "results").exists() else True
