@@ -631,7 +631,7 @@ async def evaluate(
     search failure (quota, 401/403, replay miss) stops the run at once; the result file is still written,
     marked aborted and invalid, and the error is raised.
     """
-    from retrieval.client import RetrievalClient
+    from retrieval.client import RetrievalClient, summarize_client_stats
 
     if items is None:
         items, qa_path = load_qa(
@@ -709,6 +709,7 @@ async def evaluate(
         finally:
             await llm.aclose()
     finally:
+        client_stats = retrieval.stats() if retrieval is not None else None
         if retrieval is not None:
             await retrieval.aclose()
     questions = [done[k] for k in keys if k in done]
@@ -716,6 +717,11 @@ async def evaluate(
     protocol["started_at"] = started.isoformat(timespec="seconds")
     protocol["wall_s"] = round(time.perf_counter() - t0, 3)
     result = {"protocol": protocol, "summary": summary, "per_dataset": per_dataset, "questions": questions}
+    if (
+        client_stats is not None
+    ):  # per replica: sent, failed by kind, breaker (this session; not the protocol)
+        result["retrieval_client"] = client_stats
+        log.info("retrieval client: %s", summarize_client_stats(client_stats))
     json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     result["path"] = str(json_path)
     log.info(

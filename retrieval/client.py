@@ -572,6 +572,17 @@ def _health_reason(exc: RetrievalUnavailableError) -> str:
     return str(exc)
 
 
+def summarize_client_stats(stats: dict[str, Any]) -> str:
+    """`RetrievalClient.stats()` as one log line: calls, retries, then per URL sent/ok, failures by kind and
+    the breaker state (`open x2` = opened twice so far)."""
+    parts = [f"{stats['calls']} calls, {stats['retries']} retries"]
+    for url, st in stats["urls"].items():
+        failed = ",".join(f"{k}={v}" for k, v in sorted(st["failed"].items())) or "none"
+        breaker = st["breaker"] + (f" x{st['breaker_opened']}" if st["breaker_opened"] else "")
+        parts.append(f"{url}: sent {st['sent']} ok {st['ok']} failed {failed} breaker {breaker}")
+    return "; ".join(parts)
+
+
 __all__ = [
     "HEALTH_QUERY",
     "CircuitBreaker",
@@ -580,4 +591,5 @@ __all__ = [
     "RetrievalClient",
     "check_health",
     "parse_result",
+    "summarize_client_stats",
 ]

@@ -151,7 +151,9 @@ class TrainSettings(BaseSettings):
         validation_alias=_alias("RETRIEVAL_SERVICE_URL", "retrieval_urls"),
     )  # comma-separated; later URLs are failovers
     retrieval_api_key_env: str = "RETRIEVAL_API_KEY"  # NAME of the env var holding the bearer token
-    retrieval_timeout_s: float = Field(default=10.0, gt=0)  # per request
+    retrieval_timeout_s: float = Field(default=10.0, gt=0)  # per attempt: reading the answer
+    retrieval_connect_timeout_s: float = Field(default=2.0, gt=0)  # TCP connect, apart from reading
+    retrieval_pool_timeout_s: float = Field(default=5.0, gt=0)  # waiting for a free connection slot
     retrieval_max_retries: int = Field(default=3, ge=0)  # retries after the first try, over all URLs
     health_deadline_s: float = Field(default=120.0, gt=0)  # how long launch waits for /retrieve to answer
     # Abort when more than this share of the last `search_failure_window` searches failed (0 disables): a policy

@@ -31,7 +31,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
-from retrieval.client import RetrievalClient
+from retrieval.client import RetrievalClient, summarize_client_stats
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, format_observation, queries_from_arguments
 from trainer.reward import FAILURE_KINDS_FIELD
@@ -57,6 +57,7 @@ class SearchTool(BaseTool):
         super().__init__(config, schema)
         self._client: RetrievalClient | None = None
         self._instances: dict[str, dict[str, Any]] = {}
+        self._stats_logged_at = time.monotonic()
 
     def _get_client(self) -> RetrievalClient:
         if self._client is None:
@@ -66,6 +67,8 @@ class SearchTool(BaseTool):
                 s.retrieval_urls,
                 api_key or None,
                 timeout_s=s.timeout_s,
+                connect_timeout_s=s.connect_timeout_s,
+                pool_timeout_s=s.pool_timeout_s,
                 max_retries=s.max_retries,
                 backoff_base_s=s.backoff_base_s,
                 backoff_max_s=s.backoff_max_s,
@@ -106,7 +109,17 @@ class SearchTool(BaseTool):
                 )
         metrics["latency_s"] = time.perf_counter() - started
         _count(kwargs.get("agent_data"), metrics)
+        self._log_client_stats()
         return ToolResponse(text=text), 0.0, metrics
+
+    def _log_client_stats(self) -> None:
+        """One INFO line per interval with the client's per-URL counters (sent, failed by kind, breaker), so a
+        replica that fails or whose breaker keeps opening shows in the rollout workers' logs."""
+        now = time.monotonic()
+        if self._client is None or now - self._stats_logged_at < self.settings.stats_log_interval_s:
+            return
+        self._stats_logged_at = now
+        log.info("retrieval client: %s", summarize_client_stats(self._client.stats()))
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         self._instances.pop(instance_id, None)

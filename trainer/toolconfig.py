@@ -33,7 +33,10 @@ class SearchToolConfig(BaseModel):
     retrieval_urls: list[str] = Field(min_length=1)  # tried in order: later URLs are failovers
     api_key_env: str | None = "RETRIEVAL_API_KEY"  # NAME of the env var holding the bearer token
     topk: int = Field(default=3, ge=1, le=50)
-    timeout_s: float = Field(default=10.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0)  # one attempt, reading the answer
+    connect_timeout_s: float = Field(default=2.0, gt=0)  # TCP connect: a dead replica fails fast
+    pool_timeout_s: float = Field(default=5.0, gt=0)  # waiting for a connection slot: load, not a fault
+    stats_log_interval_s: float = Field(default=60.0, ge=0)  # per-URL client counters in the worker log
     max_retries: int = Field(default=3, ge=0)
     backoff_base_s: float = Field(default=0.2, ge=0)
     backoff_max_s: float = Field(default=5.0, ge=0)
@@ -56,6 +59,8 @@ def render_tool_config(settings: TrainSettings) -> dict[str, Any]:
         api_key_env=settings.retrieval_api_key_env,
         topk=settings.topk,
         timeout_s=settings.retrieval_timeout_s,
+        connect_timeout_s=settings.retrieval_connect_timeout_s,
+        pool_timeout_s=settings.retrieval_pool_timeout_s,
         max_retries=settings.retrieval_max_retries,
         passage_max_chars=settings.passage_max_chars,
         max_chars=settings.max_tool_response_chars,

@@ -180,6 +180,10 @@ def test_searchrl_eval_writes_protocol_and_scores(
         assert q["latency_s"] > 0 and q["transcript"][0]["role"] == "user"
     assert doc["summary"]["em"] == pytest.approx(0.6) and doc["per_dataset"]["dev"]["n"] == 5
     assert paper_table([doc]) in out and "| 0.600 |" in out
+    # the client's own counters for this session: the pre-flight query plus the 5 searches above
+    (replica,) = doc["retrieval_client"]["urls"].values()
+    assert replica["sent"] == replica["ok"] == 1 + 5 and replica["failed"] == {}
+    assert replica["breaker"] == "closed"
 
 
 def test_eval_errors_are_one_line_exit_2(

@@ -149,3 +149,15 @@ def test_failure_kinds_accumulate_per_trajectory():
     _call(_tool([_dead_url()]), {"query_list": []}, agent_data=agent_data)
     assert agent_data.extra_fields["search_failure_kinds"] == "connect,bad_arguments"
     assert agent_data.extra_fields["search_failures"] == 2
+
+
+def test_client_counters_reach_the_worker_log(live_bm25_url, caplog):
+    """Per-URL counters (sent, failed by kind, breaker) in one INFO line per interval: a dead replica shows."""
+    tool = _tool([_dead_url(), live_bm25_url], stats_log_interval_s=0)
+    with caplog.at_level("INFO", logger="trainer.tool"):
+        for _ in range(2):  # least-outstanding ties go round-robin: the dead URL is tried once
+            response, _, metrics = _call(tool, {"query_list": [SEVENTH_SEAL_QUESTION]})
+            assert metrics["failed"] == 0 and "The Seventh Seal" in response.text
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrieval client:")][-1:]
+    assert "2 calls" in line and f"{live_bm25_url}: sent 2 ok 2 failed none breaker closed" in line
+    assert "failed connect=1 breaker open x1" in line
