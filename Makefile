@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE lock train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability
+.PHONY: FORCE smoke lock train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -70,6 +70,11 @@ bench-service: $(VENV)/.retrieval  ## in-process ceiling vs the HTTP service at 
 
 bench-quality: $(VENV)/.retrieval  ## recall@3 by supporting title of dense, bm25 and hybrid on the dev QA set
 	$(BIN)/searchrl index recall
+
+# make smoke SMOKE_ARGS="--corpus wiki18-100k --backend dense --encoder intfloat/e5-base-v2 --require-download"
+SMOKE_ARGS ?=
+smoke: $(VENV)/.retrieval  ## end to end on a corpus: download (named ones), serve, health, recall (CI's smoke job)
+	$(BIN)/searchrl smoke $(SMOKE_ARGS)
 
 bench-index: $(VENV)/.retrieval  ## recall@k vs Flat, memory, disk, build/load time per FAISS index type
 	$(BIN)/searchrl index eval $(INDEX_EVAL_ARGS)
