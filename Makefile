@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE smoke lock train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability
+.PHONY: FORCE smoke lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -110,6 +110,9 @@ $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY): $(GPU_LOCK) pyproject.toml
 
 lock: $(VENV)/.dev  ## re-resolve requirements/gpu-*-py3*.txt from requirements/*.in + pyproject extras (uv; no GPU needed)
 	$(BIN)/searchrl train lock
+
+lock-check: $(VENV)/.dev  ## fail if a GPU lock no longer resolves for linux x86_64 or drifted from its inputs (needs PyPI)
+	$(BIN)/python -m pytest -q tests/trainer/test_lock.py
 
 train-local: $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); e.g. ENV="DATASET_SIZE=small"
 	env ROLLOUT=$(ROLLOUT) $(ENV) $(GPU_VENV)/bin/searchrl train local

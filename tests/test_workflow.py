@@ -54,6 +54,7 @@ def test_jobs_run_the_make_targets_users_run() -> None:
     assert _runs(jobs["test"]) == ["make test"]  # README's test command, as .ci/run
     assert "make test" in (REPO / "README.md").read_text()
     assert _runs(jobs["check"]) == ["make check"]
+    assert _runs(jobs["gpu-lock"]) == ["make lock-check"]
     (smoke,) = _runs(jobs["smoke-100k"])
     assert (
         smoke.startswith("make smoke ") and "--corpus wiki18-100k" in smoke and "--require-download" in smoke
