@@ -368,7 +368,9 @@ def test_module_imports_without_skypilot() -> None:
 
 def _make_n(*args: str) -> list[str]:
     """The commands `make -n ARGS` would run (printed, none executed)."""
-    proc = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "-n", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 

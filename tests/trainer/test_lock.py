@@ -112,7 +112,7 @@ def test_infer_yaml_installs_its_lock():
 
 def test_make_train_local_installs_the_lock():
     proc = subprocess.run(
-        ["make", "-n", "-B", "train-local", "ROLLOUT=sglang", "GPU_PY=312"],
+        ["make", "--no-print-directory", "-n", "-B", "train-local", "ROLLOUT=sglang", "GPU_PY=312"],
         cwd=REPO,
         capture_output=True,
         text=True,
