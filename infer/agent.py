@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from infer.llm import ChatRenderer, RequestRejectedError, Sampling, ServerLLM, TextGenerator
 from infer.settings import InferSettings
-from retrieval.client import RetrievalClient
+from retrieval.client import Hit, RetrievalClient
 from searchrl.errors import RetrievalUnavailableError
 from searchrl.prompt import (
     SEARCH_R1_INVALID,
@@ -202,17 +202,9 @@ class SearchAgent:
             ep.count_failure("bad_arguments")
             return f"{FAILURE_PREFIX}bad arguments: {exc}", []
         ep.queries.extend(queries)
-        assert self.retrieval is not None
-        try:
-            hits = await self.retrieval.search(queries, self.spec.topk)
-        except RetrievalUnavailableError as exc:
-            ep.count_failure(exc.kind)
-            if exc.kind in FATAL_KINDS:
-                raise FatalSearchError(
-                    f"{FATAL_KINDS[exc.kind]} ({exc})", kind=exc.kind, status=exc.status
-                ) from exc
-            log.warning("search failed (%s) for %r", exc.kind, queries)
-            return f"{FAILURE_PREFIX}{exc.kind}", queries
+        hits = await self._search(queries, ep)
+        if isinstance(hits, str):
+            return f"{FAILURE_PREFIX}{hits}", queries
         text = format_observation(
             queries,
             [[h.contents for h in per_q] for per_q in hits],
@@ -303,21 +295,27 @@ class SearchAgent:
             ep.response_tokens = context - ep.prompt_tokens
         ep.response = renderer.truncate(prompt[start:], self.spec.max_response_tokens)
 
-    # --- Search-R1's format: <search> actions, <information> spliced into the same assistant turn ------------------
-    async def _search_r1_observation(self, query: str, ep: Episode) -> str:
-        ep.searches += 1
-        ep.queries.append(query)
+    async def _search(self, queries: list[str], ep: Episode) -> list[list[Hit]] | str:
+        """The hits, or the failure kind (counted in `ep`); a fatal kind (quota, 401/403, replay miss) raises."""
         assert self.retrieval is not None
         try:
-            hits = await self.retrieval.search([query], self.spec.topk)
+            return await self.retrieval.search(queries, self.spec.topk)
         except RetrievalUnavailableError as exc:
             ep.count_failure(exc.kind)
             if exc.kind in FATAL_KINDS:
                 raise FatalSearchError(
                     f"{FATAL_KINDS[exc.kind]} ({exc})", kind=exc.kind, status=exc.status
                 ) from exc
-            log.warning("search failed (%s) for %r", exc.kind, query)
-            return format_search_r1_observation([f"\n{FAILURE_PREFIX}{exc.kind}"])
+            log.warning("search failed (%s) for %r", exc.kind, queries)
+            return exc.kind
+
+    # --- Search-R1's format: <search> actions, <information> spliced into the same assistant turn ------------------
+    async def _search_r1_observation(self, query: str, ep: Episode) -> str:
+        ep.searches += 1
+        ep.queries.append(query)
+        hits = await self._search([query], ep)
+        if isinstance(hits, str):
+            return format_search_r1_observation([f"\n{FAILURE_PREFIX}{hits}"])
         return format_search_r1_observation(
             [h.contents for h in hits[0]], max_chars=self.config.observation_chars
         )
