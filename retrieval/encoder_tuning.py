@@ -182,14 +182,23 @@ def _build(
 def make_pool(
     choice: Choice, base: Encoder, index_dir: Path, fingerprint: str, *, name: str = "encoder"
 ) -> EncoderPool:
-    return EncoderPool(
-        lambda _i: _build(
+    """The workers for `choice`. Weights are loaded once and shared where that is safe: torch modules always
+    (inference is thread-safe and torch's thread count is per process anyway), an ONNX Runtime session when
+    each worker has one thread (`run` is thread-safe and a 1-thread session runs on the caller's, pinned,
+    thread). Only ONNX workers with several threads each get their own session, for their own thread pool.
+    So 16 one-thread workers hold one copy of E5-base, not 16."""
+    shared: list[Encoder] = []
+
+    def factory(_i: int) -> Encoder:
+        if shared and (choice.backend == "torch" or choice.threads == 1):
+            return own_tokenizer(shared[0])
+        encoder = _build(
             choice.candidate, base, index_dir, fingerprint, choice.threads, choice.forward_batch_size
-        ),
-        workers=choice.workers,
-        threads=choice.threads,
-        name=name,
-    )
+        )
+        shared.append(encoder)
+        return encoder
+
+    return EncoderPool(factory, workers=choice.workers, threads=choice.threads, name=name)
 
 
 # --- measuring ----------------------------------------------------------------------------------------------

@@ -50,6 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=int,
         help="model threads of the benchmarked service (default: auto-tuned at its start-up)",
     )
+    p.add_argument(
+        "--e5-seconds",
+        dest="e5_seconds",
+        type=float,
+        help="seconds per E5-base-shaped encoder measurement for the sizing table (default 2; 0 skips)",
+    )
     p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
     p.add_argument("--corpus", help="corpus to benchmark (default bundled)")
     p.add_argument("--encoder", help="encoder (default bundled-minilm)")
@@ -97,6 +103,8 @@ def _bench(args: argparse.Namespace) -> int:
         kwargs["forward_sizes"] = _csv(args.forward_sizes, int)
     if hasattr(args, "threads"):
         kwargs["threads"] = _csv(args.threads, int)
+    if hasattr(args, "e5_seconds"):
+        kwargs["e5_seconds"] = args.e5_seconds
     if hasattr(args, "server_threads"):
         kwargs["server_threads"] = args.server_threads
     report = run_bench(settings, **kwargs)  # type: ignore[arg-type]

@@ -217,3 +217,25 @@ def test_get_root_reports_the_tuned_encoder(tmp_path: Path) -> None:
     assert body["encoder_workers"] == tuned["choice"]["workers"] and tuned["qps"] > 0
     assert {c["name"] for c in tuned["candidates"]} >= {"torch-fp32", "onnx-fp32", "onnx-int8"}
     assert "Seventh Seal" in hits["result"][0][0]["contents"]  # return_scores false: bare documents
+
+
+def test_workers_share_weights_unless_they_need_their_own_thread_pool(
+    tiny_e5: Encoder, tmp_path: Path
+) -> None:
+    from retrieval.encoder_tuning import Choice, make_pool
+
+    one_thread = make_pool(Choice("onnx-fp32", 2, 1, 16), tiny_e5, tmp_path, "fp")
+    two_threads = make_pool(Choice("onnx-fp32", 2, 2, 16), tiny_e5, tmp_path, "fp")
+    torch_pool = make_pool(Choice("torch-fp32", 2, 1, 16), tiny_e5, tmp_path, "fp")
+    try:
+        a, b = one_thread.encoders
+        assert a.session is b.session and a.tokenizer is not b.tokenizer  # type: ignore[attr-defined]
+        c, d = two_threads.encoders
+        assert c.session is not d.session  # type: ignore[attr-defined]
+        e, f = torch_pool.encoders
+        assert e.model is f.model is tiny_e5.model and e.tokenizer is not f.tokenizer
+        q = ["who wrote hamlet", "x", "capital of france"]
+        np.testing.assert_allclose(one_thread.encode_queries(q), tiny_e5.encode_queries(q), atol=1e-5)
+    finally:
+        for pool in (one_thread, two_threads, torch_pool):
+            pool.close()
