@@ -112,16 +112,22 @@ def sizing_table(
 
 
 def format_sizing(rows: list[dict[str, Any]]) -> str:
-    header = f"{'encoder':34} {'q/s/core':>9} {'GPUs':>5} {'peak q/s':>9} {'replicas':>9} {'$/1M q':>8}"
+    header = f"{'encoder':40} {'q/s/core':>9} {'GPUs':>5} {'peak q/s':>9}  {'replicas':18} {'$/1M q':>8}"
     lines = [header, "-" * len(header)]
     for r in rows:
+        replicas = f"{r['replicas']} x {r['replica']}"
         lines.append(
-            f"{r['encoder']:34} {r['qps_per_core']:9.1f} {r['gpus']:5d} {r['peak_qps']:9.0f} "
-            f"{r['replicas']:>5d} x {r['replica'].split('.')[-1]:<3} {r['usd_per_million']:8.3f}"
+            f"{r['encoder']:40} {r['qps_per_core']:9.1f} {r['gpus']:5d} {r['peak_qps']:9.0f}  {replicas:18} "
+            f"{r['usd_per_million']:8.3f}"
         )
     if rows:
         p = rows[0]["price"]
-        lines.append(f"price: {p['instance']} ${p['usd_per_hour']}/h ({p['source']})")
+        load = TrainerLoad(gpus=8)
+        lines.append(
+            f"price: {p['instance']} ${p['usd_per_hour']}/h ({p['source']}); load: batch {load.train_batch_size} x "
+            f"n {load.n} x {load.turns} turns per step, rollout {load.rollout_seconds_8gpu:.0f} s on 8 GPUs "
+            "(assumed), 70% headroom, no de-dup credit"
+        )
     return "\n".join(lines)
 
 
