@@ -273,10 +273,12 @@ class Encoder:
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings, *, batch_size: int | None = None) -> Encoder:
+        """The torch encoder for `settings`; precision int8 (an ONNX serving variant, derived from these
+        weights by retrieval/encoder_tuning.py) loads the fp32 model it is made from."""
         return cls.load(
             settings.encoder,
             device=settings.device,
-            precision=settings.precision,
+            precision="fp32" if settings.precision == "int8" else settings.precision,
             max_length=settings.encoder_max_length,
             batch_size=batch_size or settings.forward_batch_size,
             threads=settings.threads,
