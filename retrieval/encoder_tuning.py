@@ -180,7 +180,13 @@ def _build(
 
 
 def make_pool(
-    choice: Choice, base: Encoder, index_dir: Path, fingerprint: str, *, name: str = "encoder"
+    choice: Choice,
+    base: Encoder,
+    index_dir: Path,
+    fingerprint: str,
+    *,
+    name: str = "encoder",
+    pin: bool = True,
 ) -> EncoderPool:
     """The workers for `choice`. Weights are loaded once and shared where that is safe: torch modules always
     (inference is thread-safe and torch's thread count is per process anyway), an ONNX Runtime session when
@@ -198,7 +204,7 @@ def make_pool(
         shared.append(encoder)
         return encoder
 
-    return EncoderPool(factory, workers=choice.workers, threads=choice.threads, name=name)
+    return EncoderPool(factory, workers=choice.workers, threads=choice.threads, name=name, pin=pin)
 
 
 # --- measuring ----------------------------------------------------------------------------------------------
@@ -279,6 +285,7 @@ def tune(
         "threads": settings.threads,
         "forward": settings.forward_batch_size,
         "batch_size": settings.batch_size,
+        "pin": settings.encoder_pin,
         "gate_min_recall": settings.gate_min_recall,
         "gate_queries": settings.gate_queries,
     }
@@ -291,7 +298,7 @@ def tune(
         if saved.get("wanted") == wanted:
             report = TuningReport(**saved["report"])
             choice = Choice(**report.choice)
-            pool = make_pool(choice, base, index_dir, fingerprint)
+            pool = make_pool(choice, base, index_dir, fingerprint, pin=settings.encoder_pin)
             report.cached, report.seconds, report.cache_path = True, time.perf_counter() - started, str(cache)
             _log_choice(report)
             return pool, report
@@ -366,7 +373,7 @@ def tune(
             if (workers, threads, fwd) == (1, all_threads, forward):
                 qps = dict(passing)[best_name]
             else:
-                pool = make_pool(choice, base, index_dir, fingerprint, name="tune")
+                pool = make_pool(choice, base, index_dir, fingerprint, name="tune", pin=settings.encoder_pin)
                 try:
                     qps = measure_qps(pool, index, queries, settings.batch_size, settings.autotune_seconds)
                 finally:
@@ -395,7 +402,7 @@ def tune(
         log.warning(
             "cannot cache the encoder tuning at %s (%s); it will be measured again next start", cache, exc
         )
-    pool = make_pool(best[1], base, index_dir, fingerprint)
+    pool = make_pool(best[1], base, index_dir, fingerprint, pin=settings.encoder_pin)
     _log_choice(report)
     return pool, report
 

@@ -106,6 +106,7 @@ class RetrievalSettings(BaseSettings):
     # --- query encoder backend, workers and start-up auto-tuning (issue 14; retrieval/encoder_tuning.py) -----
     encoder_backend: Literal["auto", "torch", "onnx"] = "auto"  # auto: the fastest that passes the gate
     encoder_workers: int = Field(default=0, ge=0)  # encoder workers behind the batcher; 0 = tuned (CPU)
+    encoder_pin: bool = True  # pin each encoder worker's threads to its own cores (sched_setaffinity)
     autotune: bool = True  # measure backend/precision/workers/threads/forward batch at start-up (cached)
     autotune_seconds: float = Field(default=0.4, gt=0)  # seconds per measured configuration
     gate_min_recall: float = Field(default=0.99, ge=0, le=1)  # recall@3 vs the fp32 torch encoder to serve
