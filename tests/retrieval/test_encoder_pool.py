@@ -57,3 +57,15 @@ def test_one_worker_runs_on_the_callers_thread(minilm: Encoder) -> None:
     assert minilm.batch_size == 8
     with pytest.raises(ValueError, match="at least 1"):
         EncoderPool(lambda i: minilm, workers=0, threads=1)
+
+
+def test_unpinned_workers_keep_the_process_affinity(minilm: Encoder) -> None:
+    seen: list[frozenset[int]] = []
+
+    def factory(i: int) -> Encoder:
+        seen.append(frozenset(os.sched_getaffinity(0)))
+        return own_tokenizer(minilm)
+
+    pool = EncoderPool(factory, workers=2, threads=1, pin=False)
+    pool.close()
+    assert not pool.pinned and seen == [frozenset(os.sched_getaffinity(0))] * 2
