@@ -333,7 +333,10 @@ def tune(
                     "queries": len(gate_set),
                     "min_recall": settings.gate_min_recall,
                 }
-                write_sidecar(meta_path, meta)
+                try:
+                    write_sidecar(meta_path, meta)
+                except OSError as exc:  # a read-only index directory: the gate still applies, unrecorded
+                    log.warning("cannot record the gate result beside %s (%s)", meta_path, exc)
         row["recall@3"] = round(recall, 4)
         if recall < settings.gate_min_recall:
             row["status"] = (
