@@ -239,3 +239,23 @@ def test_workers_share_weights_unless_they_need_their_own_thread_pool(
     finally:
         for pool in (one_thread, two_threads, torch_pool):
             pool.close()
+
+
+def test_a_failed_export_falls_back_with_one_line(
+    tiny_e5: Encoder, tiny_index: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index directory the service cannot write to (a read-only bucket mount): ONNX is refused, torch serves."""
+    import retrieval.encoder_export as export
+
+    def read_only(*args: object, **kw: object) -> Path:
+        raise PermissionError(13, "Permission denied", str(tmp_path / "encoders"))
+
+    monkeypatch.setattr(export, "ensure_export", read_only)
+    pool, report = tune(_settings(), tiny_e5, tiny_index, tmp_path, "idx", _queries())
+    pool.close()
+    refused = [c for c in report.candidates if c["name"].startswith("onnx")]
+    assert refused and all(
+        c["status"].startswith("refused: could not build (PermissionError") for c in refused
+    )
+    assert all("\n" not in c["status"] for c in refused)
+    assert report.choice["candidate"].startswith("torch")
