@@ -12,8 +12,8 @@ depends on the core count. So the service measures on the machine it starts on:
    refused with a one-line reason in the log and `GET /`. The result is also stored in the exported model's
    .json, keyed by index fingerprint.
 3. Speed: each passing candidate encodes + searches batches of `batch_size` queries for `autotune_seconds`
-   with every core; the fastest then tries each worker x thread layout of the cores and forward batches of
-   16/32/64. The best measured configuration is served.
+   in each worker x thread layout of the cores; the fastest pair then tries forward batches of 16/32/64.
+   The best measured configuration is served.
 
 The choice is cached in `<index_dir>/encoders/<weights fingerprint>/tuning-<machine key>.json`, the key
 hashing the CPU model, its flags, the usable cores and library versions, so a restart on the same kind of
@@ -355,10 +355,11 @@ def tune(
             f"no query encoder passed the quality gate ({reasons}); use encoder_backend=auto or lower "
             "gate_min_recall"
         )
-    best_name = max(passing, key=lambda p: p[1])[0]
     reference_qps = next((r["qps"] for r in rows if r["name"] == REFERENCE), None)
 
-    # Layouts and forward sizes for the winner only: a few more seconds, not a full grid.
+    # Every passing candidate in every layout at the configured forward size (torch workers share the GIL
+    # for per-op dispatch, ONNX Runtime releases it for a whole forward pass, so which one wins can change
+    # with the layout), then forward sizes for the best pair only: seconds, not a full grid.
     layout_rows: list[dict[str, Any]] = []
     if settings.encoder_workers:
         options = [
@@ -368,22 +369,44 @@ def tune(
         options = [(1, settings.threads)]
     else:
         options = layouts(cores)
+    measured = dict(passing)
     best: tuple[float, Choice] | None = None
-    for workers, threads in options:
-        sizes = (forward,) if settings.encoder_workers or len(options) == 1 else FORWARD_SIZES
-        for fwd in sizes:
-            choice = Choice(best_name, workers, threads, fwd)
-            if (workers, threads, fwd) == (1, all_threads, forward):
-                qps = dict(passing)[best_name]
-            else:
-                pool = make_pool(choice, base, index_dir, fingerprint, name="tune", pin=settings.encoder_pin)
-                try:
-                    qps = measure_qps(pool, index, queries, settings.batch_size, settings.autotune_seconds)
-                finally:
-                    pool.close()
-            layout_rows.append({"workers": workers, "threads": threads, "forward": fwd, "qps": round(qps, 1)})
+
+    def measure(choice: Choice) -> float:
+        if (choice.workers, choice.threads, choice.forward_batch_size) == (1, all_threads, forward):
+            qps = measured[choice.candidate]  # measured above
+        else:
+            pool = make_pool(choice, base, index_dir, fingerprint, name="tune", pin=settings.encoder_pin)
+            try:
+                qps = measure_qps(pool, index, queries, settings.batch_size, settings.autotune_seconds)
+            finally:
+                pool.close()
+        layout_rows.append(
+            {
+                "candidate": choice.candidate,
+                "workers": choice.workers,
+                "threads": choice.threads,
+                "forward": choice.forward_batch_size,
+                "qps": round(qps, 1),
+            }
+        )
+        return qps
+
+    for name, _ in passing:
+        for workers, threads in options:
+            choice = Choice(name, workers, threads, forward)
+            qps = measure(choice)
             if best is None or qps > best[0]:
                 best = (qps, choice)
+    assert best is not None
+    if not settings.encoder_workers and len(options) > 1:
+        top = best[1]
+        for fwd in FORWARD_SIZES:
+            if fwd != forward:
+                choice = Choice(top.candidate, top.workers, top.threads, fwd)
+                qps = measure(choice)
+                if qps > best[0]:
+                    best = (qps, choice)
     assert best is not None
     report = TuningReport(
         choice=asdict(best[1]),

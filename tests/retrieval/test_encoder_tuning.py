@@ -123,6 +123,9 @@ def test_tune_measures_gates_and_caches(
         assert by_name[chosen]["status"] == "ok"
         assert report.qps == max(row["qps"] for row in report.layouts) > 0
         assert {(r["workers"], r["threads"]) for r in report.layouts} <= set(layouts(report.machine["cores"]))
+        # every candidate that passed the gate was timed in every layout, not only the 1 x N winner
+        ok = {c["name"] for c in report.candidates if c["status"] == "ok"}
+        assert {r["candidate"] for r in report.layouts} == ok
         assert (pool.workers, pool.threads) == (report.choice["workers"], report.choice["threads"])
         # the served pool gives the vectors of the chosen candidate: same top-3 as the reference
         q = _queries()[:8]
