@@ -116,6 +116,11 @@ class RetrievalSettings(BaseSettings):
     def _check(self) -> RetrievalSettings:
         if self.topk > self.max_topk:
             raise ValueError(f"topk ({self.topk}) must not exceed max_topk ({self.max_topk})")
+        if (self.encoder_backend, self.precision) in {("torch", "int8"), ("onnx", "bf16"), ("onnx", "fp16")}:
+            raise ValueError(
+                f"precision {self.precision} does not run on encoder_backend {self.encoder_backend}: int8 is "
+                "ONNX Runtime only, bf16/fp16 are torch only (or leave encoder_backend=auto)"
+            )
         if self.hybrid_dense_weight == 0 and self.hybrid_bm25_weight == 0:
             raise ValueError("hybrid_dense_weight and hybrid_bm25_weight are both 0: give one a weight > 0")
         return self

@@ -85,10 +85,8 @@ def test_candidates_never_include_bf16_without_fast_bf16() -> None:
     assert candidate_names(auto, fast_bf16=False, onnx_ok=True) == ["torch-fp32", "onnx-fp32", "onnx-int8"]
     assert candidate_names(auto, fast_bf16=False, onnx_ok=False) == ["torch-fp32"]
     assert candidate_names(RetrievalSettings(precision="int8"), fast_bf16=True, onnx_ok=True) == ["onnx-int8"]
-    with pytest.raises(ConfigError, match="precision bf16 is not available on the onnx encoder backend"):
-        candidate_names(
-            RetrievalSettings(encoder_backend="onnx", precision="bf16"), fast_bf16=True, onnx_ok=True
-        )
+    with pytest.raises(ValueError, match="precision bf16 does not run on encoder_backend onnx"):
+        RetrievalSettings(encoder_backend="onnx", precision="bf16")
     with pytest.raises(ConfigError, match="needs onnxruntime"):
         candidate_names(RetrievalSettings(encoder_backend="onnx"), fast_bf16=True, onnx_ok=False)
 
@@ -262,3 +260,15 @@ def test_a_failed_export_falls_back_with_one_line(
     )
     assert all("\n" not in c["status"] for c in refused)
     assert report.choice["candidate"].startswith("torch")
+
+
+def test_cli_refuses_a_precision_the_backend_cannot_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchrl.cli import main
+
+    monkeypatch.setenv("SEARCHRL_RETRIEVAL_ENCODER_BACKEND", "torch")
+    monkeypatch.setenv("SEARCHRL_RETRIEVAL_PRECISION", "int8")
+    assert main(["serve", "--backend", "dense"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "int8 is ONNX Runtime only" in err and "\n" not in err
