@@ -62,10 +62,10 @@ install-dev: $(VENV)/.dev  ## install everything the tests need into .venv
 serve-retrieval: $(VENV)/.retrieval  ## serve the bundled Wikipedia subset on HOST:PORT (BACKEND=bm25|dense|hybrid)
 	$(BIN)/searchrl serve --backend $(BACKEND) --host $(HOST) --port $(PORT)
 
-# --- benchmarks (issue 4; not tests: minutes, loopback only, results under outputs/bench/) -------------------
+# --- benchmarks (issues 4, 14; code in searchrl/bench/; not tests: minutes, loopback only, outputs/bench/) ----
 bench: bench-service bench-index  ## service load benchmark + index-type eval on the bundled corpus
 
-bench-service: $(VENV)/.retrieval  ## in-process ceiling vs the HTTP service at 1/32/128 clients, 5x repeats
+bench-service: $(VENV)/.retrieval  ## fp32 in-process ceiling vs the auto-tuned HTTP service (1/32/128 clients, 5x repeats), workers, sizing
 	$(BIN)/searchrl bench $(BENCH_ARGS)
 
 bench-quality: $(VENV)/.retrieval  ## recall@3 by supporting title of dense, bm25 and hybrid on the dev QA set

@@ -13,6 +13,10 @@ Corpora are decompressed to `<data_dir>/corpora/` (the document store needs a se
 indexes become a normal index directory with a manifest (encoder intfloat/e5-base-v2, mean pooling,
 "query: "/"passage: " prefixes: how Search-R1 built them), so the service serves them like its own.
 HF_TOKEN / HF_HUB_OFFLINE / HF_ENDPOINT are honoured by huggingface_hub itself.
+
+This module only fetches files; turning a downloaded FAISS file into an index directory is
+retrieval/prebuilt.py, so imports run one way: prebuilt -> indexing -> download (issue 14 broke the
+download <-> indexing cycle).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import gzip
 import logging
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +34,7 @@ from tqdm import tqdm
 from searchrl.errors import ConfigError, CorpusError
 
 if TYPE_CHECKING:
-    from retrieval.settings import RetrievalSettings
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -153,56 +156,11 @@ def download_corpus(name: str, data_dir: Path) -> Path:
     return dest
 
 
-def download_index(name: str, settings: RetrievalSettings, *, force: bool = False) -> Path:
-    """Download a prebuilt E5 index (and its corpus) and install it as a verified index directory.
-
-    The directory is the one the service looks in for `corpus=<its corpus>, encoder=intfloat/e5-base-v2,
-    index_type=Flat`, so afterwards `searchrl serve --corpus wiki18-100k --encoder intfloat/e5-base-v2`
-    finds it without further flags.
-    """
-    from retrieval.encoder import EncoderSpec, resolve_encoder
-    from retrieval.indexing import MANIFEST, import_faiss_index, index_dir_for
-
-    try:
-        remote = INDEXES[name]
-    except KeyError:
-        raise ConfigError(f"no prebuilt index named {name!r}; choose one of {', '.join(INDEXES)}") from None
-    target = settings.model_copy(
-        update={"corpus": remote.corpus, "encoder": remote.encoder, "index_type": "Flat"}
-    )
-    corpus_path = download_corpus(remote.corpus, Path(target.data_dir))
-    index_dir = index_dir_for(target, "dense", corpus_path)
-    if (index_dir / MANIFEST).is_file() and not force:
-        return index_dir
-    work = Path(target.data_dir) / "downloads" / name
-    parts = [_hub_download(remote.repo_id, part, work) for part in remote.parts]
-    faiss_file = parts[0] if len(parts) == 1 else concat_parts(parts, work / "e5_Flat.index")
-    spec: EncoderSpec = resolve_encoder(remote.encoder)[0]
-    index_dir.parent.mkdir(parents=True, exist_ok=True)
-    import_faiss_index(faiss_file, corpus_path, index_dir, spec, index_type="Flat", force=force)
-    if len(parts) > 1:
-        for part in parts:
-            part.unlink(missing_ok=True)
-    shutil.rmtree(work / ".cache", ignore_errors=True)
-    log.info("prebuilt index %s ready at %s", name, index_dir)
-    return index_dir
-
-
-def download(name: str, settings: RetrievalSettings, *, force: bool = False) -> Path:
-    """What `searchrl index download NAME` runs: a corpus name gives its JSONL, an index name its directory."""
-    if name in INDEXES:
-        return download_index(name, settings, force=force)
-    if name in CORPORA:
-        return download_corpus(name, Path(settings.data_dir))
-    raise ConfigError(f"unknown download {name!r}; choose one of {', '.join(DOWNLOADABLE)}")
-
-
 __all__ = [
     "CORPORA",
     "DOWNLOADABLE",
     "INDEXES",
-    "download",
+    "concat_parts",
     "download_corpus",
-    "download_index",
     "gunzip_once",
 ]

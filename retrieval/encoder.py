@@ -177,6 +177,8 @@ def resolve_device(device: str) -> str:
 def resolve_precision(precision: str, device: str) -> str:
     if precision == "auto":
         return "fp16" if device.startswith("cuda") else "fp32"
+    if precision == "int8":
+        raise ConfigError("precision int8 runs on ONNX Runtime only: set encoder_backend=onnx (or auto)")
     if precision == "fp16" and device == "cpu":
         # Measured here: fp16 matmuls on CPU are ~4x slower than fp32 (no native kernels); bf16 is faster.
         raise ConfigError("precision fp16 is for GPUs; on CPU use fp32 or bf16")
@@ -185,6 +187,8 @@ def resolve_precision(precision: str, device: str) -> str:
 
 class Encoder:
     """A loaded model that turns queries and passages into normalised float32 vectors."""
+
+    backend = "torch"  # how the weights run: torch here, onnx in retrieval/encoder_export.py
 
     def __init__(
         self,
@@ -204,6 +208,7 @@ class Encoder:
         self.precision = precision
         self.max_length = max_length
         self.batch_size = batch_size
+        self.ref = spec.name  # what from_pretrained loaded (a folder or hub id); set by load()
 
     @classmethod
     def load(
@@ -254,7 +259,7 @@ class Encoder:
             precision,
             time.perf_counter() - started,
         )
-        return cls(
+        encoder = cls(
             spec,
             model,
             tokenizer,
@@ -263,13 +268,17 @@ class Encoder:
             max_length=max_length,
             batch_size=batch_size,
         )
+        encoder.ref = ref
+        return encoder
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings, *, batch_size: int | None = None) -> Encoder:
+        """The torch encoder for `settings`; precision int8 (an ONNX serving variant, derived from these
+        weights by retrieval/encoder_tuning.py) loads the fp32 model it is made from."""
         return cls.load(
             settings.encoder,
             device=settings.device,
-            precision=settings.precision,
+            precision="fp32" if settings.precision == "int8" else settings.precision,
             max_length=settings.encoder_max_length,
             batch_size=batch_size or settings.forward_batch_size,
             threads=settings.threads,
@@ -292,36 +301,69 @@ class Encoder:
         )
 
     def _encode(self, texts: list[str], batch_size: int, progress: Any = None) -> np.ndarray:
-        import torch
-
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
         # Batch texts of similar length together: padding to the longest in a batch is wasted compute, and
         # sorting cuts it by ~30% on Wikipedia passages. Results are written back in input order.
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        with torch.inference_mode():
-            for start in range(0, len(texts), batch_size):
-                idx = order[start : start + batch_size]
-                batch = self.tokenizer(
-                    [texts[i] for i in idx],
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_length,
-                    return_tensors="pt",
-                ).to(self.device)
-                hidden = self.model(**batch).last_hidden_state.float()
-                if self.spec.pooling == "cls":
-                    pooled = hidden[:, 0]
-                else:
-                    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                    pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-                if self.spec.normalize:
-                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-                out[idx] = pooled.cpu().numpy()
-                if progress is not None:
-                    progress.update(len(idx))
+        for start in range(0, len(texts), batch_size):
+            idx = order[start : start + batch_size]
+            out[idx] = self._forward([texts[i] for i in idx])
+            if progress is not None:
+                progress.update(len(idx))
         return out
 
+    def _forward(self, texts: list[str]) -> np.ndarray:
+        """One forward pass: pooled (and normalised) float32 vectors for `texts`, in order.
 
-__all__ = ["BUNDLED_MINILM", "Encoder", "EncoderSpec", "bundled_minilm_path", "resolve_encoder"]
+        Subclasses that run the same weights elsewhere (ONNX Runtime: retrieval/encoder_export.py) override
+        this alone, so tokenisation, length sorting and pooling rules stay in one place.
+        """
+        import torch
+
+        with torch.inference_mode():
+            batch = self.tokenizer(
+                texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            ).to(self.device)
+            hidden = self.model(**batch).last_hidden_state.float()
+            if self.spec.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            if self.spec.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+            return pooled.cpu().numpy()
+
+    def describe(self) -> dict[str, Any]:
+        """What `GET /` and the logs report about how queries are encoded."""
+        return {
+            "encoder_backend": self.backend,
+            "precision": self.precision,
+            "device": self.device,
+            "forward_batch_size": self.batch_size,
+        }
+
+
+def pool_hidden(hidden: np.ndarray, attention_mask: np.ndarray, spec: EncoderSpec) -> np.ndarray:
+    """Pooling and normalisation in numpy, exactly as `Encoder._forward` does it in torch."""
+    hidden = hidden.astype(np.float32, copy=False)
+    if spec.pooling == "cls":
+        pooled = hidden[:, 0]
+    else:
+        mask = attention_mask[..., None].astype(np.float32)
+        pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+    if spec.normalize:
+        pooled = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    return np.ascontiguousarray(pooled, dtype=np.float32)
+
+
+__all__ = [
+    "BUNDLED_MINILM",
+    "Encoder",
+    "EncoderSpec",
+    "bundled_minilm_path",
+    "pool_hidden",
+    "resolve_encoder",
+]

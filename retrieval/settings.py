@@ -92,7 +92,8 @@ class RetrievalSettings(BaseSettings):
 
     # --- performance (issue 4) -----------------------------------------------------------------------------
     device: str = "auto"  # auto | cpu | cuda
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: fp32 on CPU, fp16 on GPU
+    # auto: measured at start-up on CPU (issue 14), fp16 on GPU; int8 is ONNX Runtime only
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "auto"
     threads: int = Field(default=0, ge=0)  # torch/faiss threads; 0 = library default
     batch_size: int = Field(default=128, ge=1)  # most queries the batcher takes into one encode+search call
     # queries per encoder forward pass: a batch is sorted by length and split into passes this big, which cuts
@@ -159,6 +160,15 @@ class RetrievalSettings(BaseSettings):
     cache_path: Path | None = None  # SQLite file; default <data_dir>/query_cache.sqlite
     cache_ttl_s: float = Field(default=0.0, ge=0)  # older entries are misses in `on` mode; 0 = never stale
 
+    # --- query encoder backend, workers and start-up auto-tuning (issue 14; retrieval/encoder_tuning.py) -----
+    encoder_backend: Literal["auto", "torch", "onnx"] = "auto"  # auto: the fastest that passes the gate
+    encoder_workers: int = Field(default=0, ge=0)  # encoder workers behind the batcher; 0 = tuned (CPU)
+    encoder_pin: bool = True  # pin each encoder worker's threads to its own cores (sched_setaffinity)
+    autotune: bool = True  # measure backend/precision/workers/threads/forward batch at start-up (cached)
+    autotune_seconds: float = Field(default=0.4, gt=0)  # seconds per measured configuration
+    gate_min_recall: float = Field(default=0.99, ge=0, le=1)  # recall@3 vs the fp32 torch encoder to serve
+    gate_queries: int = Field(default=400, ge=10)  # queries the quality gate checks (dev QA + corpus-derived)
+
     @field_validator("web_blocklist", mode="before")
     @classmethod
     def _split_blocklist(cls, value: Any) -> Any:
@@ -170,6 +180,11 @@ class RetrievalSettings(BaseSettings):
     def _check(self) -> RetrievalSettings:
         if self.topk > self.max_topk:
             raise ValueError(f"topk ({self.topk}) must not exceed max_topk ({self.max_topk})")
+        if (self.encoder_backend, self.precision) in {("torch", "int8"), ("onnx", "bf16"), ("onnx", "fp16")}:
+            raise ValueError(
+                f"precision {self.precision} does not run on encoder_backend {self.encoder_backend}: int8 is "
+                "ONNX Runtime only, bf16/fp16 are torch only (or leave encoder_backend=auto)"
+            )
         if self.hybrid_dense_weight == 0 and self.hybrid_bm25_weight == 0:
             raise ValueError("hybrid_dense_weight and hybrid_bm25_weight are both 0: give one a weight > 0")
         return self

@@ -31,7 +31,7 @@ from searchrl.errors import BackendError, IndexLoadError, SearchRLError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from retrieval.encoder import Encoder
+    from retrieval.encoder_pool import EncoderPool
     from retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,14 @@ class DenseBackend(Backend):
         self.settings = settings
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dense")
         self._index: Any = None
-        self._encoder: Encoder | None = None
+        self._encoder: EncoderPool | None = None
+        self.tuning: dict[str, Any] | None = None  # the encoder auto-tuning report (GET /)
         self._store: DocStore | None = None
         self.manifest: IndexManifest | None = None
         self.index_dir: Path | None = None
         self.open_seconds: float = 0.0  # manifest checks + index + doc store, after any build
         self.encoder_seconds: float = 0.0  # model load (the first one also imports torch/transformers)
+        self.tuning_seconds: float = 0.0  # encoder export/gate/auto-tune (cached after the first start)
         # Cross-request batching (issue 4): its worker loop runs on the same single thread that loaded the
         # model and index, so that thread stays the only one touching them.
         self._batcher = Batcher(
@@ -113,13 +115,20 @@ class DenseBackend(Backend):
         import faiss
 
         from retrieval.encoder import Encoder
+        from retrieval.encoder_tuning import serving_encoder
 
         encoder: Encoder | None = None
 
         def load_encoder() -> Encoder:
             nonlocal encoder
             if encoder is None:
-                encoder = Encoder.from_settings(self.settings)
+                # fp32 torch on CPU: the reference the index is built with and the gate compares against;
+                # bf16/int8 variants are derived from it by retrieval/encoder_tuning.py (issue 14)
+                cpu_variant = self.settings.precision in ("bf16", "int8")
+                base = (
+                    self.settings.model_copy(update={"precision": "fp32"}) if cpu_variant else self.settings
+                )
+                encoder = Encoder.from_settings(base)
             return encoder
 
         # Reuse one loaded model for a first-use build and for serving.
@@ -145,17 +154,25 @@ class DenseBackend(Backend):
             )
         if encoder.device.startswith("cuda"):
             index = self._to_gpu(index)
-        self._index, self._encoder, self._store = index, encoder, store
+        # Backend, precision, workers, threads and forward batch measured on this machine (issue 14).
+        tuning_started = time.perf_counter()
+        self._encoder, self.tuning = serving_encoder(
+            self.settings, encoder, index, index_dir, manifest.fingerprint(), corpus_path
+        )
+        self._index, self._store = index, store
         self.manifest, self.index_dir = manifest, index_dir
-        self.open_seconds = time.perf_counter() - started - self.encoder_seconds
+        self.tuning_seconds = time.perf_counter() - tuning_started
+        self.open_seconds = time.perf_counter() - started - self.encoder_seconds - self.tuning_seconds
         log.info(
-            "dense backend ready: %d passages, %s, encoder %s on %s (index opened in %.3fs, encoder in %.2fs)",
+            "dense backend ready: %d passages, %s, encoder %s %s (index opened in %.3fs, encoder in %.2fs, "
+            "tuned in %.2fs)",
             len(store),
             manifest.index_type,
             encoder.spec.name,
-            encoder.device,
+            self._encoder.describe(),
             self.open_seconds,
             self.encoder_seconds,
+            self.tuning_seconds,
         )
 
     def _apply_search_params(self, index: Any) -> None:
@@ -218,6 +235,8 @@ class DenseBackend(Backend):
             "index_dir": str(self.index_dir) if self.index_dir else None,
             "corpus_checksum": m.corpus_checksum if m else None,
             "index_fingerprint": m.fingerprint() if m else None,
+            **(enc.describe() if enc else {}),
+            "encoder_tuning": self.tuning,
         }
 
     async def close(self) -> None:
@@ -226,6 +245,8 @@ class DenseBackend(Backend):
         if self._store is not None:
             self._store.close()
         self._index = None
+        if self._encoder is not None:
+            self._encoder.close()
         self._encoder = None
 
 

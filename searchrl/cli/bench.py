@@ -1,6 +1,6 @@
 """`searchrl bench`: the retrieval service load benchmark (what `make bench` runs).
 
-    searchrl bench                       # bundled corpus, MiniLM, Flat; ~2 minutes on 2 cores
+    searchrl bench                       # bundled corpus, MiniLM, Flat; ~3 minutes on 2 cores
     searchrl bench --seconds 5 --out outputs/bench
 
 Prints the table and ratios on stdout; JSON results go to `--out` (default outputs/bench/).
@@ -19,9 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "bench",
         help="benchmark the retrieval service (in-process ceiling vs HTTP under load)",
         description=(
-            "Measure the dense backend's in-process ceiling (fp32/bf16, several batch sizes), then a real "
-            "`searchrl serve` subprocess at 1/32/128 one-query clients, 4 clients x 32 queries, and 32 clients "
-            "with 5x repeated queries. Loopback only; bounded in time."
+            "Measure the dense backend's in-process ceiling (today's torch fp32, several batch sizes), then a "
+            "real `searchrl serve` subprocess (which auto-tunes its encoder at start-up) at 1/32/128 one-query "
+            "clients, 4 clients x 32 queries, and 32 clients with 5x repeated queries, the encoder worker "
+            "scaling, and replicas/$ per 1M queries. Unique queries; loopback only; bounded in time."
         ),
         argument_default=argparse.SUPPRESS,
     )
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
     p.add_argument(
         "--precisions",
-        help="comma-separated precisions for the ceiling (default fp32,bf16; the best is served)",
+        help="comma-separated torch precisions for the in-process ceiling (default fp32: today's path)",
     )
     p.add_argument(
         "--batch-sizes", dest="batch_sizes", help="comma-separated ceiling batch sizes (default 32,64,128)"
@@ -47,7 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--server-threads",
         dest="server_threads",
         type=int,
-        help="model threads of the benchmarked service (default: the ceiling's best)",
+        help="model threads of the benchmarked service (default: auto-tuned at its start-up)",
+    )
+    p.add_argument(
+        "--e5-seconds",
+        dest="e5_seconds",
+        type=float,
+        help="seconds per E5-base-shaped encoder measurement for the sizing table (default 2; 0 skips)",
     )
     p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
     p.add_argument("--corpus", help="corpus to benchmark (default bundled)")
@@ -69,8 +76,8 @@ def _csv(value: str, cast: type) -> tuple:  # type: ignore[type-arg]
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from retrieval.bench import format_report, run_bench
     from retrieval.settings import RetrievalSettings
+    from searchrl.bench.service import format_report, run_bench
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
@@ -86,7 +93,7 @@ def _bench(args: argparse.Namespace) -> int:
         kwargs["out_dir"] = args.out
     if hasattr(args, "precisions"):
         precisions = _csv(args.precisions, str)
-        bad = [p for p in precisions if p not in {"fp32", "bf16", "fp16"}]
+        bad = [p for p in precisions if p not in {"fp32", "bf16", "fp16"}]  # torch precisions
         if bad:
             raise ConfigError(f"--precisions: unknown {', '.join(bad)}; use fp32, bf16 (CPU) or fp16 (GPU)")
         kwargs["precisions"] = precisions
@@ -96,6 +103,8 @@ def _bench(args: argparse.Namespace) -> int:
         kwargs["forward_sizes"] = _csv(args.forward_sizes, int)
     if hasattr(args, "threads"):
         kwargs["threads"] = _csv(args.threads, int)
+    if hasattr(args, "e5_seconds"):
+        kwargs["e5_seconds"] = args.e5_seconds
     if hasattr(args, "server_threads"):
         kwargs["server_threads"] = args.server_threads
     report = run_bench(settings, **kwargs)  # type: ignore[arg-type]

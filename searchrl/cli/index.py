@@ -120,7 +120,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from retrieval.download import download
+    from retrieval.prebuilt import download
     from searchrl.logs import setup_logging
 
     setup_logging()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from retrieval import download as dl
+from retrieval import prebuilt
 from retrieval.corpus import iter_passages
 from retrieval.indexing import FAISS_FILE, index_dir_for, load_manifest, verify_manifest
 from retrieval.settings import RetrievalSettings
@@ -84,7 +85,7 @@ def test_download_wiki18_100k_corpus(hub: FakeHub, tmp_path: Path) -> None:
 
 def test_download_full_wiki18_corpus(hub: FakeHub, tmp_path: Path) -> None:
     hub.add("PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz", gzip.compress(TINY_CORPUS.read_bytes()))
-    path = dl.download("wiki18", RetrievalSettings(data_dir=tmp_path))
+    path = prebuilt.download("wiki18", RetrievalSettings(data_dir=tmp_path))
     assert hub.calls == [("PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz", "dataset")]
     assert [p.id for p in iter_passages(path)] == [str(i) for i in range(20)]
 
@@ -93,7 +94,7 @@ def test_download_wiki18_100k_prebuilt_index(hub: FakeHub, tmp_path: Path) -> No
     hub.add("maknee/wiki-18-subsets", "wiki-18-100k.jsonl.gz", gzip.compress(TINY_CORPUS.read_bytes()))
     hub.add("maknee/wiki-18-subsets", "e5_Flat-100k.index", _faiss_bytes(20, 768))
     settings = RetrievalSettings(data_dir=tmp_path)
-    index_dir = dl.download("wiki18-100k", settings)
+    index_dir = prebuilt.download("wiki18-100k", settings)
     assert ("maknee/wiki-18-subsets", "e5_Flat-100k.index", "dataset") in hub.calls
     # The service configured for this corpus + E5 finds it at its default location, and it verifies.
     served = settings.model_copy(update={"corpus": "wiki18-100k", "encoder": "intfloat/e5-base-v2"})
@@ -130,7 +131,7 @@ def test_download_split_e5_index_is_joined_in_order(hub: FakeHub, tmp_path: Path
     hub.add("PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz", gzip.compress(TINY_CORPUS.read_bytes()))
     hub.add("PeterJinGo/wiki-18-e5-index", "part_aa", blob[:1000])
     hub.add("PeterJinGo/wiki-18-e5-index", "part_ab", blob[1000:])
-    index_dir = dl.download("wiki18-e5-index", RetrievalSettings(data_dir=tmp_path))
+    index_dir = prebuilt.download("wiki18-e5-index", RetrievalSettings(data_dir=tmp_path))
     assert hub.calls == [
         ("PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz", "dataset"),
         ("PeterJinGo/wiki-18-e5-index", "part_aa", "dataset"),
@@ -145,7 +146,7 @@ def test_prebuilt_index_for_another_corpus_is_refused(hub: FakeHub, tmp_path: Pa
     hub.add("maknee/wiki-18-subsets", "wiki-18-100k.jsonl.gz", gzip.compress(TINY_CORPUS.read_bytes()))
     hub.add("maknee/wiki-18-subsets", "e5_Flat-100k.index", _faiss_bytes(19, 768))
     with pytest.raises(IndexLoadError, match="holds 19 vectors but .* has 20 passages"):
-        dl.download("wiki18-100k", RetrievalSettings(data_dir=tmp_path))
+        prebuilt.download("wiki18-100k", RetrievalSettings(data_dir=tmp_path))
 
 
 def test_hub_errors_are_one_line(hub: FakeHub, tmp_path: Path) -> None:
@@ -162,3 +163,14 @@ def test_cli_download(hub: FakeHub, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["index", "download", "wiki18-e5-index", "--data-dir", str(tmp_path)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: cannot download part_aa from dataset PeterJinGo/wiki-18-e5-index")
+
+
+def test_download_module_does_not_import_indexing() -> None:
+    """download <-> indexing was an import cycle: indexing fetches named corpora through download, so download
+    must not reach back (turning a FAISS file into an index directory lives in retrieval/prebuilt.py)."""
+    import ast
+
+    tree = ast.parse(Path(dl.__file__).read_text(encoding="utf-8"))
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m.startswith(("retrieval.indexing", "retrieval.prebuilt"))}

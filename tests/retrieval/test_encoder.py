@@ -184,3 +184,57 @@ def test_missing_weights_are_a_config_error(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(ConfigError) as info:
         Encoder.load(str(folder), device="cpu")
     assert "cannot load encoder" in str(info.value) and "\n" not in str(info.value)
+
+
+# --- ONNX Runtime variants (issue 14) -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["e5-tiny", "bge-tiny"])
+def test_onnx_export_matches_torch_and_is_cached(tiny_models: Path, tmp_path: Path, name: str) -> None:
+    pytest.importorskip("onnxruntime")
+    from retrieval.encoder_export import OnnxEncoder, ensure_export, read_sidecar, weights_fingerprint
+
+    torch_enc = Encoder.load(str(tiny_models / name), device="cpu", precision="fp32")
+    queries = ["who wrote hamlet", "capital of france and its largest museum", "x"]
+    fp32_path = ensure_export(torch_enc, tmp_path, "onnx-fp32")
+    fingerprint = weights_fingerprint(torch_enc)
+    assert fp32_path == tmp_path / "encoders" / fingerprint / "onnx-fp32.onnx"
+    meta = read_sidecar(fp32_path)
+    assert (
+        meta is not None
+        and meta["weights_fingerprint"] == fingerprint
+        and meta["encoder"]["name"] == str(tiny_models / name)
+    )
+    onnx_enc = OnnxEncoder.open(fp32_path, torch_enc, threads=1)
+    assert (onnx_enc.backend, onnx_enc.precision, onnx_enc.dim) == ("onnx", "fp32", 32)
+    # same prefixes and pooling as the torch path: vectors agree to float precision
+    np.testing.assert_allclose(onnx_enc.encode_queries(queries), torch_enc.encode_queries(queries), atol=1e-5)
+    int8 = OnnxEncoder.open(ensure_export(torch_enc, tmp_path, "onnx-int8"), torch_enc, threads=1)
+    cos = (int8.encode_queries(queries) * torch_enc.encode_queries(queries)).sum(axis=1)
+    assert int8.precision == "int8" and cos.min() > 0.9  # close, not equal: the quality gate decides
+    # cached: a second call exports nothing
+    mtime = fp32_path.stat().st_mtime_ns
+    assert ensure_export(torch_enc, tmp_path, "onnx-fp32") == fp32_path
+    assert fp32_path.stat().st_mtime_ns == mtime
+    assert onnx_enc.describe()["model_fingerprint"] == meta["file_sha256"][:16]
+
+
+def test_onnx_export_follows_the_weights(tiny_models: Path, tmp_path: Path) -> None:
+    """Changed weights get a new fingerprint (a new export); a tampered file is exported again."""
+    pytest.importorskip("onnxruntime")
+    from retrieval.encoder_export import ensure_export, read_sidecar, weights_fingerprint
+
+    enc = Encoder.load(str(tiny_models / "e5-tiny"), device="cpu", precision="fp32")
+    first = weights_fingerprint(enc)
+    path = ensure_export(enc, tmp_path, "onnx-fp32")
+    with path.open("ab") as f:
+        f.write(b"\0")
+    assert read_sidecar(path) is None  # no longer matches its recorded sha256
+    again = ensure_export(enc, tmp_path, "onnx-fp32")
+    assert again == path and read_sidecar(path) is not None
+    with torch.no_grad():
+        next(enc.model.parameters()).add_(0.01)
+    assert weights_fingerprint(enc) != first
+
+
+def test_int8_is_refused_on_the_torch_path() -> None:
+    with pytest.raises(ConfigError, match="int8 runs on ONNX Runtime only"):
+        Encoder.load("bundled-minilm", device="cpu", precision="int8")

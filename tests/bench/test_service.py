@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from retrieval.app import create_app
-from retrieval.bench import QueryPool, Scenario, bench_queries, format_report, run_scenario
 from retrieval.settings import RetrievalSettings
+from searchrl.bench.service import QueryPool, Scenario, bench_queries, format_report, run_scenario
 from searchrl.cli import main
 from searchrl.errors import SearchRLError
 from tests.conftest import DEV_QA, TINY_CORPUS
@@ -48,7 +48,9 @@ def test_load_generator_against_a_live_service() -> None:
 
 
 def test_report_table_and_ratios() -> None:
-    row = {"precision": "fp32", "threads": 2, "forward": 32, "batch_size": 128, "qps": 300.0, "queries": 900}
+    from searchrl.bench.sizing import PRICES, sizing_table
+
+    row = {"precision": "fp32", "threads": 2, "forward": 32, "batch_size": 128, "qps": 150.0, "queries": 900}
     service = [
         {
             "name": n,
@@ -61,26 +63,56 @@ def test_report_table_and_ratios() -> None:
             "cache_misses": 10,
             "dedup": 0,
         }
-        for n, q in (("(b) 32 clients x 1 query", 200.0), ("(b) 128 clients x 1 query", 240.0))
+        for n, q in (("(b) 32 clients x 1 query", 200.0), ("(b) 128 clients x 1 query", 330.0))
     ]
     report = {
         "ceiling": [row],
         "ceiling_best": row,
+        "workers_scaling": [
+            {"candidate": "onnx-int8", "workers": 1, "threads": 1, "qps": 300.0},
+            {"candidate": "onnx-int8", "workers": 2, "threads": 1, "qps": 560.0},
+        ],
         "service": service,
-        "settings": {
-            "SEARCHRL_RETRIEVAL_PRECISION": "fp32",
-            "SEARCHRL_RETRIEVAL_THREADS": "2",
-            "SEARCHRL_RETRIEVAL_BATCH_SIZE": "128",
+        "settings": {"SEARCHRL_RETRIEVAL_BATCH_SIZE": "128"},
+        "encoder": {
+            "encoder_backend": "onnx",
+            "precision": "int8",
+            "encoder_workers": 2,
+            "threads_per_worker": 1,
+            "forward_batch_size": 32,
         },
+        "encoder_tuning": {
+            "qps": 600.0,
+            "seconds": 9.0,
+            "gate_queries": 400,
+            "candidates": [
+                {"name": "torch-fp32", "recall@3": 1.0, "qps": 150.0, "status": "ok"},
+                {"name": "onnx-int8", "recall@3": 0.995, "qps": 600.0, "status": "ok"},
+                {"name": "onnx-fp32", "recall@3": None, "qps": None, "status": "refused: could not build"},
+            ],
+        },
+        "machine": {"cpu": "AMD EPYC", "cpus": 2, "fast_bf16": True, "loadavg_1m_before": 0.2},
         "server_startup_s": 5.0,
-        "ratios": {"b128_over_ceiling": 0.8, "c_over_b32": 4.0, "c_concurrent_over_b32": 2.5},
-        "targets": {"b128 >= 70% of ceiling": True, "(c) >= 3x (b)@32": False},
+        "ratios": {
+            "b128_over_ceiling": 2.2,
+            "b128_p99_over_queueing_bound": 1.1,
+            "c_over_b32": 4.0,
+            "c_concurrent_over_b32": 2.5,
+        },
+        "targets": {"b128 >= 2x fp32 in-process ceiling": True, "(c) >= 3x (b)@32": False},
+        "sizing": sizing_table({"minilm onnx-int8": 330.0}, cores=2, price=PRICES["c7a.large"], gpus=(8,)),
         "path": "outputs/bench/x.json",
     }
     text = format_report(report)
     assert "(a) in-process fp32 2thr fwd 32 batch 128" in text
-    assert "(b) 128 clients / ceiling: 80%" in text
-    assert "[x] b128 >= 70% of ceiling" in text and "[ ] (c) >= 3x (b)@32" in text
+    assert "(a') in-process onnx-int8 2 workers x 1thr" in text
+    assert "(b) 128 clients / fp32 ceiling: 2.20x   (target >= 2x)" in text
+    assert "p99 / (128 / q/s): 1.10x   (target <= 1.3x)" in text
+    assert "no cache hits" in text and "AMD EPYC, 2 cores" in text
+    assert "onnx-int8  recall@3  0.995    600 q/s  ok" in text
+    assert "onnx-fp32  recall@3      -          -  refused: could not build" in text
+    assert "[x] b128 >= 2x fp32 in-process ceiling" in text and "[ ] (c) >= 3x (b)@32" in text
+    assert "c7a.large $0.1026/h" in text
 
 
 def test_bench_cli_rejects_unknown_precision(capsys: pytest.CaptureFixture[str]) -> None:

@@ -258,7 +258,7 @@ def run_index_eval(
     out_dir: Path = Path("outputs/bench"),
 ) -> dict[str, Any]:
     """The whole `searchrl index eval` run; writes JSON under out_dir and returns it."""
-    from retrieval.bench import bench_queries
+    from retrieval.queries import sample_queries as bench_queries
 
     types = list(index_types or DEFAULT_TYPES)
     if not types:

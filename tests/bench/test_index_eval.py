@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval.index_eval import (
+from searchrl.bench.index_eval import (
     auto_nlist,
     auto_pq_m,
     evaluate,

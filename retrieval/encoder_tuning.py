@@ -1,0 +1,499 @@
+"""Pick the query encoder's backend, precision, workers, threads and forward batch by measuring, at start-up.
+
+Why: the right choice depends on the CPU, not on its name (issue 14): bf16 is ~2x fp32 on a CPU with AVX-512
+BF16 and ~10x slower on an AVX2-only one; ONNX Runtime int8 wins where VNNI exists; how many workers pay off
+depends on the core count. So the service measures on the machine it starts on:
+
+1. Candidates: torch-fp32 (the reference), torch-bf16 (only when the CPU has fast bf16: avx512_bf16/amx_bf16
+   on x86, bf16 on Arm), onnx-fp32 and onnx-int8 (exported and cached by retrieval/encoder_export.py).
+   `encoder_backend` / `precision` narrow the list.
+2. Quality gate: each candidate's top-3 on `gate_queries` queries (dev QA + corpus-derived, the benchmark's
+   kind) against the fp32 torch encoder's top-3 on the same FAISS index; below `gate_min_recall` (0.99) it is
+   refused with a one-line reason in the log and `GET /`. The result is also stored in the exported model's
+   .json, keyed by index fingerprint.
+3. Speed: each passing candidate encodes + searches batches of `batch_size` queries for `autotune_seconds`
+   in each worker x thread layout of the cores; the fastest pair then tries forward batches of 16/32/64.
+   The best measured configuration is served.
+
+The choice is cached in `<index_dir>/encoders/<weights fingerprint>/tuning-<machine key>.json`, the key
+hashing the CPU model, its flags, the usable cores and library versions, so a restart on the same kind of
+machine skips the measurement and a different machine measures again.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from retrieval.encoder import Encoder
+from retrieval.encoder_pool import EncoderPool, available_cores, own_tokenizer
+from searchrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from retrieval.settings import RetrievalSettings
+
+log = logging.getLogger(__name__)
+
+GATE_K = 3
+REFERENCE = "torch-fp32"
+FORWARD_SIZES = (16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One runnable configuration of the query encoder."""
+
+    candidate: str  # torch-fp32 | torch-bf16 | onnx-fp32 | onnx-int8
+    workers: int
+    threads: int  # per worker
+    forward_batch_size: int
+
+    @property
+    def backend(self) -> str:
+        return self.candidate.split("-")[0]
+
+    @property
+    def precision(self) -> str:
+        return self.candidate.split("-")[1]
+
+
+@dataclass
+class TuningReport:
+    """What `GET /` shows under "encoder_tuning" and the log line summarises."""
+
+    choice: dict[str, Any]
+    qps: float  # measured in-process, encode + FAISS search, for the choice
+    reference_qps: float | None  # torch-fp32 with all cores at the configured forward batch
+    candidates: list[dict[str, Any]] = field(default_factory=list)  # name, recall@3, qps, status
+    layouts: list[dict[str, Any]] = field(default_factory=list)  # workers, threads, forward, qps
+    machine: dict[str, Any] = field(default_factory=dict)
+    gate_queries: int = 0
+    cached: bool = False
+    seconds: float = 0.0
+    cache_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- the machine --------------------------------------------------------------------------------------------
+def cpu_info() -> dict[str, Any]:
+    """CPU model and flags from /proc/cpuinfo (Linux), plus the cores this process may use."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "model name" and value.strip():
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+    return {"model": model, "flags": sorted(flags), "cores": len(available_cores())}
+
+
+def has_fast_bf16(flags: set[str] | list[str]) -> bool:
+    """Native bf16 dot products: AVX-512 BF16 or AMX on x86, the BF16 extension on Arm. Without them torch
+    emulates bf16 and runs ~10x slower than fp32 (measured on an AVX2-only EPYC), so bf16 is never tried."""
+    flags = set(flags)
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def machine_key(info: dict[str, Any]) -> str:
+    versions = []
+    for module in ("torch", "onnxruntime"):
+        try:
+            versions.append(f"{module}={__import__(module).__version__}")
+        except ImportError:
+            versions.append(f"{module}=none")
+    raw = json.dumps([info["model"], info["flags"], info["cores"], versions])
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+
+
+# --- candidates -----------------------------------------------------------------------------------------------
+def candidate_names(settings: RetrievalSettings, fast_bf16: bool, onnx_ok: bool) -> list[str]:
+    """The configurations the settings allow on this machine, reference first."""
+    backends = ["torch", "onnx"] if settings.encoder_backend == "auto" else [settings.encoder_backend]
+    names: list[str] = []
+    for backend in backends:
+        precisions = {"torch": ["fp32", "bf16"], "onnx": ["fp32", "int8"]}[backend]
+        if settings.precision != "auto":
+            if settings.precision not in precisions:
+                if settings.encoder_backend == "auto":
+                    continue  # e.g. int8 exists only on onnx
+                raise ConfigError(
+                    f"precision {settings.precision} is not available on the {backend} encoder backend; "
+                    f"use one of {', '.join(precisions)} (or encoder_backend=auto)"
+                )
+            precisions = [settings.precision]
+        for precision in precisions:
+            names.append(f"{backend}-{precision}")
+    if not names:
+        raise ConfigError(
+            f"precision {settings.precision} is not served on CPU; use auto, fp32, bf16 or int8"
+        )
+    if "onnx" in backends and not onnx_ok:
+        if settings.encoder_backend == "onnx":
+            raise ConfigError(
+                "encoder_backend=onnx needs onnxruntime and onnx: pip install -e '.[retrieval]'"
+            )
+        names = [n for n in names if not n.startswith("onnx")]
+    if not fast_bf16 and "torch-bf16" in names:
+        if settings.precision == "bf16":
+            log.warning(
+                "precision bf16 requested on a CPU without fast bf16 (avx512_bf16/amx_bf16); serving it"
+            )
+        else:
+            names.remove("torch-bf16")
+    return names
+
+
+def _build(
+    name: str, base: Encoder, index_dir: Path, fingerprint: str, threads: int, forward: int
+) -> Encoder:
+    """A fresh encoder for candidate `name` on the calling thread (own tokenizer; weights shared or exported)."""
+    if name.startswith("onnx"):
+        from retrieval.encoder_export import OnnxEncoder, ensure_export
+
+        path = ensure_export(base, index_dir, name, fingerprint)
+        return OnnxEncoder.open(path, own_tokenizer(base), threads=threads, batch_size=forward)
+    import torch
+
+    torch.set_num_threads(threads)
+    encoder = own_tokenizer(base)
+    encoder.batch_size = forward
+    if name == "torch-bf16":
+        encoder.model = copy.deepcopy(base.model).to(torch.bfloat16)
+        encoder.precision = "bf16"
+    return encoder
+
+
+def make_pool(
+    choice: Choice,
+    base: Encoder,
+    index_dir: Path,
+    fingerprint: str,
+    *,
+    name: str = "encoder",
+    pin: bool = True,
+) -> EncoderPool:
+    """The workers for `choice`. Weights are loaded once and shared where that is safe: torch modules always
+    (inference is thread-safe and torch's thread count is per process anyway), an ONNX Runtime session when
+    each worker has one thread (`run` is thread-safe and a 1-thread session runs on the caller's, pinned,
+    thread). Only ONNX workers with several threads each get their own session, for their own thread pool.
+    So 16 one-thread workers hold one copy of E5-base, not 16."""
+    shared: list[Encoder] = []
+
+    def factory(_i: int) -> Encoder:
+        if shared and (choice.backend == "torch" or choice.threads == 1):
+            return own_tokenizer(shared[0])
+        encoder = _build(
+            choice.candidate, base, index_dir, fingerprint, choice.threads, choice.forward_batch_size
+        )
+        shared.append(encoder)
+        return encoder
+
+    return EncoderPool(factory, workers=choice.workers, threads=choice.threads, name=name, pin=pin)
+
+
+# --- measuring ----------------------------------------------------------------------------------------------
+def recall_at_k(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """Mean |top-k ∩ reference top-k| / k over queries (row ids from FAISS; -1 pads never count)."""
+    total = 0.0
+    for ref, got in zip(reference.tolist(), candidate.tolist(), strict=True):
+        want = {r for r in ref if r >= 0}
+        total += len(want & set(got)) / max(1, len(want))
+    return total / max(1, len(reference))
+
+
+def measure_qps(encoder: Any, index: Any, queries: list[str], batch_size: int, seconds: float) -> float:
+    """Queries/s of encode + FAISS search on batches of `batch_size` queries (cycled: no cache here)."""
+    k = min(GATE_K, int(index.ntotal))
+    warm = queries[:batch_size]
+    index.search(encoder.encode_queries(warm), k)  # first call allocates / optimises the graph
+    done, pos = 0, 0
+    started = time.perf_counter()
+    while True:
+        batch = [queries[(pos + i) % len(queries)] for i in range(batch_size)]
+        pos += batch_size
+        index.search(encoder.encode_queries(batch), k)
+        done += batch_size
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return done / elapsed
+
+
+def layouts(cores: int) -> list[tuple[int, int]]:
+    """(workers, threads per worker) that use every core once: 1 x N, ..., N x 1 (powers of two)."""
+    out, workers = [], 1
+    while workers <= cores:
+        if cores % workers == 0:
+            out.append((workers, cores // workers))
+        workers *= 2
+    if (cores, 1) not in out:
+        out.append((cores, 1))
+    return out
+
+
+def _cache_path(index_dir: Path, fingerprint: str, key: str) -> Path:
+    from retrieval.encoder_export import export_dir
+
+    return export_dir(index_dir, fingerprint) / f"tuning-{key}.json"
+
+
+def tune(
+    settings: RetrievalSettings,
+    base: Encoder,
+    index: Any,
+    index_dir: Path,
+    index_fingerprint: str,
+    queries: list[str],
+) -> tuple[EncoderPool, TuningReport]:
+    """Choose, measure (or read the cached choice), and return the encoder pool to serve with.
+
+    `base` is the fp32 torch encoder the index was built with; `queries` the gate and timing queries.
+    """
+    from retrieval.encoder_export import (
+        onnxruntime_available,
+        read_sidecar,
+        weights_fingerprint,
+        write_sidecar,
+    )
+
+    started = time.perf_counter()
+    info = cpu_info()
+    fast_bf16 = has_fast_bf16(info["flags"])
+    machine = {"cpu": info["model"], "cores": info["cores"], "fast_bf16": fast_bf16}
+    names = candidate_names(settings, fast_bf16, onnxruntime_available())
+    cores = info["cores"]
+    fingerprint = weights_fingerprint(base)
+    wanted = {
+        "candidates": names,
+        "index": index_fingerprint,
+        "workers": settings.encoder_workers,
+        "threads": settings.threads,
+        "forward": settings.forward_batch_size,
+        "batch_size": settings.batch_size,
+        "pin": settings.encoder_pin,
+        "gate_min_recall": settings.gate_min_recall,
+        "gate_queries": settings.gate_queries,
+    }
+    cache = _cache_path(index_dir, fingerprint, machine_key(info))
+    if cache.is_file():
+        try:
+            saved = json.loads(cache.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            saved = {}
+        if saved.get("wanted") == wanted:
+            report = TuningReport(**saved["report"])
+            choice = Choice(**report.choice)
+            pool = make_pool(choice, base, index_dir, fingerprint, pin=settings.encoder_pin)
+            report.cached, report.seconds, report.cache_path = True, time.perf_counter() - started, str(cache)
+            _log_choice(report)
+            return pool, report
+
+    gate_set = queries[: settings.gate_queries]
+    k = min(GATE_K, int(index.ntotal))
+    reference_rows = index.search(base.encode_queries(gate_set), k)[1]
+    all_threads = settings.threads or cores
+    forward = settings.forward_batch_size
+    rows: list[dict[str, Any]] = []
+    passing: list[tuple[str, float]] = []
+    for name in names:
+        row: dict[str, Any] = {"name": name, "recall@3": None, "qps": None, "status": "ok"}
+        rows.append(row)
+        try:
+            encoder = _build(name, base, index_dir, fingerprint, all_threads, forward)
+        except Exception as exc:  # an export that fails must not stop a service that can run on torch
+            if name == REFERENCE:
+                raise
+            row["status"] = f"refused: could not build ({type(exc).__name__}: {str(exc)[:120]})"
+            log.warning("encoder %s refused: %s", name, row["status"])
+            continue
+        meta_path = getattr(encoder, "path", None)
+        if name == REFERENCE:
+            recall = 1.0
+        else:
+            recall = recall_at_k(reference_rows, index.search(encoder.encode_queries(gate_set), k)[1])
+            if meta_path is not None:
+                meta = read_sidecar(meta_path) or {}
+                meta.setdefault("gate", {})[index_fingerprint] = {
+                    "recall@3": recall,
+                    "queries": len(gate_set),
+                    "min_recall": settings.gate_min_recall,
+                }
+                try:
+                    write_sidecar(meta_path, meta)
+                except OSError as exc:  # a read-only index directory: the gate still applies, unrecorded
+                    log.warning("cannot record the gate result beside %s (%s)", meta_path, exc)
+        row["recall@3"] = round(recall, 4)
+        if recall < settings.gate_min_recall:
+            row["status"] = (
+                f"refused: recall@3 {recall:.3f} vs fp32 torch < {settings.gate_min_recall} "
+                f"on {len(gate_set)} queries"
+            )
+            log.warning("encoder %s %s", name, row["status"])
+            continue
+        row["qps"] = round(
+            measure_qps(encoder, index, queries, settings.batch_size, settings.autotune_seconds), 1
+        )
+        passing.append((name, row["qps"]))
+    if not passing:
+        reasons = "; ".join(f"{r['name']} {r['status']}" for r in rows)
+        raise ConfigError(
+            f"no query encoder passed the quality gate ({reasons}); use encoder_backend=auto or lower "
+            "gate_min_recall"
+        )
+    reference_qps = next((r["qps"] for r in rows if r["name"] == REFERENCE), None)
+
+    # Every passing candidate in every layout at the configured forward size (torch workers share the GIL
+    # for per-op dispatch, ONNX Runtime releases it for a whole forward pass, so which one wins can change
+    # with the layout), then forward sizes for the best pair only: seconds, not a full grid.
+    layout_rows: list[dict[str, Any]] = []
+    if settings.encoder_workers:
+        options = [
+            (settings.encoder_workers, max(1, (settings.threads or cores) // settings.encoder_workers))
+        ]
+    elif settings.threads:
+        options = [(1, settings.threads)]
+    else:
+        options = layouts(cores)
+    measured = dict(passing)
+    best: tuple[float, Choice] | None = None
+
+    def measure(choice: Choice) -> float:
+        if (choice.workers, choice.threads, choice.forward_batch_size) == (1, all_threads, forward):
+            qps = measured[choice.candidate]  # measured above
+        else:
+            pool = make_pool(choice, base, index_dir, fingerprint, name="tune", pin=settings.encoder_pin)
+            try:
+                qps = measure_qps(pool, index, queries, settings.batch_size, settings.autotune_seconds)
+            finally:
+                pool.close()
+        layout_rows.append(
+            {
+                "candidate": choice.candidate,
+                "workers": choice.workers,
+                "threads": choice.threads,
+                "forward": choice.forward_batch_size,
+                "qps": round(qps, 1),
+            }
+        )
+        return qps
+
+    for name, _ in passing:
+        for workers, threads in options:
+            choice = Choice(name, workers, threads, forward)
+            qps = measure(choice)
+            if best is None or qps > best[0]:
+                best = (qps, choice)
+    assert best is not None
+    if not settings.encoder_workers and len(options) > 1:
+        top = best[1]
+        for fwd in FORWARD_SIZES:
+            if fwd != forward:
+                choice = Choice(top.candidate, top.workers, top.threads, fwd)
+                qps = measure(choice)
+                if qps > best[0]:
+                    best = (qps, choice)
+    assert best is not None
+    report = TuningReport(
+        choice=asdict(best[1]),
+        qps=round(best[0], 1),
+        reference_qps=reference_qps,
+        candidates=rows,
+        layouts=layout_rows,
+        machine=machine,
+        gate_queries=len(gate_set),
+        seconds=round(time.perf_counter() - started, 2),
+        cache_path=str(cache),
+    )
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(
+            json.dumps({"wanted": wanted, "report": report.to_dict()}, indent=2), encoding="utf-8"
+        )
+    except OSError as exc:
+        log.warning(
+            "cannot cache the encoder tuning at %s (%s); it will be measured again next start", cache, exc
+        )
+    pool = make_pool(best[1], base, index_dir, fingerprint, pin=settings.encoder_pin)
+    _log_choice(report)
+    return pool, report
+
+
+def _log_choice(report: TuningReport) -> None:
+    c = report.choice
+    others = ", ".join(
+        f"{r['name']} {r['qps']:.0f} q/s" if r["qps"] else f"{r['name']} {r['status']}"
+        for r in report.candidates
+    )
+    log.info(
+        "encoder auto-tune%s: %s, %d workers x %d threads, forward %d: %.0f queries/s in-process (%s) in %.1fs",
+        " (cached)" if report.cached else "",
+        c["candidate"],
+        c["workers"],
+        c["threads"],
+        c["forward_batch_size"],
+        report.qps,
+        others,
+        report.seconds,
+    )
+
+
+def serving_encoder(
+    settings: RetrievalSettings,
+    base: Encoder,
+    index: Any,
+    index_dir: Path,
+    index_fingerprint: str,
+    corpus_path: Path,
+) -> tuple[EncoderPool, dict[str, Any] | None]:
+    """The encoder the dense backend serves with, and the tuning report for `GET /` (None on a GPU).
+
+    On a GPU the loaded torch encoder is served as configured (fp16 by default). On CPU, `tune` measures;
+    with `autotune=false` it serves exactly what the settings say (auto: torch fp32, one worker), still
+    through the quality gate and with its measured queries/s.
+    """
+    if base.device.startswith("cuda"):
+        return EncoderPool(lambda _i: base, workers=1, threads=1), None
+    from retrieval.queries import sample_queries
+
+    if not settings.autotune:
+        settings = settings.model_copy(
+            update={
+                "encoder_backend": "torch"
+                if settings.encoder_backend == "auto"
+                else settings.encoder_backend,
+                "precision": "fp32" if settings.precision == "auto" else settings.precision,
+                "encoder_workers": settings.encoder_workers or 1,
+            }
+        )
+    queries = sample_queries(corpus_path, limit=max(settings.gate_queries, 2 * settings.batch_size))
+    pool, report = tune(settings, base, index, index_dir, index_fingerprint, queries)
+    return pool, report.to_dict()
+
+
+__all__ = [
+    "Choice",
+    "TuningReport",
+    "candidate_names",
+    "cpu_info",
+    "serving_encoder",
+    "has_fast_bf16",
+    "layouts",
+    "make_pool",
+    "recall_at_k",
+    "tune",
+]
