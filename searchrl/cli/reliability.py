@@ -3,7 +3,7 @@
     searchrl reliability                              # every scenario, 600 s soak (~20 minutes in all)
     searchrl reliability --seconds 60 --only soak,kill,hang --out outputs/bench
 
-Starts real `searchrl serve` replicas on loopback ports, runs the scenarios in `retrieval.reliability`
+Starts real `searchrl serve` replicas on loopback ports, runs the scenarios in `searchrl.bench.reliability`
 (soak, 10x overload, SIGKILL/SIGSTOP of a replica behind the verl tool, SIGTERM drain, 200 MB body, 400 slow
 connections) and prints a markdown table on stdout; JSON rows go to `--out`/reliability.json.
 """
@@ -66,8 +66,8 @@ def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from retrieval.reliability import SCENARIOS, render_table, run_all
     from retrieval.settings import RetrievalSettings
+    from searchrl.bench.reliability import SCENARIOS, render_table, run_all
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging

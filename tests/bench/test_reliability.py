@@ -1,6 +1,6 @@
 """Issue 13 "must show", bounded: real `searchrl serve` processes (or the real app in uvicorn) on loopback.
 
-The long versions are `make bench-reliability` (retrieval/reliability.py); these use the same scenarios with
+The long versions are `make bench-reliability` (searchrl/bench/reliability.py); these use the same scenarios with
 small sizes and assert what the issue asks: no 5xx/finding under fuzzing, big bodies refused while reading,
 slow connections closed, every answer correct with none lost under load, overload, dying and hung replicas,
 and SIGTERM.
@@ -17,7 +17,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from retrieval.reliability import (
+from retrieval.settings import RetrievalSettings
+from searchrl.bench.reliability import (
     big_body,
     client_call,
     corpus_queries,
@@ -30,7 +31,6 @@ from retrieval.reliability import (
     run_load,
     slow_clients,
 )
-from retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
 
 pytestmark = pytest.mark.live
