@@ -2,7 +2,7 @@
 
 One episode: render the question with the training prompt and chat template (the tool schema as verl renders
 it), generate, parse hermes `<tool_call>` spans with `searchrl.prompt.parse_tool_calls`, run the first
-`max_parallel_calls` `search` calls against /retrieve through `retrieval.client.RetrievalClient` (the client
+`max_parallel_calls` `search` calls against /retrieve through `searchrl.retrieval.client.RetrievalClient` (the client
 the trainer's tool uses), append the results as `tool` turns formatted by `searchrl.prompt.format_observation`,
 and generate again. The rules come from `searchrl.rollout.RolloutSpec`, the object training reads too: at most
 `max_turns` searching turns and `max_turns + 1` assistant turns (the tool calls of the last turn are not run);
@@ -31,11 +31,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from searchrl.infer.llm import ChatRenderer, RequestRejectedError, Sampling, ServerLLM, TextGenerator
+from searchrl.infer.settings import InferSettings
+from searchrl.retrieval.client import Hit, RetrievalClient
 from tqdm.auto import tqdm
 
-from infer.llm import ChatRenderer, RequestRejectedError, Sampling, ServerLLM, TextGenerator
-from infer.settings import InferSettings
-from retrieval.client import Hit, RetrievalClient
 from searchrl.errors import RetrievalUnavailableError
 from searchrl.prompt import (
     SEARCH_R1_INVALID,

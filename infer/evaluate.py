@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-
-from infer.agent import (
+from searchrl.infer.agent import (
     FATAL_KINDS,
     STOP_LLM_ERROR,
     AgentConfig,
@@ -47,8 +46,9 @@ from infer.agent import (
     SearchAgent,
     run_questions,
 )
-from infer.llm import ChatRenderer, ServerLLM, TextGenerator
-from infer.settings import InferSettings
+from searchrl.infer.llm import ChatRenderer, ServerLLM, TextGenerator
+from searchrl.infer.settings import InferSettings
+
 from searchrl import __version__
 from searchrl.errors import DataError, RetrievalUnavailableError, SearchRLError
 from searchrl.prompt import prompt_version
@@ -56,7 +56,7 @@ from searchrl.scoring import score_response
 from searchrl.stats import bootstrap_ci
 
 if TYPE_CHECKING:
-    from retrieval.client import RetrievalClient
+    from searchrl.retrieval.client import RetrievalClient
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +430,7 @@ async def fetch_retrieval_info(
 
 async def preflight_search(retrieval: RetrievalClient, topk: int) -> None:
     """One real query through the backend under test: GET / answers even when the web API key is spent."""
-    from retrieval.client import HEALTH_QUERY
+    from searchrl.retrieval.client import HEALTH_QUERY
 
     try:
         hits = await retrieval.search([HEALTH_QUERY], topk)
@@ -547,7 +547,7 @@ def build_protocol(
 # --- running -------------------------------------------------------------------------------------------------
 async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerLLM, ChatRenderer | None]:
     if settings.engine == "local":
-        from infer.local import LocalLLM
+        from searchrl.infer.local import LocalLLM
 
         llm_local = await asyncio.to_thread(
             LocalLLM.from_pretrained, settings.model, tokenizer=settings.tokenizer, device=settings.device
@@ -561,7 +561,7 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
     }
     server: ServerLLM
     if settings.engine == "sglang":
-        from infer.sglang import start_sglang
+        from searchrl.infer.sglang import start_sglang
 
         server = await start_sglang(
             settings.model,
@@ -631,7 +631,7 @@ async def evaluate(
     search failure (quota, 401/403, replay miss) stops the run at once; the result file is still written,
     marked aborted and invalid, and the error is raised.
     """
-    from retrieval.client import RetrievalClient, summarize_client_stats
+    from searchrl.retrieval.client import RetrievalClient, summarize_client_stats
 
     if items is None:
         items, qa_path = load_qa(

@@ -14,7 +14,8 @@ import asyncio
 import logging
 from typing import Any
 
-from infer.llm import Completion, Sampling
+from searchrl.infer.llm import Completion, Sampling
+
 from searchrl.errors import InferenceError
 
 log = logging.getLogger(__name__)

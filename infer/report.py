@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infer.evaluate import (
+from searchrl.infer.evaluate import (
     dataset_order,
     default_label,
     failure_cell,
@@ -37,7 +37,8 @@ from infer.evaluate import (
     run_eval,
     run_label,
 )
-from infer.settings import InferSettings
+from searchrl.infer.settings import InferSettings
+
 from searchrl.errors import ConfigError, DataError
 from searchrl.stats import PairedComparison, paired_comparison
 

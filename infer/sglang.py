@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+from searchrl.infer.llm import ServerLLM
 
-from infer.llm import ServerLLM
 from searchrl.errors import InferenceError
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,8 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from retrieval.schemas import ScoredDocument
+from searchrl.retrieval.schemas import ScoredDocument
+
 from searchrl.errors import BackendError, OverloadedError, SearchRLError
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ BatchFn = Callable[[list[str], int], list[Hits]]
 
 
 class BatcherMetrics(Protocol):
-    """Where the batcher reports what it does; `retrieval.metrics.RetrievalMetrics` implements it."""
+    """Where the batcher reports what it does; `searchrl.retrieval.metrics.RetrievalMetrics` implements it."""
 
     def observe_batch(self, size: int, seconds: float) -> None: ...
     def observe_queue_wait(self, seconds: Sequence[float]) -> None: ...

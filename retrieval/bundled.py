@@ -17,7 +17,8 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from retrieval.corpus import Passage, write_jsonl
+from searchrl.retrieval.corpus import Passage, write_jsonl
+
 from searchrl.errors import CorpusError
 
 log = logging.getLogger(__name__)

@@ -34,12 +34,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retrieval.backends.base import Backend
-from retrieval.schemas import ScoredDocument
+from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.schemas import ScoredDocument
+
 from searchrl.errors import BackendError, CacheMissError, ConfigError
 
 if TYPE_CHECKING:
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 

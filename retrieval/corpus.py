@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+from searchrl.retrieval.schemas import Document, ScoredDocument
 
-from retrieval.schemas import Document, ScoredDocument
 from searchrl.errors import CorpusError
 
 log = logging.getLogger(__name__)

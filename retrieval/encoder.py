@@ -29,7 +29,7 @@ import numpy as np
 from searchrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from searchrl.retrieval.encoder import Encoder, pool_hidden
 
-from retrieval.encoder import Encoder, pool_hidden
 from searchrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from retrieval.encoder import EncoderSpec
+    from searchrl.retrieval.encoder import EncoderSpec
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-
-from retrieval.encoder import Encoder
+from searchrl.retrieval.encoder import Encoder
 
 log = logging.getLogger(__name__)
 

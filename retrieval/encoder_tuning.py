@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from searchrl.retrieval.encoder import Encoder
+from searchrl.retrieval.encoder_pool import EncoderPool, available_cores, own_tokenizer
 
-from retrieval.encoder import Encoder
-from retrieval.encoder_pool import EncoderPool, available_cores, own_tokenizer
 from searchrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def _build(
 ) -> Encoder:
     """A fresh encoder for candidate `name` on the calling thread (own tokenizer; weights shared or exported)."""
     if name.startswith("onnx"):
-        from retrieval.encoder_export import OnnxEncoder, ensure_export
+        from searchrl.retrieval.encoder_export import OnnxEncoder, ensure_export
 
         path = ensure_export(base, index_dir, name, fingerprint)
         return OnnxEncoder.open(path, own_tokenizer(base), threads=threads, batch_size=forward)
@@ -247,7 +247,7 @@ def layouts(cores: int) -> list[tuple[int, int]]:
 
 
 def _cache_path(index_dir: Path, fingerprint: str, key: str) -> Path:
-    from retrieval.encoder_export import export_dir
+    from searchrl.retrieval.encoder_export import export_dir
 
     return export_dir(index_dir, fingerprint) / f"tuning-{key}.json"
 
@@ -264,7 +264,7 @@ def tune(
 
     `base` is the fp32 torch encoder the index was built with; `queries` the gate and timing queries.
     """
-    from retrieval.encoder_export import (
+    from searchrl.retrieval.encoder_export import (
         onnxruntime_available,
         read_sidecar,
         weights_fingerprint,
@@ -468,7 +468,7 @@ def serving_encoder(
     """
     if base.device.startswith("cuda"):
         return EncoderPool(lambda _i: base, workers=1, threads=1), None
-    from retrieval.queries import sample_queries
+    from searchrl.retrieval.queries import sample_queries
 
     if not settings.autotune:
         settings = settings.model_copy(

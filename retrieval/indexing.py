@@ -33,15 +33,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
+from searchrl.retrieval.corpus import corpus_checksum, count_rows, iter_rows_with_offsets, save_offsets
 from tqdm import tqdm
 
-from retrieval.corpus import corpus_checksum, count_rows, iter_rows_with_offsets, save_offsets
 from searchrl import __version__
 from searchrl.errors import ConfigError, CorpusError, IndexLoadError
 
 if TYPE_CHECKING:
-    from retrieval.encoder import Encoder, EncoderSpec
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.encoder import Encoder, EncoderSpec
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,11 @@ def resolve_corpus(settings: RetrievalSettings) -> Path:
     name = settings.corpus.strip()
     data_dir = Path(settings.data_dir)
     if name == "bundled":
-        from retrieval.bundled import ensure_bundled_corpus
+        from searchrl.retrieval.bundled import ensure_bundled_corpus
 
         return ensure_bundled_corpus(data_dir)
     if name in NAMED_CORPORA:
-        from retrieval.download import download_corpus
+        from searchrl.retrieval.download import download_corpus
 
         return download_corpus(name, data_dir)
     path = Path(name).expanduser()
@@ -128,7 +128,7 @@ def resolve_corpus(settings: RetrievalSettings) -> Path:
             f"{', '.join(NAMED_CORPORA)}, or a Search-R1 JSONL(.gz) path"
         )
     if path.suffix == ".gz":
-        from retrieval.download import gunzip_once
+        from searchrl.retrieval.download import gunzip_once
 
         return gunzip_once(path, data_dir / "corpora" / path.with_suffix("").name)
     return path
@@ -456,7 +456,7 @@ def import_faiss_index(
     del index
     checksum = corpus_checksum(corpus_path)
     with _staged(index_dir, force=force) as staging:
-        from retrieval.corpus import build_offsets
+        from searchrl.retrieval.corpus import build_offsets
 
         count = build_offsets(corpus_path, staging / OFFSETS)
         if count != ntotal:
@@ -502,7 +502,7 @@ def ensure_index(
     built implicitly (hours to weeks on CPU): `searchrl index download` fetches the prebuilt E5 one.
     `encoder_factory` lets a caller that already loaded the encoder reuse it for the build.
     """
-    from retrieval.encoder import Encoder, resolve_encoder
+    from searchrl.retrieval.encoder import Encoder, resolve_encoder
 
     corpus_path = resolve_corpus(settings)
     index_dir = index_dir_for(settings, kind, corpus_path)

@@ -33,7 +33,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class RetrievalMetrics:
-    """All metrics of one app, in their own registry. Implements `retrieval.batcher.BatcherMetrics`."""
+    """All metrics of one app, in their own registry. Implements `searchrl.retrieval.batcher.BatcherMetrics`."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from retrieval.download import (
+from searchrl.retrieval.download import (
     CORPORA,
     DOWNLOADABLE,
     INDEXES,
@@ -22,12 +22,13 @@ from retrieval.download import (
     concat_parts,
     download_corpus,
 )
-from retrieval.encoder import EncoderSpec, resolve_encoder
-from retrieval.indexing import MANIFEST, import_faiss_index, index_dir_for
+from searchrl.retrieval.encoder import EncoderSpec, resolve_encoder
+from searchrl.retrieval.indexing import MANIFEST, import_faiss_index, index_dir_for
+
 from searchrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrieval.schemas import ScoredDocument
-from retrieval.settings import RetrievalSettings
+from searchrl.retrieval.schemas import ScoredDocument
+from searchrl.retrieval.settings import RetrievalSettings
+
 from searchrl.errors import DataError
 from searchrl.stats import bootstrap_ci, paired_comparison
 
@@ -93,7 +94,7 @@ def score_recall(
 
 
 async def _measure(settings: RetrievalSettings, rows: Sequence[QARow], k: int) -> RecallResult:
-    from retrieval.backends import build_backend
+    from searchrl.retrieval.backends import build_backend
 
     backend = build_backend(settings)
     await backend.start()

@@ -3,7 +3,7 @@
 Slow clients (issue 13): uvicorn closes idle keep-alive connections but has no deadline for a request's
 *headers*, so 400 connections sending a byte a second stayed open indefinitely. `_GuardedHttpTools` adds one:
 headers must arrive within `header_timeout_s` and stay under `max_header_bytes`, or the connection is closed.
-The body deadline and size limit are enforced by the app (`retrieval.app.RequestGuard`), and `max_connections`
+The body deadline and size limit are enforced by the app (`searchrl.retrieval.app.RequestGuard`), and `max_connections`
 is uvicorn's `limit_concurrency` (503 past it). SIGTERM: `DrainingServer` marks the app as draining (/ready
 503, new /retrieve 503) and uvicorn finishes every accepted request before the lifespan stops the backend.
 """
@@ -15,8 +15,9 @@ import logging
 import os
 from typing import Any
 
-from retrieval.ratelog import RateLimitFilter
-from retrieval.settings import RetrievalSettings
+from searchrl.retrieval.ratelog import RateLimitFilter
+from searchrl.retrieval.settings import RetrievalSettings
+
 from searchrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ def run_server(settings: RetrievalSettings) -> None:
     """Prepare the index (build on first use), then serve until SIGINT/SIGTERM."""
     # Before torch/faiss load their OpenMP runtime: spinning OpenMP threads starve the event loop (issue 4).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from retrieval.app import create_app
+    from searchrl.retrieval.app import create_app
 
     check_bind(settings)
     if settings.is_public_bind and not settings.api_keys():

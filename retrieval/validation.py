@@ -3,7 +3,7 @@
 Why not validators: limits written as pydantic Field constraints appear in the OpenAPI schema, so the schema
 states exactly what the server accepts (a schema-driven fuzzer finds no body the schema allows and the server
 refuses, or the reverse). `request_model(settings)` builds the model per app because the limits are settings.
-`retrieval.schemas.RetrieveRequest` stays the unconstrained wire format that clients share.
+`searchrl.retrieval.schemas.RetrieveRequest` stays the unconstrained wire format that clients share.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from pydantic import (
     StringConstraints,
     create_model,
 )
-
-from retrieval.schemas import RetrieveRequest
-from retrieval.settings import RetrievalSettings
+from searchrl.retrieval.schemas import RetrieveRequest
+from searchrl.retrieval.settings import RetrievalSettings
 
 # "Not blank": at least one character that is not ASCII whitespace. Written as an explicit class because Python's
 # re (the fuzzer's generator) and Rust's regex (pydantic-core) disagree on what \s covers.

@@ -559,7 +559,7 @@ def plan_train(
     num_nodes: int | None = None,
 ) -> TrainPlan:
     """Resolve the endpoint, health-check it, and build the task with the overrides and secrets."""
-    from retrieval.client import check_health
+    from searchrl.retrieval.client import check_health
 
     path = Path(yaml_path or SKY_DIR / "train.yaml")
     envs = dict(envs)

@@ -84,7 +84,7 @@ def hub_reachable(timeout_s: float = 10.0) -> tuple[bool, str]:
 
 def qa_questions(path: Path) -> list[Question]:
     """Questions with supporting titles, from a QA JSONL (the format `searchrl index recall` reads)."""
-    from retrieval.recall import load_qa
+    from searchrl.retrieval.recall import load_qa
 
     return [Question(r.question, r.supporting_titles) for r in load_qa(path)]
 
@@ -93,7 +93,7 @@ def known_item_questions(corpus_path: Path, n: int) -> list[Question]:
     """`n` passages spread evenly over the corpus (streamed: wiki-18 does not fit in memory); each question is
     a sentence of the passage (its second when it has one: the first often repeats the title) and the answer
     is the passage's article title."""
-    from retrieval.corpus import count_rows, iter_passages
+    from searchrl.retrieval.corpus import count_rows, iter_passages
 
     total = count_rows(corpus_path)
     if total == 0:
@@ -120,7 +120,7 @@ def score(questions: Sequence[Question], titles_per_question: Sequence[Sequence[
 
 
 async def _search_titles(url: str, questions: Sequence[Question], k: int) -> list[list[str]]:
-    from retrieval.client import RetrievalClient
+    from searchrl.retrieval.client import RetrievalClient
 
     client = RetrievalClient(url, os.environ.get("RETRIEVAL_API_KEY") or None, timeout_s=60.0)
     try:
@@ -182,10 +182,10 @@ def run_smoke(
     out_dir: Path = Path("outputs/smoke"),
 ) -> SmokeReport:
     """Run the steps in order; a failed step ends the run (later steps are not attempted)."""
-    from retrieval.client import check_health
-    from retrieval.download import CORPORA, INDEXES, download_corpus, download_index
-    from retrieval.indexing import resolve_corpus
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.client import check_health
+    from searchrl.retrieval.download import CORPORA, INDEXES, download_corpus, download_index
+    from searchrl.retrieval.indexing import resolve_corpus
+    from searchrl.retrieval.settings import RetrievalSettings
 
     def download_corpus_for(name: str, s: RetrievalSettings) -> Path:
         return download_corpus(name, Path(s.data_dir))

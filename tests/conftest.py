@@ -59,7 +59,7 @@ def session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def bm25_settings(session_data_dir: Path):  # -> RetrievalSettings
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.settings import RetrievalSettings
 
     return RetrievalSettings(backend="bm25", corpus=str(TINY_CORPUS), data_dir=session_data_dir)
 
@@ -67,7 +67,8 @@ def bm25_settings(session_data_dir: Path):  # -> RetrievalSettings
 @pytest.fixture(scope="session")
 def live_bm25_url(bm25_settings) -> Iterator[str]:
     """A real retrieval service (BM25 over the 20-passage fixture corpus) on a free loopback port."""
-    from retrieval.app import create_app
+    from searchrl.retrieval.app import create_app
+
     from tests.live import serve_in_thread
 
     with serve_in_thread(create_app(bm25_settings)) as url:

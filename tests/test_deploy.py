@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.settings import RetrievalSettings
 from searchrl import deploy
 from searchrl.cli.sky import _argv
 from searchrl.errors import ConfigError, DeployError
@@ -281,7 +281,7 @@ def test_required_names_are_the_null_entries() -> None:
 
 @pytest.fixture(scope="module")
 def auth_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from retrieval.app import create_app
+    from searchrl.retrieval.app import create_app
 
     settings = RetrievalSettings(
         backend="bm25", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("data"), api_key=TOKEN

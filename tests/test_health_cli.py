@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.settings import RetrievalSettings
 from searchrl.cli import main
 from tests.conftest import TINY_CORPUS
 from tests.live import free_port, serve_in_thread
@@ -22,7 +22,7 @@ TOKEN = "health-test-token-3d7e"
 
 @pytest.fixture(scope="module")
 def auth_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from retrieval.app import create_app
+    from searchrl.retrieval.app import create_app
 
     settings = RetrievalSettings(
         backend="bm25", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("data"), api_key=TOKEN

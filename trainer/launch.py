@@ -31,15 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchrl.trainer.checkpoint import check_resume as check_checkpoint
+from searchrl.trainer.data import prepare_data
+from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
+from searchrl.trainer.merge import TRACKER_FILE
+from searchrl.trainer.overrides import main_ppo_command, render_overrides
+from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
+from searchrl.trainer.toolconfig import write_tool_config
+
 from searchrl.corpus_check import CorpusIdentity, check_training_corpus, corpus_identity, fetch_service_info
 from searchrl.errors import ConfigError, RetrievalUnavailableError
-from trainer.checkpoint import check_resume as check_checkpoint
-from trainer.data import prepare_data
-from trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
-from trainer.merge import TRACKER_FILE
-from trainer.overrides import main_ppo_command, render_overrides
-from trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
-from trainer.toolconfig import write_tool_config
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def check_resume(settings: TrainSettings) -> RunState:
 
 def check_retrieval(settings: TrainSettings) -> list[str]:
     """Probe every URL with a real query; return the healthy ones, or raise when none answers."""
-    from retrieval.client import check_health
+    from searchrl.retrieval.client import check_health
 
     api_key = os.environ.get(settings.retrieval_api_key_env) or None
     healthy, reasons = [], []
@@ -303,7 +304,7 @@ def train_local(
         return 0
     code = runner(plan.command)
     if code == 0 and settings.smoke:
-        from trainer.smoke import check_smoke_run
+        from searchrl.trainer.smoke import check_smoke_run
 
         report = check_smoke_run(settings)
         log.info("smoke run passed: %s", report.summary())

@@ -93,7 +93,7 @@ def merge_latest(
     First waits up to `wait_s` for every rank's shard (trainer/checkpoint.py): on a multi-node run the workers'
     shards reach the bucket after the head's tracker file does.
     """
-    from trainer.checkpoint import wait_for_checkpoint
+    from searchrl.trainer.checkpoint import wait_for_checkpoint
 
     run_dir = run_dir.expanduser().resolve()
     step, actor_dir = find_latest_checkpoint(run_dir)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trainer.settings import TrainSettings
+from searchrl.trainer.settings import TrainSettings
 
 # Where verl finds our reward function: an importable module, so it works on every Ray node without paths.
-REWARD_FN_PATH = "pkg://trainer.reward"
+REWARD_FN_PATH = "pkg://searchrl.trainer.reward"
 REWARD_FN_NAME = "compute_score"
 
 # Values hydra's override grammar accepts unquoted; anything else is single-quoted.

@@ -1,6 +1,6 @@
 """The verl reward function: exact match on the last <answer>, plus F1, format validity and search counts.
 
-verl loads it through `reward.custom_reward_function.path=pkg://trainer.reward` and `.name=compute_score`
+verl loads it through `reward.custom_reward_function.path=pkg://searchrl.trainer.reward` and `.name=compute_score`
 (trainer/overrides.py). With a custom function set, verl routes *every* data source here, so a user's own
 `data_source` scores the same way instead of hitting `default_compute_score`'s NotImplementedError.
 

@@ -15,9 +15,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from searchrl.trainer.merge import MergeResult, find_latest_checkpoint, merge_latest
+from searchrl.trainer.settings import TrainSettings
+
 from searchrl.errors import CheckpointError, SmokeCheckError
-from trainer.merge import MergeResult, find_latest_checkpoint, merge_latest
-from trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ verl 0.9 removed its search tool (../shared/DESIGN.md section 3); this is the do
 in the tool YAML that trainer/toolconfig.py writes:
 
     tools:
-      - class_name: trainer.tool.SearchTool
+      - class_name: searchrl.trainer.tool.SearchTool
         config: {type: native, retrieval_urls: [...], api_key_env: RETRIEVAL_API_KEY, topk: 3, ...}
         tool_schema: <searchrl.prompt.SEARCH_TOOL_SCHEMA>
 
@@ -27,15 +27,15 @@ from typing import Any
 from uuid import uuid4
 
 from pydantic import ValidationError
+from searchrl.retrieval.client import RetrievalClient, summarize_client_stats
+from searchrl.trainer.reward import FAILURE_KINDS_FIELD
+from searchrl.trainer.toolconfig import SearchToolConfig
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
-from retrieval.client import RetrievalClient, summarize_client_stats
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, format_observation, queries_from_arguments
-from trainer.reward import FAILURE_KINDS_FIELD
-from trainer.toolconfig import SearchToolConfig
 
 log = logging.getLogger(__name__)
 

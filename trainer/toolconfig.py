@@ -15,13 +15,13 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from searchrl.trainer.settings import TrainSettings
 
 from searchrl.prompt import SEARCH_TOOL_SCHEMA
-from trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-TOOL_CLASS = "trainer.tool.SearchTool"
+TOOL_CLASS = "searchrl.trainer.tool.SearchTool"
 
 
 class SearchToolConfig(BaseModel):

@@ -8,22 +8,23 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from retrieval.backends.base import Backend
+from searchrl.retrieval.backends.base import Backend
+
 from searchrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.settings import RetrievalSettings
 
 # name -> "module:Class"; each class has `from_settings(settings) -> Backend`
 _REGISTRY: dict[str, str] = {
-    "dense": "retrieval.backends.dense:DenseBackend",
-    "bm25": "retrieval.backends.bm25:BM25Backend",
-    "hybrid": "retrieval.backends.hybrid:HybridBackend",
-    "google": "retrieval.backends.web:GoogleBackend",  # Google results via Serper or SerpAPI
-    "google-cse": "retrieval.backends.web:GoogleCSEBackend",  # closing 2027-01-01
-    "serper": "retrieval.backends.web:SerperBackend",
-    "serpapi": "retrieval.backends.web:SerpApiBackend",
-    "searxng": "retrieval.backends.web:SearxngBackend",
+    "dense": "searchrl.retrieval.backends.dense:DenseBackend",
+    "bm25": "searchrl.retrieval.backends.bm25:BM25Backend",
+    "hybrid": "searchrl.retrieval.backends.hybrid:HybridBackend",
+    "google": "searchrl.retrieval.backends.web:GoogleBackend",  # Google results via Serper or SerpAPI
+    "google-cse": "searchrl.retrieval.backends.web:GoogleCSEBackend",  # closing 2027-01-01
+    "serper": "searchrl.retrieval.backends.web:SerperBackend",
+    "serpapi": "searchrl.retrieval.backends.web:SerpApiBackend",
+    "searxng": "searchrl.retrieval.backends.web:SearxngBackend",
 }
 
 
@@ -32,7 +33,7 @@ def build_backend(settings: RetrievalSettings) -> Backend:
     if getattr(settings, "cache_mode", "off") != "off":
         if settings.backend not in _REGISTRY:
             _build_uncached(settings)  # raises the unknown-backend ConfigError
-        from retrieval.cache import build_cached_backend
+        from searchrl.retrieval.cache import build_cached_backend
 
         return build_cached_backend(settings, _build_uncached)
     return _build_uncached(settings)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from retrieval.schemas import ScoredDocument
+from searchrl.retrieval.schemas import ScoredDocument
 
 
 class Backend(abc.ABC):
     """A source of passages for queries.
 
     Implementations live one per file in `retrieval/backends/`, and are built from `RetrievalSettings` by
-    `retrieval.backends.build_backend`. The app calls `start()` once in its lifespan, `search()` per request
+    `searchrl.retrieval.backends.build_backend`. The app calls `start()` once in its lifespan, `search()` per request
     and `close()` on shutdown.
     """
 

@@ -16,10 +16,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from retrieval.backends.base import Backend
-from retrieval.batcher import Batcher, BatcherMetrics
-from retrieval.corpus import DocStore
-from retrieval.indexing import (
+from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.batcher import Batcher, BatcherMetrics
+from searchrl.retrieval.corpus import DocStore
+from searchrl.retrieval.indexing import (
     BM25_DIR,
     BM25_STEMMER,
     BM25_STOPWORDS,
@@ -30,14 +30,15 @@ from retrieval.indexing import (
     resolve_corpus,
     verify_manifest,
 )
-from retrieval.ratelog import RateLimitedLog
-from retrieval.schemas import ScoredDocument
+from searchrl.retrieval.ratelog import RateLimitedLog
+from searchrl.retrieval.schemas import ScoredDocument
+
 from searchrl.errors import BackendError, SearchRLError
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 _ratelog = RateLimitedLog(log)

@@ -13,10 +13,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from retrieval.backends.base import Backend
-from retrieval.batcher import Batcher, BatcherMetrics
-from retrieval.corpus import DocStore
-from retrieval.indexing import (
+from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.batcher import Batcher, BatcherMetrics
+from searchrl.retrieval.corpus import DocStore
+from searchrl.retrieval.indexing import (
     FAISS_FILE,
     OFFSETS,
     IndexManifest,
@@ -25,14 +25,15 @@ from retrieval.indexing import (
     resolve_corpus,
     verify_manifest,
 )
-from retrieval.schemas import ScoredDocument
+from searchrl.retrieval.schemas import ScoredDocument
+
 from searchrl.errors import BackendError, IndexLoadError, SearchRLError
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from retrieval.encoder_pool import EncoderPool
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.encoder_pool import EncoderPool
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,8 @@ class DenseBackend(Backend):
 
     def _load(self) -> None:
         import faiss
-
-        from retrieval.encoder import Encoder
-        from retrieval.encoder_tuning import serving_encoder
+        from searchrl.retrieval.encoder import Encoder
+        from searchrl.retrieval.encoder_tuning import serving_encoder
 
         encoder: Encoder | None = None
 

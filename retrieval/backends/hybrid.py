@@ -19,9 +19,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from retrieval.backends.base import Backend
-from retrieval.schemas import ScoredDocument
-from retrieval.settings import RetrievalSettings
+from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.schemas import ScoredDocument
+from searchrl.retrieval.settings import RetrievalSettings
+
 from searchrl.errors import BackendError, ConfigError
 
 
@@ -82,7 +83,7 @@ class HybridBackend(Backend):
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> HybridBackend:
         # Imported here: the registry imports this module lazily, and the inner backends pull in torch/faiss.
-        from retrieval.backends import build_backend
+        from searchrl.retrieval.backends import build_backend
 
         def inner(name: str, weight: float) -> Backend | None:
             if weight <= 0:

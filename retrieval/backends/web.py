@@ -45,10 +45,10 @@ from urllib.parse import urlsplit
 
 import httpx
 from pydantic import SecretStr
+from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.schemas import Document, ScoredDocument
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.backends.base import Backend
-from retrieval.schemas import Document, ScoredDocument
-from retrieval.settings import RetrievalSettings
 from searchrl.errors import BackendError, ConfigError, QuotaExceededError
 
 log = logging.getLogger(__name__)

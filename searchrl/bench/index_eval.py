@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from retrieval.settings import RetrievalSettings
 from searchrl.errors import ConfigError
+from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def apply_search_params(index: Any, nprobe: int, ef_search: int) -> tuple[int | 
 
 
 def read_index(path: Path) -> tuple[Any, str]:
-    """Read as `retrieval.backends.dense.read_faiss_index` does; returns (index, how it was loaded).
+    """Read as `searchrl.retrieval.backends.dense.read_faiss_index` does; returns (index, how it was loaded).
 
     "mmap": codes memory-mapped (Flat, SQ, HNSW with IO_FLAG_MMAP_IFC); "mmap-lists": IVF inverted lists
     mapped (IO_FLAG_MMAP); "ram": read into memory.
@@ -131,7 +131,7 @@ def read_index(path: Path) -> tuple[Any, str]:
 
 def build_index(index_type: str, xb: np.ndarray, *, train_sample: int, seed: int = 0) -> tuple[Any, float]:
     """Build `index_type` over xb (inner product), training on a seeded random sample; returns (index, s)."""
-    from retrieval.indexing import new_faiss_index
+    from searchrl.retrieval.indexing import new_faiss_index
 
     started = time.perf_counter()
     index = new_faiss_index(xb.shape[1], index_type)
@@ -236,8 +236,8 @@ def corpus_vectors(settings: RetrievalSettings) -> tuple[np.ndarray, Any, Path]:
     """(passage vectors from the Flat index, a loaded query encoder, corpus path); builds Flat if missing."""
     import faiss
 
-    from retrieval.encoder import Encoder
-    from retrieval.indexing import FAISS_FILE, ensure_index, resolve_corpus
+    from searchrl.retrieval.encoder import Encoder
+    from searchrl.retrieval.indexing import FAISS_FILE, ensure_index, resolve_corpus
 
     flat_settings = settings.model_copy(update={"index_type": "Flat", "backend": "dense"})
     encoder = Encoder.from_settings(flat_settings)
@@ -258,7 +258,7 @@ def run_index_eval(
     out_dir: Path = Path("outputs/bench"),
 ) -> dict[str, Any]:
     """The whole `searchrl index eval` run; writes JSON under out_dir and returns it."""
-    from retrieval.queries import sample_queries as bench_queries
+    from searchrl.retrieval.queries import sample_queries as bench_queries
 
     types = list(index_types or DEFAULT_TYPES)
     if not types:

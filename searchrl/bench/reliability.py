@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
-from retrieval.client import RetrievalClient
-from retrieval.settings import RetrievalSettings
 from searchrl.errors import RetrievalUnavailableError
+from searchrl.retrieval.client import RetrievalClient
+from searchrl.retrieval.settings import RetrievalSettings
 
 #: call(query) -> an answer that can be compared with the reference (passage ids, or an observation text)
 Call = Callable[[str], Awaitable[Any]]
@@ -108,7 +108,7 @@ def replicas(
     settings: RetrievalSettings, n: int, workdir: Path, env: dict[str, str] | None = None
 ) -> Iterator[list[Replica]]:
     """Start `n` replicas (index prepared once, before), stop every one on exit."""
-    from retrieval.indexing import ensure_index
+    from searchrl.retrieval.indexing import ensure_index
 
     ensure_index(settings, settings.backend if settings.backend in ("bm25", "dense") else "bm25")  # type: ignore[arg-type]
     workdir.mkdir(parents=True, exist_ok=True)
@@ -125,8 +125,8 @@ def replicas(
 
 def corpus_queries(settings: RetrievalSettings, n: int) -> list[str]:
     """`n` distinct queries made from the corpus titles (title + a rotating question frame)."""
-    from retrieval.indexing import resolve_corpus
     from searchrl.prompt import split_title
+    from searchrl.retrieval.indexing import resolve_corpus
 
     titles: list[str] = []
     with open(resolve_corpus(settings), encoding="utf-8") as f:

@@ -42,9 +42,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from retrieval.queries import DEV_QA, sample_queries
-from retrieval.settings import RetrievalSettings
 from searchrl.errors import SearchRLError
+from searchrl.retrieval.queries import DEV_QA, sample_queries
+from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def measure_ceiling(
     import faiss
     import torch
 
-    from retrieval.backends.dense import DenseBackend
+    from searchrl.retrieval.backends.dense import DenseBackend
 
     rows: list[dict[str, Any]] = []
     best = 0.0
@@ -425,7 +425,7 @@ def run_bench(
     e5_seconds: float = 2.0,
 ) -> dict[str, Any]:
     """Build/reuse the index, measure (a), start the service with the best precision, measure (b) and (c)."""
-    from retrieval.indexing import ensure_index, index_dir_for, resolve_corpus
+    from searchrl.retrieval.indexing import ensure_index, index_dir_for, resolve_corpus
 
     load_before = os.getloadavg()[0]
     settings = settings.model_copy(update={"backend": "dense"})
@@ -564,9 +564,9 @@ def measure_e5_shape(
 
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from retrieval.encoder import Encoder, bundled_minilm_path
-    from retrieval.encoder_pool import available_cores
-    from retrieval.encoder_tuning import _build, cpu_info, has_fast_bf16
+    from searchrl.retrieval.encoder import Encoder, bundled_minilm_path
+    from searchrl.retrieval.encoder_pool import available_cores
+    from searchrl.retrieval.encoder_tuning import _build, cpu_info, has_fast_bf16
 
     cores = len(available_cores())
     names = ["torch-fp32", "onnx-fp32"]
@@ -614,7 +614,7 @@ def measure_workers(
 
     The dense backend's own batch function, as in (a), so the curve shows what workers add on this machine.
     """
-    from retrieval.backends.dense import DenseBackend
+    from searchrl.retrieval.backends.dense import DenseBackend
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     backend_name, precision = str(choice["candidate"]).split("-")

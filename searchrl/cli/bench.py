@@ -76,11 +76,11 @@ def _csv(value: str, cast: type) -> tuple:  # type: ignore[type-arg]
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from retrieval.settings import RetrievalSettings
     from searchrl.bench.service import format_report, run_bench
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
+    from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()
     settings = load_settings(RetrievalSettings, **given(args, "data_dir", "corpus", "encoder", "index_type"))

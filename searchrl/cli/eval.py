@@ -221,9 +221,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from infer.evaluate import InvalidRunError, failure_cell, paper_table, run_eval
-    from infer.settings import InferSettings
     from searchrl.config import load_settings
+    from searchrl.infer.evaluate import InvalidRunError, failure_cell, paper_table, run_eval
+    from searchrl.infer.settings import InferSettings
     from searchrl.logs import setup_logging
 
     setup_logging()
@@ -242,11 +242,11 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _eval_budget(args: argparse.Namespace) -> int:
-    from infer.budget import plan_search_budget
-    from infer.evaluate import load_qa
-    from infer.settings import InferSettings
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
+    from searchrl.infer.budget import plan_search_budget
+    from searchrl.infer.evaluate import load_qa
+    from searchrl.infer.settings import InferSettings
 
     s = load_settings(
         InferSettings,
@@ -270,8 +270,10 @@ def _eval_budget(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from infer.evaluate import paper_table
-    from infer.report import (
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+    from searchrl.infer.evaluate import paper_table
+    from searchrl.infer.report import (
         build_report,
         check_comparable,
         load_runs,
@@ -280,9 +282,7 @@ def _compare(args: argparse.Namespace) -> int:
         parse_tools,
         run_matrix,
     )
-    from infer.settings import InferSettings
-    from searchrl.config import load_settings
-    from searchrl.errors import ConfigError
+    from searchrl.infer.settings import InferSettings
     from searchrl.logs import setup_logging
 
     setup_logging()

@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _health(args: argparse.Namespace) -> int:
-    from retrieval.client import HEALTH_QUERY, check_health
     from searchrl.errors import ConfigError, RetrievalUnavailableError
+    from searchrl.retrieval.client import HEALTH_QUERY, check_health
 
     key_env = getattr(args, "api_key_env", "RETRIEVAL_API_KEY")
     if not key_env.replace("_", "").isalnum():

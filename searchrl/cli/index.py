@@ -81,15 +81,15 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _settings(args: argparse.Namespace, *names: str):  # -> RetrievalSettings
-    from retrieval.settings import RetrievalSettings
     from searchrl.config import load_settings
+    from searchrl.retrieval.settings import RetrievalSettings
 
     return load_settings(RetrievalSettings, **given(args, *names))
 
 
 def _build(args: argparse.Namespace) -> int:
-    from retrieval.indexing import ensure_index, load_manifest
     from searchrl.logs import setup_logging
+    from searchrl.retrieval.indexing import ensure_index, load_manifest
 
     setup_logging()
     settings = _settings(
@@ -120,8 +120,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from retrieval.prebuilt import download
     from searchrl.logs import setup_logging
+    from searchrl.retrieval.prebuilt import download
 
     setup_logging()
     settings = _settings(args, "data_dir")

@@ -47,11 +47,11 @@ def register_eval(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from retrieval.settings import RetrievalSettings
     from searchrl.bench.index_eval import format_index_eval, run_index_eval
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
+    from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()
     settings = load_settings(

@@ -37,11 +37,11 @@ def register_recall(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _recall(args: argparse.Namespace) -> int:
-    from retrieval.recall import as_dict, format_table, load_qa, measure_recall, pairwise_table
-    from retrieval.settings import RetrievalSettings
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
+    from searchrl.retrieval.recall import as_dict, format_table, load_qa, measure_recall, pairwise_table
+    from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()
     if args.k < 1:

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
     """call(query) through the verl SearchTool (what rollouts run), its client's stats, and close."""
-    from trainer.tool import SearchTool
+    from searchrl.trainer.tool import SearchTool
 
     # verl's BaseTool prints the tool schema on stdout; stdout carries only the results table here
     with contextlib.redirect_stdout(sys.stderr):
@@ -66,11 +66,11 @@ def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from retrieval.settings import RetrievalSettings
     from searchrl.bench.reliability import SCENARIOS, render_table, run_all
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
+    from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()
     only = [s.strip() for s in getattr(args, "only", ",".join(SCENARIOS)).split(",") if s.strip()]

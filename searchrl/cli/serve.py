@@ -48,10 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from retrieval.server import run_server
-    from retrieval.settings import RetrievalSettings
     from searchrl.config import load_settings
     from searchrl.logs import setup_logging
+    from searchrl.retrieval.server import run_server
+    from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()
     settings = load_settings(

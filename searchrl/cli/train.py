@@ -55,7 +55,7 @@ def _add_settings_flags(p: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace):  # -> TrainSettings
     from searchrl.config import load_settings
-    from trainer.settings import TrainSettings
+    from searchrl.trainer.settings import TrainSettings
 
     names = [dest for _, dest, _, _ in _SETTINGS_FLAGS] + ["retrieval_urls"]
     return load_settings(TrainSettings, **given(args, *names))
@@ -123,7 +123,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _data(args: argparse.Namespace) -> int:
     from searchrl.logs import setup_logging
-    from trainer.data import prepare_data
+    from searchrl.trainer.data import prepare_data
 
     setup_logging()
     result = prepare_data(_settings(args), force=getattr(args, "force", False))
@@ -136,7 +136,7 @@ def _tool_config(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from searchrl.logs import setup_logging
-    from trainer.toolconfig import write_tool_config
+    from searchrl.trainer.toolconfig import write_tool_config
 
     setup_logging()
     output = getattr(args, "output", None)
@@ -145,7 +145,7 @@ def _tool_config(args: argparse.Namespace) -> int:
 
 
 def _overrides(args: argparse.Namespace) -> int:
-    from trainer.overrides import render_overrides
+    from searchrl.trainer.overrides import render_overrides
 
     for line in render_overrides(_settings(args)):
         print(line)  # noqa: T201
@@ -154,7 +154,7 @@ def _overrides(args: argparse.Namespace) -> int:
 
 def _local(args: argparse.Namespace) -> int:
     from searchrl.logs import setup_logging
-    from trainer.launch import train_local
+    from searchrl.trainer.launch import train_local
 
     setup_logging()
     return train_local(_settings(args))
@@ -164,7 +164,7 @@ def _merge(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from searchrl.logs import setup_logging
-    from trainer.merge import merge_latest
+    from searchrl.trainer.merge import merge_latest
 
     setup_logging()
     settings = _settings(args)
@@ -178,7 +178,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _lock(args: argparse.Namespace) -> int:
     from searchrl.logs import setup_logging
-    from trainer.lock import write_locks
+    from searchrl.trainer.lock import write_locks
 
     setup_logging()
     for path in write_locks():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import retrieval
+from searchrl import retrieval
 
 RETRIEVAL = Path(retrieval.__file__).parent
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 from pydantic import SecretStr
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.settings import RetrievalSettings
 from searchrl.bench.reliability import (
     big_body,
     client_call,
@@ -49,8 +49,9 @@ def test_schema_fuzzing_finds_nothing_and_the_service_stays_healthy(
 ) -> None:
     """schemathesis, every check, positive and negative data, against the real app in uvicorn with the
     service's own protocol settings (header deadline, connection cap); with and without auth."""
-    from retrieval.app import create_app
-    from retrieval.server import make_config
+    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.server import make_config
+
     from tests.live import serve_in_thread
 
     settings = settings.model_copy(update={"api_key": SecretStr(token) if token else None})
@@ -110,7 +111,7 @@ def test_400_slow_connections_are_closed_by_the_server(settings: RetrievalSettin
 
 def test_128_clients_every_answer_correct_none_lost(settings: RetrievalSettings, tmp_path: Path) -> None:
     async def go() -> tuple[object, dict]:
-        from retrieval.client import RetrievalClient
+        from searchrl.retrieval.client import RetrievalClient
 
         with replicas(settings, 1, tmp_path) as (r,):
             async with RetrievalClient(r.url, max_retries=5) as client:

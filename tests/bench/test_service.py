@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from searchrl.retrieval.app import create_app
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.app import create_app
-from retrieval.settings import RetrievalSettings
 from searchrl.bench.service import QueryPool, Scenario, bench_queries, format_report, run_scenario
 from searchrl.cli import main
 from searchrl.errors import SearchRLError

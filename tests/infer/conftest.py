@@ -120,7 +120,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path) 
 
 @pytest.fixture(scope="session")
 def chat_renderer(chat_tokenizer_dir: Path):  # -> ChatRenderer
-    from infer.llm import ChatRenderer
+    from searchrl.infer.llm import ChatRenderer
 
     return ChatRenderer.from_pretrained(str(chat_tokenizer_dir))
 

@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from searchrl.retrieval.app import create_app
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.app import create_app
-from retrieval.settings import RetrievalSettings
 from searchrl.cli import main
 from tests.infer.conftest import build_tokenizer
 from tests.live import serve_in_thread

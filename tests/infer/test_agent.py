@@ -8,8 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from infer.agent import (
+from searchrl.infer.agent import (
     STOP_MALFORMED,
     STOP_MAX_TURNS,
     STOP_NO_TOOL_CALL,
@@ -18,8 +17,9 @@ from infer.agent import (
     SearchAgent,
     run_questions,
 )
-from infer.llm import ChatRenderer, Sampling, ServerLLM
-from retrieval.client import RetrievalClient
+from searchrl.infer.llm import ChatRenderer, Sampling, ServerLLM
+from searchrl.retrieval.client import RetrievalClient
+
 from searchrl.prompt import build_messages
 from searchrl.rollout import RolloutSpec, training_tool_schemas
 from tests.conftest import TINY_QA
@@ -247,10 +247,10 @@ def test_observations_match_the_trainers_tool(
     scripted, live_bm25_url: str, chat_renderer: ChatRenderer
 ) -> None:
     """With default settings on both sides, the eval loop shows the model what the training tool showed it."""
-    from infer.settings import InferSettings
-    from trainer.settings import TrainSettings
-    from trainer.tool import SearchTool
-    from trainer.toolconfig import render_tool_config
+    from searchrl.infer.settings import InferSettings
+    from searchrl.trainer.settings import TrainSettings
+    from searchrl.trainer.tool import SearchTool
+    from searchrl.trainer.toolconfig import render_tool_config
 
     tool_cfg = render_tool_config(TrainSettings(retrieval_urls=[live_bm25_url]))["tools"][0]["config"]
     tool = SearchTool(tool_cfg)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from searchrl.infer.budget import plan_search_budget
 
-from infer.budget import plan_search_budget
 from searchrl.cli import main
 from tests.conftest import TINY_QA
 

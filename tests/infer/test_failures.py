@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from searchrl.infer.report import load_runs
+from searchrl.retrieval.app import create_app
 
-from infer.report import load_runs
-from retrieval.app import create_app
 from searchrl.cli import main
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts

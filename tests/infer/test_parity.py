@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from searchrl.infer.agent import STOP_NO_TOOL_CALL, STOP_RESPONSE_BUDGET, AgentConfig, SearchAgent
+from searchrl.infer.llm import ChatRenderer, Completion, Sampling
+from searchrl.infer.settings import InferSettings
+from searchrl.retrieval.client import RetrievalClient
+from searchrl.trainer.data import prepare_data
+from searchrl.trainer.overrides import render_overrides
+from searchrl.trainer.toolconfig import write_tool_config
 
-from infer.agent import STOP_NO_TOOL_CALL, STOP_RESPONSE_BUDGET, AgentConfig, SearchAgent
-from infer.llm import ChatRenderer, Completion, Sampling
-from infer.settings import InferSettings
-from retrieval.client import RetrievalClient
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_messages
 from searchrl.rollout import TRAINING_TOOL_SCHEMA, training_tool_schemas, verl_rendered_schema
 from tests.trainer.conftest import (
@@ -30,9 +33,6 @@ from tests.trainer.conftest import (
     qa_sample,
 )
 from tests.trainer.test_agent_loop import _dataset_row, _run_loop, _settings
-from trainer.data import prepare_data
-from trainer.overrides import render_overrides
-from trainer.toolconfig import write_tool_config
 
 __all__ = ["compose", "offline_tokenizer", "qa_sample"]  # fixtures re-used from the trainer tests
 

@@ -8,8 +8,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from searchrl.infer.report import disagreements, load_runs, parse_backends, parse_models, parse_tools
 
-from infer.report import disagreements, load_runs, parse_backends, parse_models, parse_tools
 from searchrl.cli import main
 from searchrl.errors import ConfigError, DataError
 from tests.conftest import TINY_CORPUS, TINY_QA
@@ -61,8 +61,9 @@ class _SummaryTable(HTMLParser):
 
 @pytest.fixture(scope="module")
 def live_dense_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from retrieval.app import create_app
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.settings import RetrievalSettings
+
     from tests.live import serve_in_thread
 
     settings = RetrievalSettings(

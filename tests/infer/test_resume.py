@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from searchrl.infer.llm import _retry_delay
+from searchrl.infer.report import check_comparable, load_runs
 
-from infer.llm import _retry_delay
-from infer.report import check_comparable, load_runs
 from searchrl.cli import main
 from searchrl.errors import ConfigError
 from tests.conftest import TINY_QA

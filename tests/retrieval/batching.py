@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from retrieval.backends.base import Backend
-from retrieval.batcher import Batcher
-from retrieval.schemas import Document, ScoredDocument
+from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.batcher import Batcher
+from searchrl.retrieval.schemas import Document, ScoredDocument
 
 DIM = 256
 _WORD = re.compile(r"\w+")

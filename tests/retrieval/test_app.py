@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from searchrl.retrieval.app import create_app
+from searchrl.retrieval.server import check_bind
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.app import create_app
-from retrieval.server import check_bind
-from retrieval.settings import RetrievalSettings
 from searchrl.errors import ConfigError
 from tests.live import serve_in_thread
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from searchrl.retrieval.batcher import Batcher, normalize_query
+from searchrl.retrieval.schemas import ScoredDocument
 
-from retrieval.batcher import Batcher, normalize_query
-from retrieval.schemas import ScoredDocument
 from searchrl.errors import BackendError, OverloadedError
 from tests.conftest import TINY_CORPUS
 from tests.retrieval.batching import HashedFlatSearch
@@ -213,8 +213,8 @@ def test_close_drains_queued_requests_then_refuses() -> None:
 
 def test_dense_backend_burst_matches_unbatched_search(session_data_dir: Path) -> None:
     """The real encoder + FAISS behind the batcher: a mixed-topk burst equals one-query-at-a-time search."""
-    from retrieval.backends.dense import DenseBackend
-    from retrieval.settings import RetrievalSettings
+    from searchrl.retrieval.backends.dense import DenseBackend
+    from searchrl.retrieval.settings import RetrievalSettings
 
     settings = RetrievalSettings(
         backend="dense", corpus=str(TINY_CORPUS), data_dir=session_data_dir, batch_wait_ms=20, cache_size=0

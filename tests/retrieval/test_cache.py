@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from searchrl.retrieval.backends import build_backend
+from searchrl.retrieval.cache import CachedBackend, QueryCache, cache_namespace, normalise_query
+from searchrl.retrieval.schemas import Document, ScoredDocument
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.backends import build_backend
-from retrieval.cache import CachedBackend, QueryCache, cache_namespace, normalise_query
-from retrieval.schemas import Document, ScoredDocument
-from retrieval.settings import RetrievalSettings
 from searchrl.errors import BackendError, ConfigError
 from tests.retrieval.fake_web import CSE_ID, GOOGLE_KEY, FakeSearchAPIs, web_settings
 
@@ -217,8 +217,7 @@ def test_replay_over_a_local_backend_needs_no_index(tmp_path: Path, bm25_setting
 def test_replay_miss_is_a_404_through_the_app(tmp_path: Path) -> None:
     """A replay miss can never succeed on retry, so it must not be a 5xx that clients retry."""
     from fastapi.testclient import TestClient
-
-    from retrieval.app import create_app
+    from searchrl.retrieval.app import create_app
 
     settings = RetrievalSettings(
         backend="bm25", data_dir=tmp_path, cache_mode="replay", cache_path=tmp_path / "empty.sqlite"

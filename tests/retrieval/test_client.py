@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from searchrl.retrieval.client import CircuitBreaker, RetrievalClient, check_health
 
-from retrieval.client import CircuitBreaker, RetrievalClient, check_health
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from tests.live import free_port, serve_in_thread
 

@@ -10,9 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from retrieval import bundled, corpus
-from retrieval.corpus import (
+from searchrl.retrieval import bundled, corpus
+from searchrl.retrieval.corpus import (
     DocStore,
     Passage,
     build_offsets,
@@ -21,6 +20,7 @@ from retrieval.corpus import (
     iter_passages,
     iter_rows_with_offsets,
 )
+
 from searchrl.errors import CorpusError
 from tests.conftest import TINY_CORPUS
 

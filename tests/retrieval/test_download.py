@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from searchrl.retrieval import download as dl
+from searchrl.retrieval import prebuilt
+from searchrl.retrieval.corpus import iter_passages
+from searchrl.retrieval.indexing import FAISS_FILE, index_dir_for, load_manifest, verify_manifest
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval import download as dl
-from retrieval import prebuilt
-from retrieval.corpus import iter_passages
-from retrieval.indexing import FAISS_FILE, index_dir_for, load_manifest, verify_manifest
-from retrieval.settings import RetrievalSettings
 from searchrl.cli import main
 from searchrl.errors import CorpusError, IndexLoadError
 from tests.conftest import TINY_CORPUS
@@ -113,7 +113,7 @@ def test_download_wiki18_100k_prebuilt_index(hub: FakeHub, tmp_path: Path) -> No
         "query: ",
         "passage: ",
     )
-    from retrieval.encoder import resolve_encoder
+    from searchrl.retrieval.encoder import resolve_encoder
 
     verify_manifest(
         m,
@@ -173,4 +173,6 @@ def test_download_module_does_not_import_indexing() -> None:
     tree = ast.parse(Path(dl.__file__).read_text(encoding="utf-8"))
     imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m.startswith(("retrieval.indexing", "retrieval.prebuilt"))}
+    assert not {
+        m for m in imported if m.startswith(("searchrl.retrieval.indexing", "searchrl.retrieval.prebuilt"))
+    }

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from retrieval.encoder import (
+from searchrl.retrieval.encoder import (
     BGE_QUERY_INSTRUCTION,
     Encoder,
     EncoderSpec,
     bundled_minilm_path,
     resolve_encoder,
 )
+
 from searchrl.errors import ConfigError
 from tests.conftest import TINY_CORPUS
 
@@ -190,7 +190,12 @@ def test_missing_weights_are_a_config_error(tmp_path: Path, monkeypatch: pytest.
 @pytest.mark.parametrize("name", ["e5-tiny", "bge-tiny"])
 def test_onnx_export_matches_torch_and_is_cached(tiny_models: Path, tmp_path: Path, name: str) -> None:
     pytest.importorskip("onnxruntime")
-    from retrieval.encoder_export import OnnxEncoder, ensure_export, read_sidecar, weights_fingerprint
+    from searchrl.retrieval.encoder_export import (
+        OnnxEncoder,
+        ensure_export,
+        read_sidecar,
+        weights_fingerprint,
+    )
 
     torch_enc = Encoder.load(str(tiny_models / name), device="cpu", precision="fp32")
     queries = ["who wrote hamlet", "capital of france and its largest museum", "x"]
@@ -220,7 +225,7 @@ def test_onnx_export_matches_torch_and_is_cached(tiny_models: Path, tmp_path: Pa
 def test_onnx_export_follows_the_weights(tiny_models: Path, tmp_path: Path) -> None:
     """Changed weights get a new fingerprint (a new export); a tampered file is exported again."""
     pytest.importorskip("onnxruntime")
-    from retrieval.encoder_export import ensure_export, read_sidecar, weights_fingerprint
+    from searchrl.retrieval.encoder_export import ensure_export, read_sidecar, weights_fingerprint
 
     enc = Encoder.load(str(tiny_models / "e5-tiny"), device="cpu", precision="fp32")
     first = weights_fingerprint(enc)

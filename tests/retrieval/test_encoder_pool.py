@@ -7,9 +7,8 @@ import threading
 
 import numpy as np
 import pytest
-
-from retrieval.encoder import Encoder
-from retrieval.encoder_pool import EncoderPool, core_sets, own_tokenizer
+from searchrl.retrieval.encoder import Encoder
+from searchrl.retrieval.encoder_pool import EncoderPool, core_sets, own_tokenizer
 
 pytest.importorskip("torch")
 

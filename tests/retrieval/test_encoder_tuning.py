@@ -11,18 +11,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from retrieval import encoder_tuning as tuning
-from retrieval.encoder import Encoder, bundled_minilm_path
-from retrieval.encoder_tuning import (
+from searchrl.retrieval import encoder_tuning as tuning
+from searchrl.retrieval.encoder import Encoder, bundled_minilm_path
+from searchrl.retrieval.encoder_tuning import (
     candidate_names,
     has_fast_bf16,
     layouts,
     recall_at_k,
     tune,
 )
-from retrieval.queries import sample_queries
-from retrieval.settings import RetrievalSettings
+from searchrl.retrieval.queries import sample_queries
+from searchrl.retrieval.settings import RetrievalSettings
+
 from searchrl.errors import ConfigError
 from tests.conftest import DEV_QA, TINY_CORPUS
 
@@ -185,7 +185,7 @@ def test_gate_refuses_an_encoder_that_disagrees(
 
 
 def test_autotune_off_serves_the_settings(tiny_e5: Encoder, tiny_index: object, tmp_path: Path) -> None:
-    from retrieval.encoder_tuning import serving_encoder
+    from searchrl.retrieval.encoder_tuning import serving_encoder
 
     settings = _settings(autotune=False, encoder_workers=2, threads=2)
     pool, report = serving_encoder(settings, tiny_e5, tiny_index, tmp_path, "idx", TINY_CORPUS)
@@ -201,8 +201,7 @@ def test_autotune_off_serves_the_settings(tiny_e5: Encoder, tiny_index: object, 
 def test_get_root_reports_the_tuned_encoder(tmp_path: Path) -> None:
     """The real app with the bundled MiniLM: the choice and its measured q/s are in GET /."""
     from fastapi.testclient import TestClient
-
-    from retrieval.app import create_app
+    from searchrl.retrieval.app import create_app
 
     settings = RetrievalSettings(
         backend="dense", corpus=str(TINY_CORPUS), data_dir=tmp_path, autotune_seconds=0.05, gate_queries=40
@@ -223,7 +222,7 @@ def test_get_root_reports_the_tuned_encoder(tmp_path: Path) -> None:
 def test_workers_share_weights_unless_they_need_their_own_thread_pool(
     tiny_e5: Encoder, tmp_path: Path
 ) -> None:
-    from retrieval.encoder_tuning import Choice, make_pool
+    from searchrl.retrieval.encoder_tuning import Choice, make_pool
 
     one_thread = make_pool(Choice("onnx-fp32", 2, 1, 16), tiny_e5, tmp_path, "fp")
     two_threads = make_pool(Choice("onnx-fp32", 2, 2, 16), tiny_e5, tmp_path, "fp")
@@ -246,7 +245,7 @@ def test_a_failed_export_falls_back_with_one_line(
     tiny_e5: Encoder, tiny_index: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An index directory the service cannot write to (a read-only bucket mount): ONNX is refused, torch serves."""
-    import retrieval.encoder_export as export
+    import searchrl.retrieval.encoder_export as export
 
     def read_only(*args: object, **kw: object) -> Path:
         raise PermissionError(13, "Permission denied", str(tmp_path / "encoders"))

@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from retrieval import indexing
-from retrieval.corpus import corpus_checksum
-from retrieval.encoder import Encoder, resolve_encoder
-from retrieval.indexing import (
+from searchrl.retrieval import indexing
+from searchrl.retrieval.corpus import corpus_checksum
+from searchrl.retrieval.encoder import Encoder, resolve_encoder
+from searchrl.retrieval.indexing import (
     FAISS_FILE,
     OFFSETS,
     build_bm25_index,
@@ -22,7 +21,8 @@ from retrieval.indexing import (
     resolve_corpus,
     verify_manifest,
 )
-from retrieval.settings import RetrievalSettings
+from searchrl.retrieval.settings import RetrievalSettings
+
 from searchrl import __version__
 from searchrl.errors import ConfigError, IndexLoadError
 from tests.conftest import TINY_CORPUS
@@ -183,7 +183,7 @@ def test_resolve_corpus_variants(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert bundled == tmp_path / "corpora" / "wiki-bundled-en.jsonl"
     calls = []
     monkeypatch.setattr(
-        "retrieval.download.download_corpus", lambda name, d: calls.append((name, d)) or TINY_CORPUS
+        "searchrl.retrieval.download.download_corpus", lambda name, d: calls.append((name, d)) or TINY_CORPUS
     )
     assert resolve_corpus(s.model_copy(update={"corpus": "wiki18-100k"})) == TINY_CORPUS
     assert calls == [("wiki18-100k", tmp_path)]
@@ -225,7 +225,7 @@ def test_ensure_index_without_build_if_missing(tmp_path: Path) -> None:
 def test_ensure_index_never_builds_dense_wiki18_implicitly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("retrieval.download.download_corpus", lambda name, d: TINY_CORPUS)
+    monkeypatch.setattr("searchrl.retrieval.download.download_corpus", lambda name, d: TINY_CORPUS)
     s = RetrievalSettings(data_dir=tmp_path, corpus="wiki18-100k", encoder="intfloat/e5-base-v2")
     with pytest.raises(IndexLoadError) as exc:
         ensure_index(s, "dense")

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from searchrl.retrieval.app import create_app
+from searchrl.retrieval.ratelog import RateLimitedLog
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.app import create_app
-from retrieval.ratelog import RateLimitedLog
-from retrieval.settings import RetrievalSettings
 from searchrl.errors import ConfigError
 from tests.conftest import TINY_CORPUS, TINY_QA
 from tests.retrieval.batching import BatchedBackend, HashedFlatSearch
@@ -65,7 +65,8 @@ def test_bad_key_file_is_a_config_error(tmp_path: Path, content: str) -> None:
 
 @pytest.mark.live
 def test_token_never_appears_in_logs_metrics_errors_ps_or_run_record(tmp_path: Path) -> None:
-    from retrieval.indexing import ensure_index
+    from searchrl.retrieval.indexing import ensure_index
+
     from tests.live import free_port
 
     settings = _settings(data_dir=tmp_path / "data")
@@ -125,8 +126,8 @@ def _eval_run_record(url: str, token: str) -> str:
     import asyncio
     import json
 
-    from infer.evaluate import build_protocol, fetch_retrieval_info
-    from infer.settings import InferSettings
+    from searchrl.infer.evaluate import build_protocol, fetch_retrieval_info
+    from searchrl.infer.settings import InferSettings
 
     settings = InferSettings(retrieval_url=url, retrieval_api_key=token)
     info = asyncio.run(fetch_retrieval_info(settings.retrieval_urls, token))
@@ -270,7 +271,8 @@ def test_integral_float_topk_is_an_integer_as_json_schema_says() -> None:
 
 @pytest.mark.live
 def test_oversized_headers_get_431_and_a_closed_connection() -> None:
-    from retrieval.server import make_config
+    from searchrl.retrieval.server import make_config
+
     from tests.live import serve_in_thread
 
     settings = _settings(max_header_bytes=4096)
@@ -294,7 +296,8 @@ def test_dashboard_and_alerts_use_exported_metric_names() -> None:
     import json
     import re
 
-    from retrieval.metrics import RetrievalMetrics
+    from searchrl.retrieval.metrics import RetrievalMetrics
+
     from tests.conftest import REPO
 
     exported = set(re.findall(r"^# TYPE (\S+) ", RetrievalMetrics().render().decode(), flags=re.M))
@@ -317,7 +320,7 @@ def test_reliability_cli_unknown_scenario_is_one_line_exit_2(capsys: pytest.Capt
 
 
 def test_uvicorn_warning_floods_are_aggregated(caplog: pytest.LogCaptureFixture) -> None:
-    from retrieval.ratelog import RateLimitFilter
+    from searchrl.retrieval.ratelog import RateLimitFilter
 
     now = [0.0]
     logger = logging.getLogger("test.uvicorn.flood")

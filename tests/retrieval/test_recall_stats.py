@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from retrieval.recall import RecallResult, format_table, pairwise_table
+from searchrl.retrieval.recall import RecallResult, format_table, pairwise_table
+
 from searchrl.stats import bootstrap_ci
 
 

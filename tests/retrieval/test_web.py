@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from searchrl.retrieval.backends import build_backend
+from searchrl.retrieval.backends.web import DailyBudget, GoogleCSEBackend, SearxngBackend, SerperBackend
+from searchrl.retrieval.settings import RetrievalSettings
 
-from retrieval.backends import build_backend
-from retrieval.backends.web import DailyBudget, GoogleCSEBackend, SearxngBackend, SerperBackend
-from retrieval.settings import RetrievalSettings
 from searchrl.errors import BackendError, ConfigError, QuotaExceededError
 from tests.retrieval.fake_web import (
     CSE_ID,
@@ -256,7 +256,7 @@ def test_searxng_pages_until_topk(fake: FakeSearchAPIs) -> None:
 @pytest.mark.live
 def test_errors_reach_the_client_as_http_errors(fake: FakeSearchAPIs) -> None:
     """Through the real app: results are 200, upstream failure is 502, spent budget is 429, never []."""
-    from retrieval.app import create_app
+    from searchrl.retrieval.app import create_app
 
     app = create_app(web_settings(fake, web_max_retries=0, web_daily_budget=3))
     with TestClient(app) as client:

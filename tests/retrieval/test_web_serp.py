@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from searchrl.retrieval.app import create_app
+from searchrl.retrieval.backends import build_backend
+from searchrl.retrieval.backends.web import SerpApiBackend, SerperBackend, best_passage, page_text
 
-from retrieval.app import create_app
-from retrieval.backends import build_backend
-from retrieval.backends.web import SerpApiBackend, SerperBackend, best_passage, page_text
 from searchrl.errors import BackendError, QuotaExceededError
 from tests.retrieval.fake_web import SERPAPI_KEY, FakeSearchAPIs, serve_fake, web_settings
 

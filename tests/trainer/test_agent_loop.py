@@ -3,7 +3,7 @@
 The only fake is the LLM (it cannot run here): a server_manager whose generate() returns verl's TokenOutput with
 the token ids of scripted replies. Everything else is real: data prep -> parquet -> verl's RLHFDataset row ->
 ToolAgentLoop.run() with the tool verl loads from our YAML -> uvicorn BM25 service -> observation tokens ->
-verl's reward manager calling our reward function through `pkg://trainer.reward`.
+verl's reward manager calling our reward function through `pkg://searchrl.trainer.reward`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from searchrl.trainer.data import prepare_data
+from searchrl.trainer.overrides import render_overrides
+from searchrl.trainer.settings import TrainSettings
+from searchrl.trainer.toolconfig import write_tool_config
 
 from tests.trainer.conftest import SCRIPTED_TEXTS, SEVENTH_SEAL_QUESTION
-from trainer.data import prepare_data
-from trainer.overrides import render_overrides
-from trainer.settings import TrainSettings
-from trainer.toolconfig import write_tool_config
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -196,7 +196,7 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     changes = np.flatnonzero(np.diff(mask)).size
     assert changes == 2 and mask[0] == 1 and mask[-1] == 1
 
-    # verl's reward manager, loading our reward via pkg://trainer.reward: EM 1.0, with F1/format/search metrics.
+    # verl's reward manager, loading our reward via pkg://searchrl.trainer.reward: EM 1.0, with F1/format/search metrics.
     assert reward["reward_score"] == 1.0
     info = reward["reward_extra_info"]
     assert info["em"] == 1.0 and info["f1"] == 1.0 and info["format_valid"] == 1.0
@@ -213,11 +213,12 @@ def test_failed_searches_stop_the_run_through_verls_reward_path(
 ):
     """Dead service -> our tool's failure kinds in the loop's extra_fields -> verl's reward manager -> our reward
     function with the limits from reward_kwargs -> SearchFailureRateError out of verl's scoring call."""
-    import trainer.reward
+    import searchrl.trainer.reward
+
     from searchrl.errors import SearchFailureRateError
     from tests.live import free_port
 
-    monkeypatch.setattr(trainer.reward, "_windows", {})
+    monkeypatch.setattr(searchrl.trainer.reward, "_windows", {})
     settings = _settings(tmp_path, qa_sample, f"http://127.0.0.1:{free_port()}").model_copy(
         update={"retrieval_max_retries": 0, "max_search_failure_rate": 0.5, "search_failure_window": 10}
     )

@@ -13,18 +13,18 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from searchrl.errors import CheckpointError
-from tests.conftest import REPO
-from trainer.checkpoint import (
+from searchrl.trainer.checkpoint import (
     TRACKER_FILE,
     check_resume,
     inspect_checkpoint,
     shard_problem,
     wait_for_checkpoint,
 )
-from trainer.launch import prepare_launch
-from trainer.settings import TrainSettings
+from searchrl.trainer.launch import prepare_launch
+from searchrl.trainer.settings import TrainSettings
+
+from searchrl.errors import CheckpointError
+from tests.conftest import REPO
 
 WORLD = 4
 KINDS = ("model", "optim", "extra_state")
@@ -144,19 +144,19 @@ def test_resume_refuses_a_short_shard_and_names_the_last_complete_step(tmp_path:
 def test_train_local_checks_the_resume_step_before_any_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainer.launch
+    import searchrl.trainer.launch
 
     actor = write_checkpoint(tmp_path / "ckpt" / "exp", 30)
     (actor / "extra_state_world_size_4_rank_1.pt").unlink()
     monkeypatch.setattr(
-        trainer.launch, "prepare_data", lambda *a, **k: pytest.fail("must refuse before data")
+        searchrl.trainer.launch, "prepare_data", lambda *a, **k: pytest.fail("must refuse before data")
     )
-    monkeypatch.setattr(trainer.launch, "check_stack", lambda *a, **k: "580.65.06")  # no GPU here
+    monkeypatch.setattr(searchrl.trainer.launch, "check_stack", lambda *a, **k: "580.65.06")  # no GPU here
     settings = TrainSettings(
         checkpoint_dir=tmp_path / "ckpt", experiment_name="exp", gpus_per_node=1, checkpoint_wait_s=0
     )
     # the run's own record: the settings check passes, the shard check does not
-    trainer.launch.record_run(settings, [])
+    searchrl.trainer.launch.record_run(settings, [])
     with pytest.raises(
         CheckpointError,
         match=r"not resuming: .*rank 1 extra_state shard .* is missing; .*; no earlier complete step",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from searchrl.trainer.overrides import render_overrides
+from searchrl.trainer.settings import TrainSettings
 
 from searchrl.cli import main
-from trainer.overrides import render_overrides
-from trainer.settings import TrainSettings
 
 
 def test_overrides_prints_one_per_line(capsys, monkeypatch):
@@ -59,8 +59,8 @@ def test_data_and_tool_config(tmp_path, capsys, qa_sample):
 
 
 def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
-    import trainer.merge
-    from trainer.merge import MergeResult
+    import searchrl.trainer.merge
+    from searchrl.trainer.merge import MergeResult
 
     seen = {}
 
@@ -73,7 +73,7 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
             num_parameters=None,
         )
 
-    monkeypatch.setattr(trainer.merge, "merge_latest", fake_merge)
+    monkeypatch.setattr(searchrl.trainer.merge, "merge_latest", fake_merge)
     rc = main(
         [
             "train",
@@ -116,7 +116,7 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
 )
 def test_errors_are_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("trainer.launch.count_gpus", lambda: 0)  # the same answer on a GPU machine
+    monkeypatch.setattr("searchrl.trainer.launch.count_gpus", lambda: 0)  # the same answer on a GPU machine
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
@@ -130,14 +130,16 @@ def test_bare_train_shows_help(capsys):
 def test_lock_prints_the_written_locks_and_fails_in_one_line(capsys, monkeypatch):
     from searchrl.errors import ConfigError
 
-    monkeypatch.setattr("trainer.lock.write_locks", lambda: [Path("requirements/gpu-vllm-py311.txt")])
+    monkeypatch.setattr(
+        "searchrl.trainer.lock.write_locks", lambda: [Path("requirements/gpu-vllm-py311.txt")]
+    )
     assert main(["train", "lock"]) == 0
     assert capsys.readouterr().out.splitlines() == ["requirements/gpu-vllm-py311.txt"]
 
     def no_solution():
         raise ConfigError("requirements/gpu-vllm-py311.txt does not resolve: No solution found ...")
 
-    monkeypatch.setattr("trainer.lock.write_locks", no_solution)
+    monkeypatch.setattr("searchrl.trainer.lock.write_locks", no_solution)
     assert main(["train", "lock"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: requirements/gpu-vllm-py311.txt does not resolve: No solution found ..."

@@ -6,12 +6,19 @@ from __future__ import annotations
 import json
 
 import pytest
+from searchrl.trainer.launch import (
+    check_corpus,
+    check_gpus,
+    check_resume,
+    prepare_launch,
+    record_run,
+    train_local,
+)
+from searchrl.trainer.overrides import main_ppo_command, render_overrides
+from searchrl.trainer.settings import TrainSettings
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from tests.live import free_port
-from trainer.launch import check_corpus, check_gpus, check_resume, prepare_launch, record_run, train_local
-from trainer.overrides import main_ppo_command, render_overrides
-from trainer.settings import TrainSettings
 
 
 def _settings(tmp_path, qa_sample, urls, **kw):
@@ -34,11 +41,11 @@ NEW_DRIVER = "580.95.05"
 @pytest.fixture(autouse=True)
 def _cpu_torch(monkeypatch):
     """The driver check reads the lock, as with a CPU torch, whatever torch this machine has."""
-    monkeypatch.setattr("trainer.launch.installed_cuda", lambda: None)
+    monkeypatch.setattr("searchrl.trainer.launch.installed_cuda", lambda: None)
 
 
 def test_no_gpu_so_launch_stops_first(tmp_path, qa_sample, monkeypatch):
-    monkeypatch.setattr("trainer.launch.count_gpus", lambda: 0)
+    monkeypatch.setattr("searchrl.trainer.launch.count_gpus", lambda: 0)
     settings = _settings(tmp_path, qa_sample, ["http://127.0.0.1:1"])
     with pytest.raises(ConfigError, match="no GPU on this machine"):
         train_local(settings, runner=lambda cmd: pytest.fail("must not start verl"))
@@ -120,9 +127,11 @@ def test_old_driver_stops_before_any_work(tmp_path, qa_sample, nvidia_smi):
 
 
 def test_driver_is_checked_against_the_installed_torch_when_it_has_cuda(monkeypatch, nvidia_smi):
-    from trainer.launch import check_stack
+    from searchrl.trainer.launch import check_stack
 
-    monkeypatch.setattr("trainer.launch.installed_cuda", lambda: (12, 8))  # e.g. verl's image, not our lock
+    monkeypatch.setattr(
+        "searchrl.trainer.launch.installed_cuda", lambda: (12, 8)
+    )  # e.g. verl's image, not our lock
     assert check_stack(TrainSettings(), nvidia_smi=nvidia_smi("570.86.15")) == "570.86.15"
     with pytest.raises(
         ConfigError, match=r"driver 560\.35\.03 is too old for CUDA 12\.8 of the installed torch"
@@ -131,7 +140,7 @@ def test_driver_is_checked_against_the_installed_torch_when_it_has_cuda(monkeypa
 
 
 def test_flash_attention_without_flash_attn_is_refused(monkeypatch, nvidia_smi):
-    from trainer.launch import check_stack
+    from searchrl.trainer.launch import check_stack
 
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     settings = TrainSettings(attn_implementation="flash_attention_2")
@@ -224,7 +233,7 @@ def test_checkpoints_without_a_record_are_not_resumed(tmp_path):
 
 
 def test_finished_run_is_not_trained_again(tmp_path, qa_sample, nvidia_smi, caplog):
-    caplog.set_level("INFO", logger="trainer.launch")
+    caplog.set_level("INFO", logger="searchrl.trainer.launch")
     settings = _settings(tmp_path, qa_sample, ["http://127.0.0.1:1"], total_steps=20)
     record_run(settings, [])
     _finish(settings, 20)

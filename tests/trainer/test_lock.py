@@ -13,10 +13,7 @@ import pytest
 import tomllib
 import yaml
 from packaging.requirements import Requirement
-
-from searchrl.errors import ConfigError
-from tests.conftest import REPO
-from trainer.lock import (
+from searchrl.trainer.lock import (
     ENGINES,
     PYTHONS,
     LockSpec,
@@ -29,6 +26,9 @@ from trainer.lock import (
     pins,
     uv_binary,
 )
+
+from searchrl.errors import ConfigError
+from tests.conftest import REPO
 
 SKY = REPO / "sky"
 TRAIN_YAMLS = ("train.yaml", "train-single.yaml")

@@ -7,10 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
+from searchrl.trainer.merge import (
+    TRACKER_FILE,
+    find_latest_checkpoint,
+    merge_latest,
+    run_verl_merger,
+    verify_hf_model,
+)
 
 from searchrl.errors import CheckpointError
 from tests.live import free_port
-from trainer.merge import TRACKER_FILE, find_latest_checkpoint, merge_latest, run_verl_merger, verify_hf_model
 
 
 def _tiny_qwen2(seed: int):

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
-from trainer.overrides import REWARD_FN_NAME, REWARD_FN_PATH, hydra_value, main_ppo_command, render_overrides
-from trainer.settings import TrainSettings
+from searchrl.trainer.overrides import (
+    REWARD_FN_NAME,
+    REWARD_FN_PATH,
+    hydra_value,
+    main_ppo_command,
+    render_overrides,
+)
+from searchrl.trainer.settings import TrainSettings
 
 
 def _validated(cfg):
@@ -164,7 +169,7 @@ def test_kl_zero_drops_the_reference_model(compose, tmp_path):
         (1e-6, "1e-06"),
         (["console", "wandb"], "[console,wandb]"),
         ("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B-Instruct"),
-        ("pkg://trainer.reward", "pkg://trainer.reward"),
+        ("pkg://searchrl.trainer.reward", "pkg://searchrl.trainer.reward"),
         ("/a b/c", "'/a b/c'"),
         ("it's", "'it\\'s'"),
         ("null", "'null'"),

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from searchrl.trainer.settings import TrainSettings, redact_url
 
 from searchrl.config import load_settings
 from searchrl.errors import ConfigError
-from trainer.settings import TrainSettings, redact_url
 
 
 def test_defaults_are_the_search_r1_recipe():
@@ -154,7 +154,7 @@ def _verl_schedule(
     ("rows", "batch", "steps"), [(1_000, 512, 1005), (10_000, 512, 1005), (1_000, 16, 4)]
 )
 def test_verl_runs_every_step_the_lr_schedule_assumes(compose, tmp_path, rows, batch, steps, capsys):
-    from trainer.overrides import render_overrides
+    from searchrl.trainer.overrides import render_overrides
 
     settings = TrainSettings(
         data_dir=tmp_path, train_batch_size=batch, total_steps=steps, ppo_mini_batch_size=min(batch, 256)

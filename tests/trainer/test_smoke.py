@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+from searchrl.trainer.merge import TRACKER_FILE
+from searchrl.trainer.reward import compute_score
+from searchrl.trainer.settings import TrainSettings
+from searchrl.trainer.smoke import check_smoke_run, count_searches
 
 from searchrl.errors import SmokeCheckError
 from tests.trainer.test_merge import _write_fsdp_checkpoints
-from trainer.merge import TRACKER_FILE
-from trainer.reward import compute_score
-from trainer.settings import TrainSettings
-from trainer.smoke import check_smoke_run, count_searches
 
 
 def _dump_rollouts(rollout_dir: Path, step: int, searches: list[tuple[int, int]]) -> None:
@@ -102,12 +102,12 @@ def test_smoke_launch_checks_search_checkpoint_and_merge(
 ):
     """`SMOKE=1 searchrl train local` end to end on CPU: bundled-corpus service allowed, verl replaced by a
     function writing verl's files, then the real checks: searches counted, checkpoint found, merged, loaded."""
-    from trainer.launch import train_local
+    from searchrl.trainer.launch import train_local
 
-    caplog.set_level("INFO", logger="trainer.launch")
+    caplog.set_level("INFO", logger="searchrl.trainer.launch")
     monkeypatch.setenv("SMOKE", "1")
     monkeypatch.setattr(
-        "trainer.launch.installed_cuda", lambda: None
+        "searchrl.trainer.launch.installed_cuda", lambda: None
     )  # the lock's CUDA, whatever torch is here
     settings = TrainSettings(
         qa_source=str(qa_sample),

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.live
 
 
 def _tool(urls: list[str], **config: Any):
-    from trainer.tool import SearchTool
+    from searchrl.trainer.tool import SearchTool
 
     fast = {"timeout_s": 2.0, "max_retries": 1, "backoff_base_s": 0.01, "backoff_max_s": 0.02}
     return SearchTool({"type": "native", "retrieval_urls": urls, **fast, **config})
@@ -96,7 +96,7 @@ def test_bare_query_string_is_accepted(live_bm25_url):
 
 
 def test_token_is_read_from_the_named_env_var(bm25_settings, monkeypatch):
-    from retrieval.app import create_app
+    from searchrl.retrieval.app import create_app
 
     secured = bm25_settings.model_copy(update={"api_key": SecretStr("s3cret-token")})
     with serve_in_thread(create_app(secured)) as url:
@@ -132,7 +132,7 @@ def test_non_object_arguments_are_a_bad_arguments_observation(arguments):
 
 def test_observation_fits_the_budget_so_verl_never_truncates_again(live_bm25_url):
     """The tool's cap is verl's max_tool_response_length: an observation cut to it must not grow past it."""
-    from trainer.settings import TrainSettings
+    from searchrl.trainer.settings import TrainSettings
 
     budget = TrainSettings(topk=3, passage_max_chars=60).max_tool_response_chars
     many = [f"Seventh Seal Bergman {i}" for i in range(12)]  # 12 blocks of 3 passages: far above the budget
@@ -154,7 +154,7 @@ def test_failure_kinds_accumulate_per_trajectory():
 def test_client_counters_reach_the_worker_log(live_bm25_url, caplog):
     """Per-URL counters (sent, failed by kind, breaker) in one INFO line per interval: a dead replica shows."""
     tool = _tool([_dead_url(), live_bm25_url], stats_log_interval_s=0)
-    with caplog.at_level("INFO", logger="trainer.tool"):
+    with caplog.at_level("INFO", logger="searchrl.trainer.tool"):
         for _ in range(2):  # least-outstanding ties go round-robin: the dead URL is tried once
             response, _, metrics = _call(tool, {"query_list": [SEVENTH_SEAL_QUESTION]})
             assert metrics["failed"] == 0 and "The Seventh Seal" in response.text

@@ -1,0 +1,197 @@
+"""Import names that cannot collide, and one direction through the tree.
+
+The folders users see stay at the top (`retrieval/`, `trainer/`, `infer/`) but import as `searchrl.retrieval`,
+`searchrl.trainer`, `searchrl.infer` (pyproject's package-dir): a PyPI distribution named `trainer` (TTS stacks
+pull one in) must not shadow the tool and reward verl loads by name on every Ray node.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import tomllib
+
+from tests.conftest import REPO
+from tests.live import free_port
+
+PACKAGE_DIRS = {
+    "searchrl.retrieval": "retrieval",
+    "searchrl.trainer": "trainer",
+    "searchrl.infer": "infer",
+}
+# searchrl's bottom layer: everything else may import it; it imports nothing else of ours.
+BOTTOM = {
+    "searchrl",
+    "searchrl.errors",
+    "searchrl.config",
+    "searchrl.logs",
+    "searchrl.prompt",
+    "searchrl.scoring",
+}
+BOTTOM |= {"searchrl.rollout"}  # shared rollout settings, when present
+# the top: CLI, deployment and benchmarks sit on the libraries; no library imports them.
+TOP_PREFIXES = (
+    "searchrl.cli",
+    "searchrl.__main__",
+    "searchrl.deploy",
+    "searchrl.smoke",
+    "searchrl.bench",
+)
+
+
+def _module_files() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    roots = {
+        "searchrl": REPO / "searchrl",
+        **{name: REPO / folder for name, folder in PACKAGE_DIRS.items()},
+    }
+    for name, root in roots.items():
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(root).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            modules[".".join([name, *parts])] = path
+    return modules
+
+
+def _our_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return {m for m in found if m.split(".")[0] in {"searchrl", "retrieval", "trainer", "infer"}}
+
+
+def test_no_code_imports_the_old_top_level_names() -> None:
+    offenders = []
+    for module, path in _module_files().items():
+        offenders += [f"{module}: {m}" for m in _our_imports(path) if not m.startswith("searchrl")]
+    for path in (REPO / "tests").rglob("*.py"):
+        offenders += [f"{path}: {m}" for m in _our_imports(path) if not m.startswith("searchrl")]
+    assert not offenders, offenders
+
+
+def test_layers_point_one_way() -> None:
+    modules = _module_files()
+    wrong = []
+    for module, path in modules.items():
+        imports = _our_imports(path)
+        if module in BOTTOM:
+            wrong += [f"{module} -> {m}" for m in imports if m not in BOTTOM]
+        elif not module.startswith(TOP_PREFIXES):
+            wrong += [f"{module} -> {m}" for m in imports if m.startswith(TOP_PREFIXES)]
+    assert not wrong, wrong
+
+
+def test_every_package_is_listed_in_pyproject() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == PACKAGE_DIRS
+    on_disk = {m for m, p in _module_files().items() if p.name == "__init__.py"}
+    assert set(config["packages"]) == on_disk
+
+
+@pytest.mark.slow
+@pytest.mark.live
+def test_wheel_beside_a_pypi_trainer_package(tmp_path: Path) -> None:
+    """Build the wheel, install it into a fresh venv that already has a `trainer` package, import ours, run the
+    CLI and serve a query. Third-party dependencies come from this interpreter's site-packages (a .pth line),
+    so nothing but the wheel is installed and nothing of the repo is on the path."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(wheels),
+            str(REPO),
+        ],
+        check=True,
+        timeout=600,
+    )
+    (wheel,) = wheels.glob("searchrl-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        .decode()
+        .strip()
+    )
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (site / "trainer").mkdir()
+    (site / "trainer" / "__init__.py").write_text("IS_DUMMY = True\n")
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--ignore-installed",
+            "-q",
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+    )
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = (
+        "import trainer, searchrl.trainer.toolconfig as t, searchrl.trainer.reward as r, searchrl.infer;"
+        "assert trainer.IS_DUMMY;"
+        "print(t.TOOL_CLASS, r.__file__)"
+    )
+    out = subprocess.run(
+        [python, "-c", probe],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    tool_class, reward_file = out.stdout.split()
+    assert tool_class == "searchrl.trainer.tool.SearchTool"
+    assert reward_file.startswith(str(site))
+
+    searchrl = venv / "bin" / "searchrl"
+    help_out = subprocess.run([searchrl, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert help_out.returncode == 0 and "serve" in help_out.stdout
+
+    port = free_port()
+    server = subprocess.Popen(
+        [searchrl, "serve", "--port", str(port), "--corpus", str(REPO / "tests/fixtures/tiny_corpus.jsonl"),
+         "--data-dir", str(tmp_path / "data")],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        body = {
+            "queries": ["Who directed The Seventh Seal?"],
+            "topk": 1,
+            "return_scores": True,
+        }
+        for _ in range(600):
+            try:
+                reply = httpx.post(f"http://127.0.0.1:{port}/retrieve", json=body, timeout=2)
+                break
+            except httpx.HTTPError:
+                assert server.poll() is None, "searchrl serve exited during start-up"
+                time.sleep(0.2)
+        assert reply.status_code == 200
+        assert "Seventh Seal" in reply.json()["result"][0][0]["document"]["contents"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
