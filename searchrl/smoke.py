@@ -183,7 +183,8 @@ def run_smoke(
 ) -> SmokeReport:
     """Run the steps in order; a failed step ends the run (later steps are not attempted)."""
     from searchrl.retrieval.client import check_health
-    from searchrl.retrieval.download import CORPORA, INDEXES, download_corpus, download_index
+    from searchrl.retrieval.download import CORPORA, INDEXES, download_corpus
+    from searchrl.retrieval.prebuilt import download_index
     from searchrl.retrieval.indexing import resolve_corpus
     from searchrl.retrieval.settings import RetrievalSettings
 
