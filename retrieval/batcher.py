@@ -36,11 +36,14 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from searchrl.retrieval.schemas import ScoredDocument
 
 from searchrl.errors import BackendError, OverloadedError, SearchRLError
+
+if TYPE_CHECKING:
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +187,25 @@ class Batcher:
         self.submitted = 0  # unique queries accepted into the queue
 
     # --- lifecycle ---------------------------------------------------------------------------------------
+    @classmethod
+    def from_settings(
+        cls, fn: BatchFn, settings: RetrievalSettings, *, name: str, executor: Executor | None = None
+    ) -> Batcher:
+        """The service's batcher for one backend: every limit comes from the retrieval settings."""
+        return cls(
+            fn,
+            batch_size=settings.batch_size,
+            batch_wait_ms=settings.batch_wait_ms,
+            queue_size=settings.queue_size,
+            cache_size=settings.cache_size,
+            request_timeout_s=settings.request_timeout_s,
+            name=name,
+            executor=executor,
+            retry_after_max_s=settings.retry_after_max_s,
+            stall_s=settings.worker_stall_s,
+            ready_queue_fraction=settings.ready_queue_fraction,
+        )
+
     async def start(self) -> None:
         if self._thread is not None or self._worker is not None:
             return

@@ -21,6 +21,27 @@ class _Slot:
     suppressed: int = 0
 
 
+class _Throttle:
+    """Per key: let the first event through, then one per `interval_s`, counting what it held back."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float]) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self._slots: dict[str, _Slot] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, key: str) -> int | None:
+        """None: hold this event back; else how many were held back since the key's last line."""
+        now = self.clock()
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is not None and now - slot.last_emit < self.interval_s:
+                slot.suppressed += 1
+                return None
+            self._slots[key] = _Slot(last_emit=now)
+            return slot.suppressed if slot is not None else 0
+
+
 class RateLimitedLog:
     """At most one line per key per `interval_s`; suppressed events are counted into the next line."""
 
@@ -33,20 +54,13 @@ class RateLimitedLog:
     ) -> None:
         self.logger = logger
         self.interval_s = interval_s
-        self.clock = clock
-        self._slots: dict[str, _Slot] = {}
-        self._lock = threading.Lock()
+        self._throttle = _Throttle(interval_s, clock)
 
     def log(self, level: int, key: str, msg: str, *args: object) -> bool:
         """Log `msg % args` unless `key` was logged within `interval_s`; returns whether a line was written."""
-        now = self.clock()
-        with self._lock:
-            slot = self._slots.get(key)
-            if slot is not None and now - slot.last_emit < self.interval_s:
-                slot.suppressed += 1
-                return False
-            suppressed = slot.suppressed if slot is not None else 0
-            self._slots[key] = _Slot(last_emit=now)
+        suppressed = self._throttle.admit(key)
+        if suppressed is None:
+            return False
         if suppressed:
             msg = f"{msg} (+%d more like this in the last %.0fs)"
             args = (*args, suppressed, self.interval_s)
@@ -75,22 +89,14 @@ class RateLimitFilter(logging.Filter):
         super().__init__()
         self.interval_s = interval_s
         self.min_level = min_level
-        self.clock = clock
-        self._slots: dict[str, _Slot] = {}
-        self._lock = threading.Lock()
+        self._throttle = _Throttle(interval_s, clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < self.min_level:
             return True
-        key = str(record.msg)
-        now = self.clock()
-        with self._lock:
-            slot = self._slots.get(key)
-            if slot is not None and now - slot.last_emit < self.interval_s:
-                slot.suppressed += 1
-                return False
-            suppressed = slot.suppressed if slot is not None else 0
-            self._slots[key] = _Slot(last_emit=now)
+        suppressed = self._throttle.admit(str(record.msg))
+        if suppressed is None:
+            return False
         if suppressed:
             record.msg = f"{record.msg} (+{suppressed} more like this in the last {self.interval_s:.0f}s)"
         return True

@@ -184,12 +184,9 @@ def run_smoke(
     """Run the steps in order; a failed step ends the run (later steps are not attempted)."""
     from searchrl.retrieval.client import check_health
     from searchrl.retrieval.download import CORPORA, INDEXES, download_corpus
-    from searchrl.retrieval.prebuilt import download_index
     from searchrl.retrieval.indexing import resolve_corpus
+    from searchrl.retrieval.prebuilt import download_index
     from searchrl.retrieval.settings import RetrievalSettings
-
-    def download_corpus_for(name: str, s: RetrievalSettings) -> Path:
-        return download_corpus(name, Path(s.data_dir))
 
     report = SmokeReport(corpus, backend)
     settings = RetrievalSettings(backend=backend, corpus=corpus, data_dir=data_dir)
@@ -203,10 +200,11 @@ def run_smoke(
             report.steps.append(Step("download", status, time.monotonic() - started, detail))
             return report
         # a name with a prebuilt index brings its corpus along; bm25 only needs the corpus
-        wanted = download_index if corpus in INDEXES and backend == "dense" else download_corpus_for
-        fetched = wanted(corpus, settings)
-        names = fetched.name
-        report.steps.append(Step("download", "passed", time.monotonic() - started, names))
+        if corpus in INDEXES and backend == "dense":
+            fetched = download_index(corpus, settings)
+        else:
+            fetched = download_corpus(corpus, Path(data_dir))
+        report.steps.append(Step("download", "passed", time.monotonic() - started, fetched.name))
     else:
         report.steps.append(Step("download", "skipped", 0.0, f"{corpus}: nothing to download"))
 

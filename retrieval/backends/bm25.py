@@ -55,18 +55,8 @@ class BM25Backend(Backend):
         # over 10k passages takes ~1 ms, so a single worker is not the bottleneck.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
         # The batcher's worker loop runs on that one thread too, after _load.
-        self._batcher = Batcher(
-            self._search_sync,
-            batch_size=settings.batch_size,
-            batch_wait_ms=settings.batch_wait_ms,
-            queue_size=settings.queue_size,
-            cache_size=settings.cache_size,
-            request_timeout_s=settings.request_timeout_s,
-            name="bm25",
-            executor=self._executor,
-            retry_after_max_s=settings.retry_after_max_s,
-            stall_s=settings.worker_stall_s,
-            ready_queue_fraction=settings.ready_queue_fraction,
+        self._batcher = Batcher.from_settings(
+            self._search_sync, settings, name="bm25", executor=self._executor
         )
         self._retriever: Any = None
         self._stemmer: Any = None

@@ -82,18 +82,11 @@ class DenseBackend(Backend):
         self.tuning_seconds: float = 0.0  # encoder export/gate/auto-tune (cached after the first start)
         # Cross-request batching (issue 4): its worker loop runs on the same single thread that loaded the
         # model and index, so that thread stays the only one touching them.
-        self._batcher = Batcher(
+        self._batcher = Batcher.from_settings(
             lambda queries, topk: self._search_sync(queries, topk),
-            batch_size=settings.batch_size,
-            batch_wait_ms=settings.batch_wait_ms,
-            queue_size=settings.queue_size,
-            cache_size=settings.cache_size,
-            request_timeout_s=settings.request_timeout_s,
+            settings,
             name="dense",
             executor=self._executor,
-            retry_after_max_s=settings.retry_after_max_s,
-            stall_s=settings.worker_stall_s,
-            ready_queue_fraction=settings.ready_queue_fraction,
         )
 
     @classmethod

@@ -502,18 +502,9 @@ class GoogleCSEBackend(WebBackend):
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> GoogleCSEBackend:
-        key, cx = settings.google_api_key, settings.google_cse_id
-        missing = [
-            n
-            for n, v in (("GOOGLE_API_KEY", key), ("GOOGLE_CSE_ID", cx))
-            if not v or not v.get_secret_value()
-        ]
-        if missing:
-            raise ConfigError(
-                f"backend 'google-cse' needs {' and '.join(missing)} in the environment "
-                "(pass them with --secret, never on the command line)"
-            )
-        assert key is not None and cx is not None
+        key, cx = _require_secrets(
+            "google-cse", GOOGLE_API_KEY=settings.google_api_key, GOOGLE_CSE_ID=settings.google_cse_id
+        )
         return cls(api_key=key, cse_id=cx, base_url=settings.google_base_url, **_common_kwargs(settings))
 
     def info(self) -> dict[str, Any]:
@@ -564,11 +555,7 @@ class SerperBackend(WebBackend):
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> SerperBackend:
-        key = settings.serper_api_key
-        if not key or not key.get_secret_value():
-            raise ConfigError(
-                "backend 'serper' needs SERPER_API_KEY in the environment (pass it with --secret)"
-            )
+        (key,) = _require_secrets("serper", SERPER_API_KEY=settings.serper_api_key)
         return cls(
             base_url=settings.serper_base_url,
             secret_headers={"X-API-KEY": key},
@@ -608,11 +595,7 @@ class SerpApiBackend(WebBackend):
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> SerpApiBackend:
-        key = settings.serpapi_api_key
-        if not key or not key.get_secret_value():
-            raise ConfigError(
-                "backend 'serpapi' needs SERPAPI_API_KEY in the environment (pass it with --secret)"
-            )
+        (key,) = _require_secrets("serpapi", SERPAPI_API_KEY=settings.serpapi_api_key)
         return cls(
             base_url=settings.serpapi_base_url, secret_params={"api_key": key}, **_common_kwargs(settings)
         )
@@ -690,6 +673,17 @@ class SearxngBackend(WebBackend):
             if not fresh or len(docs) >= topk:
                 break
         return _rank_scored(docs, topk)
+
+
+def _require_secrets(backend: str, **secrets: SecretStr | None) -> list[SecretStr]:
+    """The named secrets, or one ConfigError naming every missing environment variable (never a value)."""
+    missing = [name for name, value in secrets.items() if not value or not value.get_secret_value()]
+    if missing:
+        raise ConfigError(
+            f"backend '{backend}' needs {' and '.join(missing)} in the environment "
+            "(pass them with --secret, never on the command line)"
+        )
+    return [value for value in secrets.values() if value is not None]
 
 
 def _common_kwargs(settings: RetrievalSettings) -> dict[str, Any]:

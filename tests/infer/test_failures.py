@@ -17,9 +17,9 @@ from searchrl.infer.report import load_runs
 from searchrl.retrieval.app import create_app
 
 from searchrl.cli import main
-from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import MODEL, TRAINED
+from tests.infer.test_resume import eval_argv
 from tests.live import serve_in_thread
 from tests.retrieval.fake_web import FakeSearchAPIs, serve_fake, web_settings
 
@@ -32,20 +32,8 @@ def fake() -> Iterator[FakeSearchAPIs]:
         yield apis
 
 
-def _eval_argv(llm_url: str, retrieval_url: str, tokenizer: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "eval",
-        "--model", MODEL,
-        "--tokenizer", str(tokenizer),
-        "--llm-url", llm_url,
-        "--retrieval-url", retrieval_url,
-        "--qa", str(TINY_QA),
-        "--max-turns", "2",
-        "--concurrency", "1",
-        "--label", "trained over serper",
-        "--output-dir", str(out),
-        *extra,
-    ]  # fmt: skip
+def _eval_argv(llm_url: str, retrieval_url: str, tokenizer: Path, out: Path) -> list[str]:
+    return eval_argv(llm_url, retrieval_url, tokenizer, out, "--label", "trained over serper")
 
 
 def _error_line(stderr: str) -> str:

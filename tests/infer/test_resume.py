@@ -19,7 +19,7 @@ from tests.infer.test_agent import MODEL, TRAINED
 VOLATILE = {"latency_s"}
 
 
-def _argv(llm_url: str, retrieval_url: str, tokenizer: Path, out: Path, *extra: str) -> list[str]:
+def eval_argv(llm_url: str, retrieval_url: str, tokenizer: Path, out: Path, *extra: str) -> list[str]:
     return [
         "eval",
         "--model", MODEL,
@@ -49,11 +49,11 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     monkeypatch.setenv("SEARCHRL_INFER_LLM_MAX_RETRIES", "0")
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     for llm_url, app in serve_scripts({MODEL: TRAINED}):
-        assert main(_argv(llm_url, live_bm25_url, chat_tokenizer_dir, whole)) == 0
+        assert main(eval_argv(llm_url, live_bm25_url, chat_tokenizer_dir, whole)) == 0
         # The LLM server dies after 3 generations: q003 (2 turns) is done, q008 is cut in its second turn.
         app.state.requests.clear()
         app.state.fail_after = 3
-        assert main(_argv(llm_url, live_bm25_url, chat_tokenizer_dir, killed)) == 2
+        assert main(eval_argv(llm_url, live_bm25_url, chat_tokenizer_dir, killed)) == 2
         assert "failed after 1 attempts" in capsys.readouterr().err
         (partial,) = killed.glob("*.jsonl")
         assert not list(killed.glob("*.json"))  # no final file from a run that did not finish
@@ -64,7 +64,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
         # Same command again, server back: it skips q003 and finishes the rest.
         app.state.fail_after = None
         app.state.requests.clear()
-        assert main(_argv(llm_url, live_bm25_url, chat_tokenizer_dir, killed)) == 0
+        assert main(eval_argv(llm_url, live_bm25_url, chat_tokenizer_dir, killed)) == 0
         first_turns = [r for r in app.state.requests if r["prompt"].count("<|im_start|>assistant") == 1]
         assert len(first_turns) == 4  # q008, q013, q018, q023 only
     (a,) = whole.glob("*.json")
@@ -76,13 +76,13 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
 
     # A changed protocol goes to another file: nothing is overwritten.
     for llm_url, _ in serve_scripts({MODEL: TRAINED}):
-        assert main(_argv(llm_url, live_bm25_url, chat_tokenizer_dir, whole, "--max-turns", "1")) == 0
+        assert main(eval_argv(llm_url, live_bm25_url, chat_tokenizer_dir, whole, "--max-turns", "1")) == 0
     names = sorted(p.name for p in whole.glob("*.json"))
     assert len(names) == 2 and names[0].split("-")[:-1] == names[1].split("-")[:-1]
     one_turn = [n for n in names if json.loads((whole / n).read_text())["protocol"]["max_turns"] == 1]
     (whole / one_turn[0]).unlink()  # two runs may not share a label in one report: re-run it with its own
     for llm_url, _ in serve_scripts({MODEL: TRAINED}):
-        argv = _argv(
+        argv = eval_argv(
             llm_url, live_bm25_url, chat_tokenizer_dir, whole, "--max-turns", "1", "--label", "one turn"
         )
         assert main(argv) == 0
