@@ -31,12 +31,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from searchrl.infer.llm import ChatRenderer, RequestRejectedError, Sampling, ServerLLM, TextGenerator
-from searchrl.infer.settings import InferSettings
-from searchrl.retrieval.client import Hit, RetrievalClient
 from tqdm.auto import tqdm
 
 from searchrl.errors import RetrievalUnavailableError
+from searchrl.infer.llm import ChatRenderer, RequestRejectedError, Sampling, ServerLLM, TextGenerator
+from searchrl.infer.settings import InferSettings
 from searchrl.prompt import (
     SEARCH_R1_INVALID,
     SEARCH_R1_STOP,
@@ -51,6 +50,7 @@ from searchrl.prompt import (
     parse_tool_calls,
     queries_from_arguments,
 )
+from searchrl.retrieval.client import Hit, RetrievalClient
 from searchrl.rollout import RolloutSpec, training_tool_schemas, truncate_tool_response
 
 log = logging.getLogger(__name__)

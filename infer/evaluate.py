@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+
+from searchrl import __version__
+from searchrl.errors import DataError, RetrievalUnavailableError, SearchRLError
 from searchrl.infer.agent import (
     FATAL_KINDS,
     STOP_LLM_ERROR,
@@ -48,9 +51,6 @@ from searchrl.infer.agent import (
 )
 from searchrl.infer.llm import ChatRenderer, ServerLLM, TextGenerator
 from searchrl.infer.settings import InferSettings
-
-from searchrl import __version__
-from searchrl.errors import DataError, RetrievalUnavailableError, SearchRLError
 from searchrl.prompt import prompt_version
 from searchrl.scoring import score_response
 from searchrl.stats import bootstrap_ci

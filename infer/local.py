@@ -14,9 +14,8 @@ import asyncio
 import logging
 from typing import Any
 
-from searchrl.infer.llm import Completion, Sampling
-
 from searchrl.errors import InferenceError
+from searchrl.infer.llm import Completion, Sampling
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchrl.errors import ConfigError, DataError
 from searchrl.infer.evaluate import (
     dataset_order,
     default_label,
@@ -38,8 +39,6 @@ from searchrl.infer.evaluate import (
     run_label,
 )
 from searchrl.infer.settings import InferSettings
-
-from searchrl.errors import ConfigError, DataError
 from searchrl.stats import PairedComparison, paired_comparison
 
 log = logging.getLogger(__name__)

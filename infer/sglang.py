@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
-from searchrl.infer.llm import ServerLLM
 
 from searchrl.errors import InferenceError
+from searchrl.infer.llm import ServerLLM
 
 log = logging.getLogger(__name__)
 

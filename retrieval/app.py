@@ -32,13 +32,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
-from searchrl.retrieval.backends import build_backend
-from searchrl.retrieval.backends.base import Backend
-from searchrl.retrieval.metrics import CONTENT_TYPE, RetrievalMetrics
-from searchrl.retrieval.ratelog import RateLimitedLog
-from searchrl.retrieval.schemas import RetrieveResponse, hits_to_payload
-from searchrl.retrieval.settings import RetrievalSettings
-from searchrl.retrieval.validation import ErrorBody, ReadyBody, describe_errors, request_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -50,6 +43,13 @@ from searchrl.errors import (
     QuotaExceededError,
     SearchRLError,
 )
+from searchrl.retrieval.backends import build_backend
+from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.metrics import CONTENT_TYPE, RetrievalMetrics
+from searchrl.retrieval.ratelog import RateLimitedLog
+from searchrl.retrieval.schemas import RetrieveResponse, hits_to_payload
+from searchrl.retrieval.settings import RetrievalSettings
+from searchrl.retrieval.validation import ErrorBody, ReadyBody, describe_errors, request_model
 
 log = logging.getLogger(__name__)
 _ratelog = RateLimitedLog(log)

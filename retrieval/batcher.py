@@ -38,9 +38,8 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from searchrl.retrieval.schemas import ScoredDocument
-
 from searchrl.errors import BackendError, OverloadedError, SearchRLError
+from searchrl.retrieval.schemas import ScoredDocument
 
 if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings

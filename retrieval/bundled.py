@@ -17,9 +17,8 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from searchrl.retrieval.corpus import Passage, write_jsonl
-
 from searchrl.errors import CorpusError
+from searchrl.retrieval.corpus import Passage, write_jsonl
 
 log = logging.getLogger(__name__)
 

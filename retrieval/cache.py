@@ -34,10 +34,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from searchrl.errors import BackendError, CacheMissError, ConfigError
 from searchrl.retrieval.backends.base import Backend
 from searchrl.retrieval.schemas import ScoredDocument
-
-from searchrl.errors import BackendError, CacheMissError, ConfigError
 
 if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-from searchrl.retrieval.schemas import Document, ScoredDocument
 
 from searchrl.errors import CorpusError
+from searchrl.retrieval.schemas import Document, ScoredDocument
 
 log = logging.getLogger(__name__)
 

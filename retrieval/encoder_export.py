@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from searchrl.retrieval.encoder import Encoder, pool_hidden
 
 from searchrl.errors import ConfigError
+from searchrl.retrieval.encoder import Encoder, pool_hidden
 
 if TYPE_CHECKING:
     from searchrl.retrieval.encoder import EncoderSpec

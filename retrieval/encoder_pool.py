@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
 from searchrl.retrieval.encoder import Encoder
 
 log = logging.getLogger(__name__)

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from searchrl.retrieval.encoder import Encoder
-from searchrl.retrieval.encoder_pool import EncoderPool, available_cores, own_tokenizer
 
 from searchrl.errors import ConfigError
+from searchrl.retrieval.encoder import Encoder
+from searchrl.retrieval.encoder_pool import EncoderPool, available_cores, own_tokenizer
 
 if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings

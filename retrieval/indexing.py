@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
-from searchrl.retrieval.corpus import corpus_checksum, count_rows, iter_rows_with_offsets, save_offsets
 from tqdm import tqdm
 
 from searchrl import __version__
 from searchrl.errors import ConfigError, CorpusError, IndexLoadError
+from searchrl.retrieval.corpus import corpus_checksum, count_rows, iter_rows_with_offsets, save_offsets
 
 if TYPE_CHECKING:
     from searchrl.retrieval.encoder import Encoder, EncoderSpec

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from searchrl.errors import ConfigError
 from searchrl.retrieval.download import (
     CORPORA,
     DOWNLOADABLE,
@@ -24,8 +25,6 @@ from searchrl.retrieval.download import (
 )
 from searchrl.retrieval.encoder import EncoderSpec, resolve_encoder
 from searchrl.retrieval.indexing import MANIFEST, import_faiss_index, index_dir_for
-
-from searchrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings

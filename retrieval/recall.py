@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchrl.errors import DataError
 from searchrl.retrieval.schemas import ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import DataError
 from searchrl.stats import bootstrap_ci, paired_comparison
 
 

@@ -15,10 +15,9 @@ import logging
 import os
 from typing import Any
 
+from searchrl.errors import ConfigError
 from searchrl.retrieval.ratelog import RateLimitFilter
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from pydantic import (
     StringConstraints,
     create_model,
 )
+
 from searchrl.retrieval.schemas import RetrieveRequest
 from searchrl.retrieval.settings import RetrievalSettings
 

@@ -68,7 +68,6 @@ def bm25_settings(session_data_dir: Path):  # -> RetrievalSettings
 def live_bm25_url(bm25_settings) -> Iterator[str]:
     """A real retrieval service (BM25 over the 20-passage fixture corpus) on a free loopback port."""
     from searchrl.retrieval.app import create_app
-
     from tests.live import serve_in_thread
 
     with serve_in_thread(create_app(bm25_settings)) as url:

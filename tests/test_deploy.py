@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import yaml
-from searchrl.retrieval.settings import RetrievalSettings
 
 from searchrl import deploy
 from searchrl.cli.sky import _argv
 from searchrl.errors import ConfigError, DeployError
+from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import REPO, TINY_CORPUS
 from tests.live import free_port, serve_in_thread
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
-from searchrl.retrieval.settings import RetrievalSettings
 
 from searchrl.cli import main
+from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
 from tests.live import free_port, serve_in_thread
 

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from searchrl.trainer.settings import DATASET_SIZES, TrainSettings
 
 from searchrl.errors import DataError
 from searchrl.prompt import PROMPT_VERSION, TOOL_NAME, build_messages
+from searchrl.trainer.settings import DATASET_SIZES, TrainSettings
 
 log = logging.getLogger(__name__)
 

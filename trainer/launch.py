@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchrl.corpus_check import CorpusIdentity, check_training_corpus, corpus_identity, fetch_service_info
+from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.trainer.checkpoint import check_resume as check_checkpoint
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
@@ -38,9 +40,6 @@ from searchrl.trainer.merge import TRACKER_FILE
 from searchrl.trainer.overrides import main_ppo_command, render_overrides
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
 from searchrl.trainer.toolconfig import write_tool_config
-
-from searchrl.corpus_check import CorpusIdentity, check_training_corpus, corpus_identity, fetch_service_info
-from searchrl.errors import ConfigError, RetrievalUnavailableError
 
 log = logging.getLogger(__name__)
 

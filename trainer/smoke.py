@@ -15,10 +15,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from searchrl.errors import CheckpointError, SmokeCheckError
 from searchrl.trainer.merge import MergeResult, find_latest_checkpoint, merge_latest
 from searchrl.trainer.settings import TrainSettings
-
-from searchrl.errors import CheckpointError, SmokeCheckError
 
 log = logging.getLogger(__name__)
 

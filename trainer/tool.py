@@ -27,15 +27,15 @@ from typing import Any
 from uuid import uuid4
 
 from pydantic import ValidationError
-from searchrl.retrieval.client import RetrievalClient, summarize_client_stats
-from searchrl.trainer.reward import FAILURE_KINDS_FIELD
-from searchrl.trainer.toolconfig import SearchToolConfig
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.utils.rollout_trace import rollout_trace_op
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, format_observation, queries_from_arguments
+from searchrl.retrieval.client import RetrievalClient, summarize_client_stats
+from searchrl.trainer.reward import FAILURE_KINDS_FIELD
+from searchrl.trainer.toolconfig import SearchToolConfig
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from searchrl.trainer.settings import TrainSettings
 
 from searchrl.prompt import SEARCH_TOOL_SCHEMA
+from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from searchrl.retrieval.backends.base import Backend
-
 from searchrl.errors import ConfigError
+from searchrl.retrieval.backends.base import Backend
 
 if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings

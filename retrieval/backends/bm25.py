@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from searchrl.errors import BackendError, SearchRLError
 from searchrl.retrieval.backends.base import Backend
 from searchrl.retrieval.batcher import Batcher, BatcherMetrics
 from searchrl.retrieval.corpus import DocStore
@@ -32,8 +33,6 @@ from searchrl.retrieval.indexing import (
 )
 from searchrl.retrieval.ratelog import RateLimitedLog
 from searchrl.retrieval.schemas import ScoredDocument
-
-from searchrl.errors import BackendError, SearchRLError
 
 if TYPE_CHECKING:
     from pathlib import Path

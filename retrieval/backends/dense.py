@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from searchrl.errors import BackendError, IndexLoadError, SearchRLError
 from searchrl.retrieval.backends.base import Backend
 from searchrl.retrieval.batcher import Batcher, BatcherMetrics
 from searchrl.retrieval.corpus import DocStore
@@ -26,8 +27,6 @@ from searchrl.retrieval.indexing import (
     verify_manifest,
 )
 from searchrl.retrieval.schemas import ScoredDocument
-
-from searchrl.errors import BackendError, IndexLoadError, SearchRLError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -107,6 +106,7 @@ class DenseBackend(Backend):
 
     def _load(self) -> None:
         import faiss
+
         from searchrl.retrieval.encoder import Encoder
         from searchrl.retrieval.encoder_tuning import serving_encoder
 

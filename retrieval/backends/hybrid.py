@@ -19,11 +19,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from searchrl.errors import BackendError, ConfigError
 from searchrl.retrieval.backends.base import Backend
 from searchrl.retrieval.schemas import ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import BackendError, ConfigError
 
 
 def rrf_fuse(

@@ -45,11 +45,11 @@ from urllib.parse import urlsplit
 
 import httpx
 from pydantic import SecretStr
+
+from searchrl.errors import BackendError, ConfigError, QuotaExceededError
 from searchrl.retrieval.backends.base import Backend
 from searchrl.retrieval.schemas import Document, ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import BackendError, ConfigError, QuotaExceededError
 
 log = logging.getLogger(__name__)
 

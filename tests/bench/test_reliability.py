@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 from pydantic import SecretStr
-from searchrl.retrieval.settings import RetrievalSettings
 
 from searchrl.bench.reliability import (
     big_body,
@@ -31,6 +30,7 @@ from searchrl.bench.reliability import (
     run_load,
     slow_clients,
 )
+from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
 
 pytestmark = pytest.mark.live
@@ -51,7 +51,6 @@ def test_schema_fuzzing_finds_nothing_and_the_service_stays_healthy(
     service's own protocol settings (header deadline, connection cap); with and without auth."""
     from searchrl.retrieval.app import create_app
     from searchrl.retrieval.server import make_config
-
     from tests.live import serve_in_thread
 
     settings = settings.model_copy(update={"api_key": SecretStr(token) if token else None})

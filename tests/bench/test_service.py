@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from searchrl.retrieval.app import create_app
-from searchrl.retrieval.settings import RetrievalSettings
 
 from searchrl.bench.service import QueryPool, Scenario, bench_queries, format_report, run_scenario
 from searchrl.cli import main
 from searchrl.errors import SearchRLError
+from searchrl.retrieval.app import create_app
+from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import DEV_QA, TINY_CORPUS
 from tests.live import serve_in_thread
 from tests.retrieval.batching import BatchedBackend, HashedFlatSearch

@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from searchrl.retrieval.app import create_app
-from searchrl.retrieval.settings import RetrievalSettings
 
 from searchrl.cli import main
+from searchrl.retrieval.app import create_app
+from searchrl.retrieval.settings import RetrievalSettings
 from tests.infer.conftest import build_tokenizer
 from tests.live import serve_in_thread
 

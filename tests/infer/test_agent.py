@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from searchrl.infer.agent import (
     STOP_MALFORMED,
     STOP_MAX_TURNS,
@@ -18,9 +19,8 @@ from searchrl.infer.agent import (
     run_questions,
 )
 from searchrl.infer.llm import ChatRenderer, Sampling, ServerLLM
-from searchrl.retrieval.client import RetrievalClient
-
 from searchrl.prompt import build_messages
+from searchrl.retrieval.client import RetrievalClient
 from searchrl.rollout import RolloutSpec, training_tool_schemas
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts

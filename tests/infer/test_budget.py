@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from searchrl.infer.budget import plan_search_budget
 
 from searchrl.cli import main
+from searchrl.infer.budget import plan_search_budget
 from tests.conftest import TINY_QA
 
 REPO = Path(__file__).resolve().parents[2]

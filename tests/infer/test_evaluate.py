@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from searchrl.infer.evaluate import load_qa, paper_table, summarize
 from verl.utils.reward_score import search_r1_like_qa_em as verl_em
 
 from searchrl.cli import main
 from searchrl.errors import DataError
+from searchrl.infer.evaluate import load_qa, paper_table, summarize
 from searchrl.prompt import PROMPT_VERSION
 from searchrl.scoring import score_response
 from tests.conftest import TINY_QA

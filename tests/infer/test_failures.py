@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from searchrl.infer.report import load_runs
-from searchrl.retrieval.app import create_app
 
 from searchrl.cli import main
+from searchrl.infer.report import load_runs
+from searchrl.retrieval.app import create_app
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import MODEL, TRAINED
 from tests.infer.test_resume import eval_argv

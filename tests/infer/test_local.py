@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from searchrl.infer.agent import AgentConfig, SearchAgent
-from searchrl.infer.llm import ChatRenderer, Sampling
-from searchrl.infer.local import LocalLLM
 from verl.utils.reward_score import search_r1_like_qa_em as verl_em
 
 from searchrl.cli import main
+from searchrl.infer.agent import AgentConfig, SearchAgent
+from searchrl.infer.llm import ChatRenderer, Sampling
+from searchrl.infer.local import LocalLLM
 from searchrl.prompt import build_messages
 from searchrl.rollout import RolloutSpec, training_tool_schemas
 from tests.conftest import TINY_QA

@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from searchrl.infer.agent import STOP_NO_TOOL_CALL, STOP_RESPONSE_BUDGET, AgentConfig, SearchAgent
 from searchrl.infer.llm import ChatRenderer, Completion, Sampling
 from searchrl.infer.settings import InferSettings
+from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_messages
 from searchrl.retrieval.client import RetrievalClient
+from searchrl.rollout import TRAINING_TOOL_SCHEMA, training_tool_schemas, verl_rendered_schema
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.toolconfig import write_tool_config
-
-from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_messages
-from searchrl.rollout import TRAINING_TOOL_SCHEMA, training_tool_schemas, verl_rendered_schema
 from tests.trainer.conftest import (
     SCRIPTED_TEXTS,
     SEVENTH_SEAL_QUESTION,

@@ -8,10 +8,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from searchrl.infer.report import disagreements, load_runs, parse_backends, parse_models, parse_tools
 
 from searchrl.cli import main
 from searchrl.errors import ConfigError, DataError
+from searchrl.infer.report import disagreements, load_runs, parse_backends, parse_models, parse_tools
 from tests.conftest import TINY_CORPUS, TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import TRAINED
@@ -63,7 +63,6 @@ class _SummaryTable(HTMLParser):
 def live_dense_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from searchrl.retrieval.app import create_app
     from searchrl.retrieval.settings import RetrievalSettings
-
     from tests.live import serve_in_thread
 
     settings = RetrievalSettings(

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from searchrl.infer.llm import _retry_delay
-from searchrl.infer.report import check_comparable, load_runs
 
 from searchrl.cli import main
 from searchrl.errors import ConfigError
+from searchrl.infer.llm import _retry_delay
+from searchrl.infer.report import check_comparable, load_runs
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import MODEL, TRAINED

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from searchrl.retrieval.backends.base import Backend
 from searchrl.retrieval.batcher import Batcher
 from searchrl.retrieval.schemas import Document, ScoredDocument

@@ -29,8 +29,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
-from searchrl.retrieval.settings import RetrievalSettings
 
+from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
 from tests.live import serve_in_thread
 

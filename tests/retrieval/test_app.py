@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
+from searchrl.errors import ConfigError
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.server import check_bind
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import ConfigError
 from tests.live import serve_in_thread
 
 pytestmark = pytest.mark.live

@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
+
+from searchrl.errors import BackendError, IndexLoadError
 from searchrl.retrieval.backends import build_backend
 from searchrl.retrieval.backends.bm25 import BM25Backend
 from searchrl.retrieval.backends.dense import DenseBackend
 from searchrl.retrieval.indexing import ensure_index, load_manifest
 from searchrl.retrieval.schemas import ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import BackendError, IndexLoadError
 from tests.conftest import TINY_CORPUS
 
 pytest.importorskip("faiss")

@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
-
 from tests.conftest import TINY_CORPUS
 from tests.live import serve_in_thread
 from tests.retrieval.batching import BatchedBackend, HashedFlatSearch

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from searchrl.retrieval.batcher import Batcher, normalize_query
-from searchrl.retrieval.schemas import ScoredDocument
 
 from searchrl.errors import BackendError, OverloadedError
+from searchrl.retrieval.batcher import Batcher, normalize_query
+from searchrl.retrieval.schemas import ScoredDocument
 from tests.conftest import TINY_CORPUS
 from tests.retrieval.batching import HashedFlatSearch
 

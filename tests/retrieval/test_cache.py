@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+
+from searchrl.errors import BackendError, ConfigError
 from searchrl.retrieval.backends import build_backend
 from searchrl.retrieval.cache import CachedBackend, QueryCache, cache_namespace, normalise_query
 from searchrl.retrieval.schemas import Document, ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import BackendError, ConfigError
 from tests.retrieval.fake_web import CSE_ID, GOOGLE_KEY, FakeSearchAPIs, web_settings
 
 
@@ -217,6 +217,7 @@ def test_replay_over_a_local_backend_needs_no_index(tmp_path: Path, bm25_setting
 def test_replay_miss_is_a_404_through_the_app(tmp_path: Path) -> None:
     """A replay miss can never succeed on retry, so it must not be a 5xx that clients retry."""
     from fastapi.testclient import TestClient
+
     from searchrl.retrieval.app import create_app
 
     settings = RetrievalSettings(

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from searchrl.retrieval.client import CircuitBreaker, RetrievalClient, check_health
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError
+from searchrl.retrieval.client import CircuitBreaker, RetrievalClient, check_health
 from tests.live import free_port, serve_in_thread
 
 pytestmark = pytest.mark.live

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from searchrl.errors import CorpusError
 from searchrl.retrieval import bundled, corpus
 from searchrl.retrieval.corpus import (
     DocStore,
@@ -20,8 +22,6 @@ from searchrl.retrieval.corpus import (
     iter_passages,
     iter_rows_with_offsets,
 )
-
-from searchrl.errors import CorpusError
 from tests.conftest import TINY_CORPUS
 
 

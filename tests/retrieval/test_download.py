@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from searchrl.cli import main
+from searchrl.errors import CorpusError, IndexLoadError
 from searchrl.retrieval import download as dl
 from searchrl.retrieval import prebuilt
 from searchrl.retrieval.corpus import iter_passages
 from searchrl.retrieval.indexing import FAISS_FILE, index_dir_for, load_manifest, verify_manifest
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.cli import main
-from searchrl.errors import CorpusError, IndexLoadError
 from tests.conftest import TINY_CORPUS
 
 faiss = pytest.importorskip("faiss")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from searchrl.errors import ConfigError
 from searchrl.retrieval.encoder import (
     BGE_QUERY_INSTRUCTION,
     Encoder,
@@ -15,8 +17,6 @@ from searchrl.retrieval.encoder import (
     bundled_minilm_path,
     resolve_encoder,
 )
-
-from searchrl.errors import ConfigError
 from tests.conftest import TINY_CORPUS
 
 torch = pytest.importorskip("torch")

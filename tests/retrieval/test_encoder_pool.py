@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from searchrl.retrieval.encoder import Encoder
 from searchrl.retrieval.encoder_pool import EncoderPool, core_sets, own_tokenizer
 

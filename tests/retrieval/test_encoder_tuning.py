@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from searchrl.errors import ConfigError
 from searchrl.retrieval import encoder_tuning as tuning
 from searchrl.retrieval.encoder import Encoder, bundled_minilm_path
 from searchrl.retrieval.encoder_tuning import (
@@ -22,8 +24,6 @@ from searchrl.retrieval.encoder_tuning import (
 )
 from searchrl.retrieval.queries import sample_queries
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import ConfigError
 from tests.conftest import DEV_QA, TINY_CORPUS
 
 torch = pytest.importorskip("torch")
@@ -201,6 +201,7 @@ def test_autotune_off_serves_the_settings(tiny_e5: Encoder, tiny_index: object, 
 def test_get_root_reports_the_tuned_encoder(tmp_path: Path) -> None:
     """The real app with the bundled MiniLM: the choice and its measured q/s are in GET /."""
     from fastapi.testclient import TestClient
+
     from searchrl.retrieval.app import create_app
 
     settings = RetrievalSettings(

@@ -6,13 +6,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from searchrl.retrieval.backends import build_backend
 from searchrl.retrieval.backends.hybrid import HybridBackend, rrf_fuse
 from searchrl.retrieval.cache import CachedBackend
 from searchrl.retrieval.recall import load_qa, measure_recall, score_recall, title_of
 from searchrl.retrieval.schemas import Document, ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
-
 from tests.conftest import DEV_QA, REPO, TINY_CORPUS, TINY_QA
 
 

@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+
+from searchrl import __version__
+from searchrl.errors import ConfigError, IndexLoadError
 from searchrl.retrieval import indexing
 from searchrl.retrieval.corpus import corpus_checksum
 from searchrl.retrieval.encoder import Encoder, resolve_encoder
@@ -22,9 +25,6 @@ from searchrl.retrieval.indexing import (
     verify_manifest,
 )
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl import __version__
-from searchrl.errors import ConfigError, IndexLoadError
 from tests.conftest import TINY_CORPUS
 
 faiss = pytest.importorskip("faiss")

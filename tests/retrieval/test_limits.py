@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+
+from searchrl.errors import ConfigError
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.ratelog import RateLimitedLog
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import ConfigError
 from tests.conftest import TINY_CORPUS, TINY_QA
 from tests.retrieval.batching import BatchedBackend, HashedFlatSearch
 
@@ -66,7 +66,6 @@ def test_bad_key_file_is_a_config_error(tmp_path: Path, content: str) -> None:
 @pytest.mark.live
 def test_token_never_appears_in_logs_metrics_errors_ps_or_run_record(tmp_path: Path) -> None:
     from searchrl.retrieval.indexing import ensure_index
-
     from tests.live import free_port
 
     settings = _settings(data_dir=tmp_path / "data")
@@ -272,7 +271,6 @@ def test_integral_float_topk_is_an_integer_as_json_schema_says() -> None:
 @pytest.mark.live
 def test_oversized_headers_get_431_and_a_closed_connection() -> None:
     from searchrl.retrieval.server import make_config
-
     from tests.live import serve_in_thread
 
     settings = _settings(max_header_bytes=4096)
@@ -297,7 +295,6 @@ def test_dashboard_and_alerts_use_exported_metric_names() -> None:
     import re
 
     from searchrl.retrieval.metrics import RetrievalMetrics
-
     from tests.conftest import REPO
 
     exported = set(re.findall(r"^# TYPE (\S+) ", RetrievalMetrics().render().decode(), flags=re.M))

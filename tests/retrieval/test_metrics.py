@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.metrics import RetrievalMetrics
 from searchrl.retrieval.settings import RetrievalSettings
-
 from tests.conftest import TINY_CORPUS
 from tests.retrieval.batching import BatchedBackend, HashedFlatSearch
 

@@ -15,9 +15,9 @@ import asyncio
 import json
 
 import pytest
+
 from searchrl.retrieval.backends import build_backend
 from searchrl.retrieval.settings import RetrievalSettings
-
 from tests.conftest import DEV_QA, REPO
 
 pytestmark = pytest.mark.slow

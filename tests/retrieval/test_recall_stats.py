@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from searchrl.retrieval.recall import RecallResult, format_table, pairwise_table
-
 from searchrl.stats import bootstrap_ci
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+
+from searchrl.errors import BackendError, ConfigError, QuotaExceededError
 from searchrl.retrieval.backends import build_backend
 from searchrl.retrieval.backends.web import DailyBudget, GoogleCSEBackend, SearxngBackend, SerperBackend
 from searchrl.retrieval.settings import RetrievalSettings
-
-from searchrl.errors import BackendError, ConfigError, QuotaExceededError
 from tests.retrieval.fake_web import (
     CSE_ID,
     GOOGLE_KEY,

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.toolconfig import write_tool_config
-
 from tests.trainer.conftest import SCRIPTED_TEXTS, SEVENTH_SEAL_QUESTION
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
@@ -214,7 +214,6 @@ def test_failed_searches_stop_the_run_through_verls_reward_path(
     """Dead service -> our tool's failure kinds in the loop's extra_fields -> verl's reward manager -> our reward
     function with the limits from reward_kwargs -> SearchFailureRateError out of verl's scoring call."""
     import searchrl.trainer.reward
-
     from searchrl.errors import SearchFailureRateError
     from tests.live import free_port
 

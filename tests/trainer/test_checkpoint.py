@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from searchrl.errors import CheckpointError
 from searchrl.trainer.checkpoint import (
     TRACKER_FILE,
     check_resume,
@@ -22,8 +24,6 @@ from searchrl.trainer.checkpoint import (
 )
 from searchrl.trainer.launch import prepare_launch
 from searchrl.trainer.settings import TrainSettings
-
-from searchrl.errors import CheckpointError
 from tests.conftest import REPO
 
 WORLD = 4

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from searchrl.trainer.overrides import render_overrides
-from searchrl.trainer.settings import TrainSettings
 
 from searchrl.cli import main
+from searchrl.trainer.overrides import render_overrides
+from searchrl.trainer.settings import TrainSettings
 
 
 def test_overrides_prints_one_per_line(capsys, monkeypatch):

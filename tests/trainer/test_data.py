@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from searchrl.trainer.data import load_qa, prepare_data, to_verl_row
-from searchrl.trainer.settings import TrainSettings
 
 from searchrl.errors import DataError
 from searchrl.prompt import build_messages, parse_tool_calls
+from searchrl.trainer.data import load_qa, prepare_data, to_verl_row
+from searchrl.trainer.settings import TrainSettings
 
 
 def _settings(tmp_path: Path, source: Path | str, **kw) -> TrainSettings:
@@ -174,9 +174,10 @@ def test_to_verl_row_rejects_incomplete_records():
 
 def test_verl_rlhf_dataset_reads_what_the_loop_needs(tmp_path, qa_sample, offline_tokenizer, compose):
     from omegaconf import open_dict
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
     from searchrl.trainer.overrides import render_overrides
     from searchrl.trainer.toolconfig import write_tool_config
-    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
     # a batch the 20 fixture rows fill: render_overrides refuses a schedule verl would cut short
     settings = _settings(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.trainer.launch import (
     check_corpus,
     check_gpus,
@@ -16,8 +18,6 @@ from searchrl.trainer.launch import (
 )
 from searchrl.trainer.overrides import main_ppo_command, render_overrides
 from searchrl.trainer.settings import TrainSettings
-
-from searchrl.errors import ConfigError, RetrievalUnavailableError
 from tests.live import free_port
 
 

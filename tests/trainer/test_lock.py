@@ -13,6 +13,8 @@ import pytest
 import tomllib
 import yaml
 from packaging.requirements import Requirement
+
+from searchrl.errors import ConfigError
 from searchrl.trainer.lock import (
     ENGINES,
     PYTHONS,
@@ -26,8 +28,6 @@ from searchrl.trainer.lock import (
     pins,
     uv_binary,
 )
-
-from searchrl.errors import ConfigError
 from tests.conftest import REPO
 
 SKY = REPO / "sky"

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from searchrl.errors import CheckpointError
 from searchrl.trainer.merge import (
     TRACKER_FILE,
     find_latest_checkpoint,
@@ -14,8 +16,6 @@ from searchrl.trainer.merge import (
     run_verl_merger,
     verify_hf_model,
 )
-
-from searchrl.errors import CheckpointError
 from tests.live import free_port
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from searchrl.trainer.overrides import (
     REWARD_FN_NAME,
     REWARD_FN_PATH,

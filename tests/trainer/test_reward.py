@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from searchrl.trainer.reward import SEARCH_R1_SOURCES, TOOL_COUNTERS, compute_score, golden_answers
 
 GOLD = {"target": ["Ingmar Bergman", "Bergman"]}
@@ -127,11 +128,11 @@ def test_failure_rate_check_is_off_without_the_limit():
 
 
 def test_verl_hands_the_limits_to_the_reward_function(compose, tmp_path):
-    from searchrl.trainer.overrides import render_overrides
-    from searchrl.trainer.settings import TrainSettings
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
     from searchrl.errors import SearchFailureRateError
+    from searchrl.trainer.overrides import render_overrides
+    from searchrl.trainer.settings import TrainSettings
 
     settings = TrainSettings(data_dir=tmp_path, max_search_failure_rate=0.5, search_failure_window=10)
     fn = get_custom_reward_fn(compose(render_overrides(settings)))

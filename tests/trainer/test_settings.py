@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from searchrl.trainer.settings import TrainSettings, redact_url
 
 from searchrl.config import load_settings
 from searchrl.errors import ConfigError
+from searchrl.trainer.settings import TrainSettings, redact_url
 
 
 def test_defaults_are_the_search_r1_recipe():

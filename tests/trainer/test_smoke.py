@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+
+from searchrl.errors import SmokeCheckError
 from searchrl.trainer.merge import TRACKER_FILE
 from searchrl.trainer.reward import compute_score
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.smoke import check_smoke_run, count_searches
-
-from searchrl.errors import SmokeCheckError
 from tests.trainer.test_merge import _write_fsdp_checkpoints
 
 

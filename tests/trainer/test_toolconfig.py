@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import yaml
-from searchrl.trainer.settings import TrainSettings
-from searchrl.trainer.toolconfig import TOOL_CLASS, write_tool_config
 
 from searchrl.errors import ConfigError
 from searchrl.prompt import SEARCH_TOOL_SCHEMA
+from searchrl.trainer.settings import TrainSettings
+from searchrl.trainer.toolconfig import TOOL_CLASS, write_tool_config
 
 
 def test_verl_loads_our_tool_from_the_written_yaml(tmp_path, monkeypatch):
