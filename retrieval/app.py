@@ -230,7 +230,11 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         attach = getattr(be, "attach_metrics", None)
         if callable(attach):
             attach(metrics)
-        await be.start()
+        try:
+            await be.start()
+        except SearchRLError as exc:
+            app.state.startup_error = exc  # run_server reports it as one line (exit 2), not a traceback
+            raise
         app.state.backend = be
         log.info("retrieval service ready: %s", be.info())
         watchdog = asyncio.create_task(_watch(app))

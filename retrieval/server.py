@@ -142,15 +142,43 @@ def run_server(settings: RetrievalSettings) -> None:
     # Before torch/faiss load their OpenMP runtime: spinning OpenMP threads starve the event loop (issue 4).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.backends import build_backend
 
     check_bind(settings)
     if settings.is_public_bind and not settings.api_keys():
         log.warning("serving on %s WITHOUT authentication (--insecure)", settings.host)
-    app = create_app(settings)
+    # Built here, not in the lifespan: a backend that cannot be configured (a missing key, say) is one line.
+    app = create_app(settings, build_backend(settings))
     log.info(
         "retrieval service (%s backend) will listen on http://%s:%d",
         settings.backend,
         settings.host,
         settings.port,
     )
-    draining_server(make_config(app, settings)).run()
+    # One that fails while loading (a mismatching index, an encoder the quality gate refuses) fails inside
+    # uvicorn's lifespan, which would log a traceback: drop uvicorn's lines for it and raise it here instead.
+    quiet = _StartupErrorFilter(app)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(quiet)
+    try:
+        draining_server(make_config(app, settings)).run()
+    except SystemExit:  # uvicorn's exit 3 after a failed start-up
+        error = getattr(app.state, "startup_error", None)
+        if error is None:
+            raise
+        raise error from None
+    finally:
+        uvicorn_log.removeFilter(quiet)
+
+
+class _StartupErrorFilter(logging.Filter):
+    """Drops uvicorn's ERROR lines (the lifespan traceback, "Application startup failed") once the app has
+    recorded a SearchRLError from start-up, which run_server then raises for the CLI's one-line error."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failed = getattr(self.app.state, "startup_error", None) is not None
+        return not (failed and record.levelno >= logging.ERROR)

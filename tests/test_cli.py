@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from searchrl import errors
 from searchrl.cli import main
+from tests.conftest import REPO
+from tests.live import free_port
 
 
 def test_help_lists_areas(capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,3 +50,35 @@ def test_error_tree() -> None:
         assert issubclass(cls, errors.SearchRLError)
     assert issubclass(errors.ConfigError, ValueError)
     assert issubclass(errors.QuotaExceededError, errors.BackendError)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "serper"], "error: backend 'serper' needs SERPER_API_KEY in the environment"),
+        (["--backend", "bm25", "--no-build"], "error: no bm25 index at "),
+    ],
+    ids=["missing-key", "missing-index"],
+)
+def test_serve_start_up_errors_are_one_line_exit_2(
+    args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend that cannot be configured, or fails while loading inside uvicorn's lifespan: the CLI's one
+    `error:` line and exit 2, not uvicorn's traceback and exit 3."""
+    monkeypatch.delenv("SERPER_API_KEY", raising=False)
+    argv = [
+        sys.executable,
+        "-m",
+        "searchrl",
+        "serve",
+        "--port",
+        str(free_port()),
+        "--data-dir",
+        str(tmp_path),
+        *args,
+    ]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Application startup failed" not in proc.stderr
