@@ -40,7 +40,7 @@ from searchrl.prompt import TOOL_NAME
 PIPELINE_CHECK_MODEL = "searchrl-pipeline-check"
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_TOOL_RESPONSE_RE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
+_TOOL_RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 _FIRST_TITLE_RE = re.compile(r"Doc 1 \(Title: (.+?)\) ")
 _QUESTION_RE = re.compile(r"Question:\s*(.+?)\s*$", re.DOTALL)
 
@@ -117,7 +117,13 @@ def _first_user_turn(prompt: str) -> str:
 
 
 def _last_observation(prompt: str) -> str | None:
-    """The latest tool response in a rendered prompt: hermes `<tool_response>` or Search-R1 `<information>`."""
+    """The latest tool response in a rendered prompt: hermes `<tool_response>` or Search-R1 `<information>`.
+
+    Only after the question's turn: the instructions themselves name both tags.
+    """
+    question = _first_user_turn(prompt)
+    start = prompt.find(question) + len(question) if question in prompt else 0
+    prompt = prompt[start:]
     blocks = _TOOL_RESPONSE_RE.findall(prompt) or re.findall(
         r"<information>(.*?)</information>", prompt, re.DOTALL
     )
