@@ -152,6 +152,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def served(args: Sequence[str], log_path: Path) -> Iterator[str]:
     """`searchrl serve ARGS` on a free loopback port, stopped (SIGTERM, then SIGKILL) when the block ends."""
@@ -163,12 +173,7 @@ def served(args: Sequence[str], log_path: Path) -> Iterator[str]:
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
 
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -207,12 +212,7 @@ def scripted_model(log_path: Path, deadline_s: float = 60.0) -> Iterator[str]:
                 time.sleep(0.2)
             yield url + "/v1"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
 
 
 def write_eval_qa(questions: Sequence[Question], path: Path) -> Path:
