@@ -35,6 +35,11 @@ $(VENV)/.retrieval: pyproject.toml $(VENV)/.torch
 	$(BIN)/pip install -q -e '.[retrieval]'
 	@touch $@
 
+# the service plus `searchrl eval` (make smoke runs both)
+$(VENV)/.infer: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install -q -e '.[retrieval,infer]'
+	@touch $@
+
 $(VENV)/.dev: pyproject.toml $(VENV)/.torch
 	$(BIN)/pip install -q -e '.[retrieval,train,infer,dev]'
 	@touch $@
@@ -73,7 +78,7 @@ bench-quality: $(VENV)/.retrieval  ## recall@3 by supporting title of dense, bm2
 
 # make smoke SMOKE_ARGS="--corpus wiki18-100k --backend dense --encoder intfloat/e5-base-v2 --require-download"
 SMOKE_ARGS ?=
-smoke: $(VENV)/.retrieval  ## end to end on a corpus: download (named ones), serve, health, recall (CI's smoke job)
+smoke: $(VENV)/.infer  ## end to end on a corpus: download (named ones), serve, health, recall, scripted-model eval (CI's smoke job)
 	$(BIN)/searchrl smoke $(SMOKE_ARGS)
 
 bench-index: $(VENV)/.retrieval  ## recall@k vs Flat, memory, disk, build/load time per FAISS index type

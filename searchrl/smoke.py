@@ -1,4 +1,4 @@
-"""End-to-end smoke test of a corpus: download, serve, health-check, recall: what CI's `smoke-100k` job runs.
+"""End-to-end smoke test of a corpus: download, serve, health, recall, eval: what CI's `smoke-100k` job runs.
 
     searchrl smoke                                     # bundled corpus, bm25: runs offline (make smoke)
     searchrl smoke --corpus wiki18-100k --backend dense --encoder intfloat/e5-base-v2 --require-download
@@ -8,6 +8,12 @@ loopback port, `searchrl health`'s check, and `/retrieve` over HTTP for the reca
 by title, as `searchrl index recall` does (DESIGN.md 5): on a QA file with `supporting_titles` when one is given
 (the bundled corpus defaults to the dev set), else on known-item questions drawn from the corpus itself (a
 sentence of a passage must find its article in the top k), which works for any corpus, wiki18-100k included.
+
+The last step runs `searchrl eval` (a subprocess, the production CLI) on the first `eval_questions` of those
+questions against the served index, with a SCRIPTED model (`python -m searchrl.infer.scripted`: an
+OpenAI-compatible server that searches for the question, then answers with the first passage's title). It is a
+check of the pipeline, never a model result: the golden answers are the supporting titles, so its EM is the
+index's recall@1, and the step fails on any search failure, LLM error, malformed tool call or unparsable answer.
 
 When the Hugging Face Hub cannot be reached (this repo's development machines), a named corpus is skipped with
 one line saying so and exit 0; `--require-download` (set in CI, where the Hub is reachable) makes that a failure.
@@ -22,6 +28,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,6 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -37,6 +45,7 @@ from searchrl.errors import RetrievalUnavailableError, SearchRLError
 log = logging.getLogger(__name__)
 
 DEFAULT_QA = Path("tests/fixtures/dev_qa.jsonl")
+EVAL_LABEL = "scripted pipeline check (not a model)"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 
 
@@ -55,6 +64,9 @@ class SmokeReport:
     steps: list[Step] = field(default_factory=list)
     recall: float | None = None
     questions: int = 0
+    eval: dict[str, Any] | None = (
+        None  # the scripted-model eval's counts (pipeline check, not a model result)
+    )
 
     @property
     def ok(self) -> bool:
@@ -140,6 +152,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def served(args: Sequence[str], log_path: Path) -> Iterator[str]:
     """`searchrl serve ARGS` on a free loopback port, stopped (SIGTERM, then SIGKILL) when the block ends."""
@@ -151,12 +173,7 @@ def served(args: Sequence[str], log_path: Path) -> Iterator[str]:
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
 
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -165,6 +182,136 @@ def _tail(path: Path, lines: int = 5) -> str:
     except OSError:
         return ""
     return " / ".join(text[-lines:])
+
+
+@contextlib.contextmanager
+def scripted_model(log_path: Path, deadline_s: float = 60.0) -> Iterator[str]:
+    """`python -m searchrl.infer.scripted` on a free loopback port; yields its OpenAI base URL (`.../v1`)."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "searchrl.infer.scripted", "--host", "127.0.0.1", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            end = time.monotonic() + deadline_s
+            while True:
+                if proc.poll() is not None:
+                    raise SearchRLError(
+                        f"the scripted model exited with {proc.returncode}: {_tail(log_path)}"
+                    )
+                try:
+                    if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > end:
+                    raise SearchRLError(
+                        f"the scripted model did not answer {url}/health in {deadline_s:.0f}s"
+                    )
+                time.sleep(0.2)
+            yield url + "/v1"
+        finally:
+            _stop(proc)
+
+
+def write_eval_qa(questions: Sequence[Question], path: Path) -> Path:
+    """The eval's QA file: each question with its supporting titles as the golden answers."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {"id": str(i), "question": q.text, "golden_answers": list(q.titles), "data_source": "smoke"}
+        for i, q in enumerate(questions)
+    ]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def eval_counts(result: dict[str, Any]) -> dict[str, Any]:
+    """What the smoke report keeps of an eval result: every way a question can have gone wrong, and EM."""
+    summary, rows = result["summary"], result["questions"]
+    return {
+        "questions": len(rows),
+        "searched": sum(int(r.get("searches", 0)) > 0 for r in rows),
+        "searches": sum(int(r.get("searches", 0)) for r in rows),
+        "search_failures": int(summary.get("search_failures", 0)),
+        "failure_kinds": dict(summary.get("failure_kinds") or {}),
+        "llm_errors": int(summary.get("llm_errors", 0)),
+        "malformed_calls": sum(int(r.get("malformed_calls", 0)) for r in rows),
+        "unparsed_answers": sum(not r.get("format_valid") for r in rows),
+        "stop_reasons": dict(summary.get("stop_reasons") or {}),
+        "em": float(summary.get("em", 0.0)),
+        "valid": bool(summary.get("valid", False)),
+    }
+
+
+def eval_problems(counts: dict[str, Any], expected: int) -> list[str]:
+    """Why a scripted eval run does not prove the pipeline (empty: it does)."""
+    problems = []
+    if counts["questions"] != expected:
+        problems.append(f"{counts['questions']} of {expected} questions recorded")
+    if counts["searched"] != counts["questions"]:
+        problems.append(f"{counts['questions'] - counts['searched']} questions never searched")
+    if counts["search_failures"]:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(counts["failure_kinds"].items()))
+        problems.append(f"{counts['search_failures']} search failures ({kinds})")
+    if counts["llm_errors"]:
+        problems.append(f"{counts['llm_errors']} LLM errors")
+    if counts["malformed_calls"]:
+        problems.append(f"{counts['malformed_calls']} malformed tool calls")
+    if counts["unparsed_answers"]:
+        problems.append(f"{counts['unparsed_answers']} unparsable answers")
+    if not counts["valid"] and not problems:
+        problems.append("the eval marked its run invalid")
+    return problems
+
+
+def run_eval_step(
+    url: str, questions: Sequence[Question], top1: Sequence[Sequence[str]], k: int, out_dir: Path
+) -> tuple[Step, dict[str, Any] | None]:
+    """`searchrl eval` with the scripted model against `url`, as a user runs it; the step and the counts."""
+    from searchrl.infer.scripted import PIPELINE_CHECK_MODEL
+
+    started = time.monotonic()
+    eval_dir = out_dir / "eval"
+    shutil.rmtree(
+        eval_dir, ignore_errors=True
+    )  # a leftover run of the same protocol would be resumed, not re-run
+    qa = write_eval_qa(questions, eval_dir / "qa.jsonl")
+    results = eval_dir / "results"
+    try:
+        with scripted_model(eval_dir / "scripted-model.log") as llm_url:
+            cmd = [
+                sys.executable, "-m", "searchrl", "eval",
+                "--model", PIPELINE_CHECK_MODEL, "--llm-url", llm_url, "--api", "chat",
+                "--retrieval-url", url, "--qa", str(qa), "--topk", str(k),
+                "--label", EVAL_LABEL, "--output-dir", str(results),
+            ]  # fmt: skip
+            env = {**os.environ, "SEARCHRL_INFER_LLM_MAX_RETRIES": "2"}  # the token stays in the environment
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)
+    except (SearchRLError, subprocess.TimeoutExpired) as exc:
+        return Step("eval (scripted model)", "failed", time.monotonic() - started, str(exc)), None
+    (eval_dir / "eval.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    found = sorted(results.glob("*.json"))
+    if proc.returncode != 0 and not found:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        detail = f"searchrl eval exited {proc.returncode}: {last}"
+        return Step("eval (scripted model)", "failed", time.monotonic() - started, detail), None
+    counts = eval_counts(json.loads(found[-1].read_text(encoding="utf-8")))
+    recall1 = score(questions, [t[:1] for t in top1])
+    counts.update(result=str(found[-1]), recall_at_1=recall1, exit_code=proc.returncode)
+    problems = eval_problems(counts, len(questions))
+    if proc.returncode != 0 and not problems:
+        problems.append(f"searchrl eval exited {proc.returncode}")
+    detail = (
+        f"pipeline check, NOT a model result: {counts['questions']} questions, {counts['searches']} searches, "
+        f"{counts['search_failures']} search failures, {counts['llm_errors']} LLM errors, "
+        f"{counts['malformed_calls']} malformed tool calls, {counts['unparsed_answers']} unparsable answers; "
+        f"EM {counts['em']:.3f} (answers are the top passage's title: recall@1 over /retrieve is {recall1:.3f})"
+    )
+    if problems:
+        detail = f"{'; '.join(problems)}. {detail}"
+    status = "failed" if problems else "passed"
+    return Step("eval (scripted model)", status, time.monotonic() - started, detail), counts
 
 
 def run_smoke(
@@ -177,6 +324,7 @@ def run_smoke(
     questions: int = 20,
     k: int = 3,
     min_recall: float = 0.6,
+    eval_questions: int = 10,
     require_download: bool = False,
     start_deadline_s: float = 900.0,
     out_dir: Path = Path("outputs/smoke"),
@@ -238,6 +386,14 @@ def run_smoke(
         status = "passed" if report.recall >= min_recall else "failed"
         detail = f"recall@{k} {report.recall:.3f} on {len(qs)} questions ({kind}; floor {min_recall})"
         report.steps.append(Step("recall", status, time.monotonic() - started, detail))
+        if status == "failed":
+            return report
+
+        if eval_questions <= 0:
+            report.steps.append(Step("eval (scripted model)", "skipped", 0.0, "--eval-questions 0"))
+            return report
+        step, report.eval = run_eval_step(url, qs[:eval_questions], titles[:eval_questions], k, out_dir)
+        report.steps.append(step)
     return report
 
 
@@ -248,4 +404,18 @@ def write_report(report: SmokeReport, out_dir: Path) -> Path:
     return path
 
 
-__all__ = ["Question", "SmokeReport", "Step", "hub_reachable", "known_item_questions", "run_smoke", "score"]
+__all__ = [
+    "EVAL_LABEL",
+    "Question",
+    "SmokeReport",
+    "Step",
+    "eval_counts",
+    "eval_problems",
+    "hub_reachable",
+    "known_item_questions",
+    "run_eval_step",
+    "run_smoke",
+    "score",
+    "scripted_model",
+    "write_eval_qa",
+]

@@ -22,6 +22,10 @@ from searchrl.trainer.settings import TrainSettings
 # Where verl finds our reward function: an importable module, so it works on every Ray node without paths.
 REWARD_FN_PATH = "pkg://searchrl.trainer.reward"
 REWARD_FN_NAME = "compute_score"
+# verl's sync trainer plus per-step search metrics (trainer/verl_trainer.py), registered under this name by a
+# Ray worker setup hook, because verl's TaskRunner actor looks the name up without importing our code.
+TRAINER_MODE = "searchrl_sync"
+SETUP_HOOK = "searchrl.trainer.verl_trainer.register"
 
 # Values hydra's override grammar accepts unquoted; anything else is single-quoted.
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./:+\-~@]+$")
@@ -131,6 +135,9 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("trainer.resume_mode", "auto"),
         ("trainer.max_actor_ckpt_to_keep", s.max_ckpt_to_keep),
         ("trainer.default_local_dir", _abs(s.run_dir)),
+        # --- per-step search metrics in verl's tracker (console; W&B when WANDB_API_KEY is set)
+        ("trainer.v1.trainer_mode", TRAINER_MODE),
+        ("+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook", SETUP_HOOK),
     ]
     if s.rollout_data_dir is not None:
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
@@ -144,4 +151,12 @@ def main_ppo_command(
     return [python, "-m", "verl.trainer.main_ppo", *render_overrides(settings, train_rows)]
 
 
-__all__ = ["REWARD_FN_NAME", "REWARD_FN_PATH", "hydra_value", "main_ppo_command", "render_overrides"]
+__all__ = [
+    "REWARD_FN_NAME",
+    "REWARD_FN_PATH",
+    "SETUP_HOOK",
+    "TRAINER_MODE",
+    "hydra_value",
+    "main_ppo_command",
+    "render_overrides",
+]

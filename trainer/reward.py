@@ -27,6 +27,7 @@ from typing import Any
 
 from searchrl.errors import SearchFailureRateError
 from searchrl.scoring import score_response
+from searchrl.trainer.metrics import FAILURE_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ SEARCH_R1_SOURCES = frozenset(
 TOOL_COUNTERS = ("search_calls", "search_failures", "search_latency_s")
 # Comma-separated failure kinds of one trajectory ("timeout,connect"); a string, because verl stacks every
 # extra field into a numpy object array and lists of equal length would broadcast into a 2-D array.
-FAILURE_KINDS_FIELD = "search_failure_kinds"
+FAILURE_KINDS_FIELD = FAILURE_KINDS
 POLICY_FAILURES = frozenset(
     {"bad_arguments"}
 )  # failure kinds the model causes; not counted against the service

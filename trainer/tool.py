@@ -15,7 +15,9 @@ the environment variable the config *names*, so the token never appears in the Y
 
 Every failure becomes an observation the model sees ("search failed: timeout"), never a silent empty result.
 verl's ToolAgentLoop drops the metrics dict that execute() returns, so the tool also adds per-trajectory counters
-to the loop's `extra_fields`; verl passes those to the reward function, which logs them (trainer/reward.py).
+to the loop's `extra_fields`: verl passes them to the reward function (which stops a run whose searches keep
+failing, trainer/reward.py) and stores them with the sample, where the trainer turns each step's worth into
+`search/*` metrics for the console and W&B (trainer/metrics.py, trainer/verl_trainer.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, format_observation, queries_from_arguments
 from searchrl.retrieval.client import RetrievalClient, summarize_client_stats
-from searchrl.trainer.reward import FAILURE_KINDS_FIELD
+from searchrl.trainer import metrics as m
 from searchrl.trainer.toolconfig import SearchToolConfig
 
 log = logging.getLogger(__name__)
@@ -131,18 +133,31 @@ class SearchTool(BaseTool):
 
 
 def _count(agent_data: Any, metrics: dict[str, Any]) -> None:
-    """Add this call to the trajectory's counters in the agent loop's extra_fields (see module docstring)."""
+    """Add this call to the trajectory's counters in the agent loop's extra_fields (see module docstring).
+
+    Numbers and comma-separated strings only: verl stacks every extra field into a numpy object array.
+    """
     fields = getattr(agent_data, "extra_fields", None)
     if not isinstance(fields, dict):
         return
-    fields["search_calls"] = fields.get("search_calls", 0) + 1
-    fields["search_failures"] = fields.get("search_failures", 0) + metrics["failed"]
+
+    def add(key: str, value: float) -> None:
+        fields[key] = fields.get(key, 0) + value
+
+    def append(key: str, value: str) -> None:
+        fields[key] = f"{fields[key]},{value}" if fields.get(key) else value
+
+    add(m.CALLS, 1)
+    add(m.FAILURES, metrics["failed"])
+    add(m.QUERIES, metrics["num_queries"])
+    add(m.RESULTS, metrics["num_hits"])
+    add(m.EMPTY_CALLS, int(not metrics["failed"] and metrics["num_hits"] == 0))
     if metrics[
         "failed"
     ]:  # the kinds name the cause when the reward function stops the run (trainer/reward.py)
-        kinds = fields.get(FAILURE_KINDS_FIELD) or ""
-        fields[FAILURE_KINDS_FIELD] = f"{kinds},{metrics['error']}" if kinds else metrics["error"]
-    fields["search_latency_s"] = fields.get("search_latency_s", 0.0) + metrics["latency_s"]
+        append(m.FAILURE_KINDS, metrics["error"])
+    add("search_latency_s", metrics["latency_s"])
+    append(m.LATENCIES_MS, f"{metrics['latency_s'] * 1000:.1f}")
 
 
 __all__ = ["FAILURE_PREFIX", "SearchTool"]

@@ -1,4 +1,4 @@
-"""`searchrl smoke`: download, serve, health-check and score one corpus end to end (CI's smoke job).
+"""`searchrl smoke`: download, serve, health-check, score and eval (scripted model) one corpus (CI's smoke job).
 
     searchrl smoke                                     # bundled corpus + bm25, offline (= make smoke)
     searchrl smoke --corpus wiki18-100k --backend dense --encoder intfloat/e5-base-v2 --require-download
@@ -17,7 +17,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "smoke",
-        help="end-to-end smoke test of a corpus: download, serve, health, recall",
+        help="end-to-end smoke test of a corpus: download, serve, health, recall, eval with a scripted model",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     p.add_argument("--corpus", default="bundled", help="bundled | wiki18-100k | wiki18 | JSONL path")
@@ -28,6 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--questions", type=int, default=20, help="known-item questions when no QA file applies")
     p.add_argument("--k", type=int, default=3, help="top-k passages scored per question")
     p.add_argument("--min-recall", type=float, default=0.6, help="fail below this recall@k (default 0.6)")
+    p.add_argument(
+        "--eval-questions",
+        type=int,
+        default=10,
+        help="questions `searchrl eval` runs with a scripted model (a pipeline check; 0 skips; default 10)",
+    )
     p.add_argument("--require-download", action="store_true", help="an unreachable Hub fails the run")
     p.add_argument("--deadline", type=float, default=900.0, help="seconds for the service to answer")
     p.add_argument("--out", type=Path, default=Path("outputs/smoke"), help="where smoke.json and logs go")
@@ -42,6 +48,8 @@ def _smoke(args: argparse.Namespace) -> int:
     setup_logging()
     if args.k < 1 or args.questions < 1:
         raise ConfigError("--k and --questions must be at least 1")
+    if args.eval_questions < 0:
+        raise ConfigError(f"--eval-questions must be 0 (skip) or more, got {args.eval_questions}")
     if not 0.0 <= args.min_recall <= 1.0:
         raise ConfigError(f"--min-recall is a share between 0 and 1, got {args.min_recall}")
     report = run_smoke(
@@ -53,6 +61,7 @@ def _smoke(args: argparse.Namespace) -> int:
         questions=args.questions,
         k=args.k,
         min_recall=args.min_recall,
+        eval_questions=args.eval_questions,
         require_download=args.require_download,
         start_deadline_s=args.deadline,
         out_dir=args.out,

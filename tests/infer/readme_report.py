@@ -18,8 +18,6 @@ import re
 import shutil
 import sys
 import tempfile
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from searchrl.cli import main
+from searchrl.infer.scripted import Turn, create_scripted_app
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.infer.conftest import build_tokenizer
@@ -49,44 +48,25 @@ def _row_for(prompt: str) -> dict[str, Any]:
     raise KeyError("question not found")
 
 
-def scripted_model() -> FastAPI:
-    app = FastAPI()
+class _ReadmePolicy:
+    """base-3b answers 2 questions in 5 from memory; trained-3b searches, then answers if the gold is in view."""
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    models = ("base-3b", "trained-3b")
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": m, "object": "model"} for m in ("base-3b", "trained-3b")]}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> JSONResponse:
-        body = await request.json()
-        prompt, model = body["prompt"], body["model"]
-        row = _row_for(prompt)
+    def reply(self, model: str, turn: Turn) -> str:
+        row = _row_for(turn.question_turn)
         gold = row["golden_answers"][0]
         if model == "base-3b":
-            text = f"<answer> {gold if _bucket(row['id'], 5) < 2 else 'unknown'} </answer>"
-        elif "<tool_response>\n" not in prompt:
+            return f"<answer> {gold if _bucket(row['id'], 5) < 2 else 'unknown'} </answer>"
+        if turn.observation is None:
             call = {"name": "search", "arguments": {"query_list": [row["question"]]}}
-            text = f"<think>Let me search.</think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
-        else:
-            seen = prompt.rsplit("<tool_response>\n", 1)[1]
-            found = any(re.search(re.escape(g), seen, re.IGNORECASE) for g in row["golden_answers"])
-            text = f"<answer> {gold if found else 'unknown'} </answer>"
-        return JSONResponse(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
-                "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())},
-            }
-        )
+            return f"<think>Let me search.</think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        found = any(re.search(re.escape(g), turn.observation, re.IGNORECASE) for g in row["golden_answers"])
+        return f"<answer> {gold if found else 'unknown'} </answer>"
 
-    return app
+
+def scripted_model() -> FastAPI:
+    return create_scripted_app(_ReadmePolicy())
 
 
 def flaky_proxy(upstream: str) -> FastAPI:

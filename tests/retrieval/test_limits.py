@@ -308,6 +308,23 @@ def test_dashboard_and_alerts_use_exported_metric_names() -> None:
         assert name in exported or base in exported, name
 
 
+def test_dashboard_has_a_panel_for_every_exported_metric() -> None:
+    import json
+    import re
+
+    from searchrl.retrieval.metrics import RetrievalMetrics
+    from tests.conftest import REPO
+
+    text = RetrievalMetrics().render().decode()
+    exported = {
+        n for n, kind in re.findall(r"^# TYPE (\S+) (\S+)", text, flags=re.M) if not n.endswith("_created")
+    }
+    dashboard = json.loads((REPO / "docs/grafana/retrieval-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    used = {re.sub(r"_(bucket|sum|count)$", "", n) for n in re.findall(r"searchrl_retrieval_[a-z_]+", exprs)}
+    assert sorted(exported - used) == []
+
+
 def test_reliability_cli_unknown_scenario_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     from searchrl.cli import main
 

@@ -1,0 +1,293 @@
+"""A scripted OpenAI-compatible model server: a PIPELINE CHECK, never a model result.
+
+    python -m searchrl.infer.scripted --host 127.0.0.1 --port 30000     # serves "searchrl-pipeline-check"
+
+It speaks the wire format `searchrl eval` uses with sglang and vLLM (`GET /health`, `GET /v1/models`,
+`POST /v1/completions`, `POST /v1/chat/completions` with hermes tool calls parsed into `tool_calls` as a server
+started with `--tool-call-parser hermes` does, vLLM's error shape), so everything between the model and the
+result file runs for real: prompt, tool call parsing, the retrieval client against a live service, observation
+formatting, answer parsing, scoring, the report. `searchrl smoke` starts it to check a served index end to end
+without a GPU.
+
+Two policies decide what it says:
+
+- `SearchThenAnswer` (the one the CLI serves): turn 1 searches for the question, as written after
+  "Question:"; turn 2 answers with the title of the first passage it read (`Doc 1 (Title: T)`), or says it
+  found nothing. No knowledge, no randomness: on a QA set whose answers are supporting titles its EM is the
+  index's recall@1, which is what makes it a check of the pipeline and not of any model.
+- `Replay` (tests): fixed turns per model, picked by a key found in the question's turn.
+
+Every request body is kept in `app.state.requests`; `app.state.fail_after = N` makes every generation request
+after the first N answer 503, as a server that died mid-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from searchrl.prompt import TOOL_NAME
+
+PIPELINE_CHECK_MODEL = "searchrl-pipeline-check"
+ASSISTANT_HEADER = "<|im_start|>assistant\n"
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_TOOL_RESPONSE_RE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+_FIRST_TITLE_RE = re.compile(r"Doc 1 \(Title: (.+?)\) ")
+_QUESTION_RE = re.compile(r"Question:\s*(.+?)\s*$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a policy sees of a conversation, whichever endpoint it came through."""
+
+    question_turn: str  # the first user turn (the prompt with the question)
+    turn: int  # assistant turns already in the conversation
+    observation: str | None  # the latest tool response, if any
+
+
+class Policy(Protocol):
+    """Decides the next assistant text; None answers 400 (no scripted completion)."""
+
+    models: Sequence[str]
+
+    def reply(self, model: str, turn: Turn) -> str | None: ...
+
+
+@dataclass
+class Replay:
+    """Fixed turns: `{model: {question key: [turn 1, turn 2, ...]}}`; the last turn repeats."""
+
+    scripts: dict[str, dict[str, list[str]]]
+    models: Sequence[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.models = list(self.scripts)
+
+    def reply(self, model: str, turn: Turn) -> str | None:
+        for key, turns in self.scripts.get(model, {}).items():
+            if key in turn.question_turn:
+                return turns[min(turn.turn, len(turns) - 1)]
+        return None
+
+
+@dataclass
+class SearchThenAnswer:
+    """Search for the question, then answer with the first passage's title (module docstring)."""
+
+    models: Sequence[str] = (PIPELINE_CHECK_MODEL,)
+
+    def reply(self, model: str, turn: Turn) -> str | None:
+        if model not in self.models:
+            return None
+        if turn.observation is None:
+            match = _QUESTION_RE.search(turn.question_turn)
+            question = match.group(1) if match else turn.question_turn.strip()
+            call = json.dumps(
+                {"name": TOOL_NAME, "arguments": {"query_list": [question]}}, ensure_ascii=False
+            )
+            return (
+                f"<think>pipeline check: search for the question</think>\n<tool_call>\n{call}\n</tool_call>"
+            )
+        found = _FIRST_TITLE_RE.search(turn.observation)
+        answer = found.group(1) if found else "no passage"
+        return f"<think>pipeline check: answer with the first passage's title</think>\n<answer> {answer} </answer>"
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    # vLLM's error shape
+    return JSONResponse(
+        {"object": "error", "message": message, "type": "BadRequestError", "code": status}, status
+    )
+
+
+def _first_user_turn(prompt: str) -> str:
+    """The question's turn only: observations later in the prompt may mention other scripts' keys."""
+    start = prompt.find("<|im_start|>user\n")
+    end = prompt.find("<|im_end|>", start)
+    return prompt[start:end] if start >= 0 and end > start else prompt
+
+
+def _last_observation(prompt: str) -> str | None:
+    """The latest tool response in a rendered prompt: hermes `<tool_response>` or Search-R1 `<information>`.
+
+    Only after the question's turn: the instructions themselves name both tags.
+    """
+    question = _first_user_turn(prompt)
+    start = prompt.find(question) + len(question) if question in prompt else 0
+    prompt = prompt[start:]
+    blocks = _TOOL_RESPONSE_RE.findall(prompt) or re.findall(
+        r"<information>(.*?)</information>", prompt, re.DOTALL
+    )
+    return blocks[-1] if blocks else None
+
+
+def _usage(prompt: str, completion: str) -> dict[str, int]:
+    p, c = len(prompt.split()), len(completion.split())
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _parse_tool_calls(text: str) -> list[dict[str, Any]]:
+    """What sglang/vLLM's hermes tool parser returns: OpenAI tool calls with string arguments."""
+    calls = []
+    for raw in _TOOL_CALL_RE.findall(text):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:8]}",
+                "type": "function",
+                "function": {"name": obj["name"], "arguments": json.dumps(obj.get("arguments", {}))},
+            }
+        )
+    return calls
+
+
+def create_scripted_app(policy: Policy) -> FastAPI:
+    """The OpenAI-compatible app around `policy` (see the module docstring for the endpoints)."""
+    app = FastAPI(title="scripted model (pipeline check)")
+    app.state.requests = []
+    app.state.fail_after = None
+
+    def _down() -> bool:
+        return app.state.fail_after is not None and len(app.state.requests) > app.state.fail_after
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "scripted"} for m in policy.models]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        app.state.requests.append(body)
+        if _down():
+            return _error(503, "server is shutting down")
+        model, prompt = body.get("model"), body.get("prompt")
+        if model not in policy.models:
+            return _error(404, f"The model `{model}` does not exist.")
+        if not isinstance(prompt, str):
+            return _error(400, "prompt must be a string")
+        # assistant turns so far; Search-R1's format continues one assistant turn after each <information>
+        turn = (
+            prompt.count(ASSISTANT_HEADER)
+            - 1
+            + prompt.count("</information>\n\n")
+            + prompt.count("try again.\n")
+        )
+        text = policy.reply(model, Turn(_first_user_turn(prompt), turn, _last_observation(prompt)))
+        if text is None:
+            return _error(400, "no scripted completion for this prompt")
+        finish = "stop"
+        for s in body.get("stop") or []:
+            if s in text:
+                text = text[: text.index(s)]
+        max_tokens = int(body.get("max_tokens") or 16)
+        words = text.split(" ")
+        if len(words) > max_tokens:
+            text, finish = " ".join(words[:max_tokens]), "length"
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": _usage(prompt, text),
+            }
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        app.state.requests.append(body)
+        if _down():
+            return _error(503, "server is shutting down")
+        model, messages = body.get("model"), body.get("messages") or []
+        if model not in policy.models:
+            return _error(404, f"The model `{model}` does not exist.")
+        first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        tool_messages = [m for m in messages if m.get("role") == "tool"]
+        observation = str(tool_messages[-1].get("content") or "") if tool_messages else None
+        text = policy.reply(model, Turn(first_user, turn, observation))
+        if text is None:
+            return _error(400, "no scripted completion for these messages")
+        # A server started with a hermes tool parser returns parsed tool calls and strips them from content.
+        tool_calls = _parse_tool_calls(text) if body.get("tools") else []
+        content = _TOOL_CALL_RE.sub("", text).strip() if tool_calls else text
+        message = {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": None,
+            "tool_calls": tool_calls,
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": "tool_calls" if tool_calls else "stop",
+            "stop_reason": None,
+        }
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [choice],
+                "usage": _usage(json.dumps(messages), text),
+            }
+        )
+
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Serve `SearchThenAnswer` on a loopback port until killed."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(
+        prog="python -m searchrl.infer.scripted", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    args = parser.parse_args(argv)
+    uvicorn.run(create_scripted_app(SearchThenAnswer()), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = [
+    "PIPELINE_CHECK_MODEL",
+    "Policy",
+    "Replay",
+    "SearchThenAnswer",
+    "Turn",
+    "create_scripted_app",
+    "main",
+]
