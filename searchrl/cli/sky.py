@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "leftover $VARs and accelerators. Required envs/secrets not given get placeholders.",
         argument_default=argparse.SUPPRESS,
     )
-    v.add_argument("paths", nargs="*", help="task files (default: the four in sky/)")
+    v.add_argument("paths", nargs="*", help="task files (default: the five in sky/)")
     _add_overrides(v)
     v.set_defaults(handler=_validate)
 
@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument(
         "--timeout",
         type=float,
-        help="seconds to wait for READY (default 4200: the probe's 3600 s initial delay + provisioning)",
+        help="seconds to wait for READY (default 2400: the probe's 1800 s initial delay + provisioning)",
     )
     e.set_defaults(handler=_endpoint)
 
