@@ -308,7 +308,11 @@ def cold_read_mb_s(path: Path) -> float:
 
 
 def run_start_time(
-    work: Path, *, backends: tuple[str, ...] = ("bm25", "dense"), standin: bool = True
+    work: Path,
+    *,
+    backends: tuple[str, ...] = ("bm25", "dense"),
+    standin: bool = True,
+    standin_passages: int = STANDIN_PASSAGES,
 ) -> StartReport:
     """Measure every row; bundled indexes are built once into work/build (reused on later runs)."""
     from searchrl.retrieval.encoder_tuning import cpu_info
@@ -333,10 +337,8 @@ def run_start_time(
         from searchrl.retrieval.index_copy import copy_index
         from searchrl.retrieval.settings import RetrievalSettings
 
-        log.info(
-            "wiki18-100k stand-in: building %d x %d Flat from random vectors", STANDIN_PASSAGES, STANDIN_DIM
-        )
-        root = make_standin(work)
+        log.info("wiki18-100k stand-in: %d x %d Flat from random vectors", standin_passages, STANDIN_DIM)
+        root = make_standin(work, passages=standin_passages)
         settings = load_settings(RetrievalSettings, corpus="wiki18-100k", encoder=STANDIN_ENCODER)
         copy_index(settings, "dense", root, work / "standin-bucket", progress=False)
         replica = work / "replica-standin"
