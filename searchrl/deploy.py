@@ -50,9 +50,9 @@ SKY_INSTALL_HINT = (
 )
 DEFAULT_SERVICE = "searchrl-retrieval"
 DEFAULT_JOB = "searchrl-train"
-# How long `searchrl sky endpoint` waits for READY by default: sky/retrieval.yaml's initial_delay_seconds (1800,
+# How long `searchrl sky endpoint` waits for READY by default: sky/retrieval.yaml's initial_delay_seconds (2000,
 # the slowest supported replica start; searchrl/replica_budget.py) plus ~10 min for the controller and provisioning.
-ENDPOINT_TIMEOUT_S = 2400.0
+ENDPOINT_TIMEOUT_S = 2600.0
 
 # Accelerators we have sized the tasks for (docs/deploy.md). SkyPilot accepts any name offline (its catalog is
 # a download), so a typo such as H1000 would only fail at launch time, after the controller is up.

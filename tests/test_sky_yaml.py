@@ -531,11 +531,11 @@ def test_setup_runs_twice_on_the_same_node(yaml_name: str, tmp_path: Path) -> No
     if yaml_name.startswith("train"):  # the pins start_cluster's install is held to
         assert (venv / "searchrl-pins.txt").read_text() == "click==8.5.1\n"
     if yaml_name == "retrieval.yaml":  # no index bucket: downloads/builds on the replica, as before
-        budget = "searchrl sky start-budget --corpus bundled --backend bm25 --delay 1800 --index-bucket  --install pip"
+        budget = "searchrl sky start-budget --corpus bundled --backend bm25 --delay 2000 --index-bucket  --install pip"
         assert calls.count(budget) == 2
         assert calls.count("searchrl index build --backend bm25 --corpus bundled") == 2
         assert "searchrl index copy" not in calls
-        assert "setup finished after " in stdout and "of the 1800s readiness delay" in stdout
+        assert "setup finished after " in stdout and "of the 2000s readiness delay" in stdout
 
 
 def test_retrieval_setup_with_an_index_bucket_copies_and_never_downloads_or_builds(tmp_path: Path) -> None:
@@ -550,7 +550,7 @@ def test_retrieval_setup_with_an_index_bucket_copies_and_never_downloads_or_buil
     )
     assert calls.count(copy) == 2  # once per setup run (a re-run skips files already copied)
     assert "index download" not in calls and "index build" not in calls
-    assert "--delay 1800 --index-bucket my-index --install pip" in calls
+    assert "--delay 2000 --index-bucket my-index --install pip" in calls
     assert "setup finished after " in stdout
 
 
@@ -648,7 +648,7 @@ def test_probe_delay_env_matches_the_probe_and_covers_the_measured_starts() -> N
     for corpus, backend in [("bundled", "bm25"), ("bundled", "dense"), ("wiki18-100k", "dense")]:
         assert replica_budget.start_budget(corpus, backend, delay).startswith("replica start: ")
     with pytest.raises(
-        DeployError, match=r"needs ~2730s to start downloading.*from an index bucket it needs ~1475s"
+        DeployError, match=r"needs ~2898s to start downloading.*from an index bucket it needs ~1643s"
     ):
         replica_budget.start_budget("wiki18", "dense", delay)
     policy = config["service"]["replica_policy"]
@@ -663,11 +663,11 @@ def test_validate_catches_a_probe_delay_env_out_of_step(tmp_path: Path) -> None:
     copy.write_text(
         (SKY / "retrieval.yaml")
         .read_text()
-        .replace("initial_delay_seconds: 1800", "initial_delay_seconds: 600")
+        .replace("initial_delay_seconds: 2000", "initial_delay_seconds: 600")
     )
     proc = searchrl("sky", "validate", str(copy))
     assert proc.returncode == 2
-    assert "SEARCHRL_PROBE_DELAY_S=1800 but readiness_probe.initial_delay_seconds is 600" in proc.stdout
+    assert "SEARCHRL_PROBE_DELAY_S=2000 but readiness_probe.initial_delay_seconds is 600" in proc.stdout
 
 
 def test_the_documented_tls_block_passes_skypilots_parser(tmp_path: Path) -> None:
@@ -697,7 +697,7 @@ def test_every_sky_launch_the_repo_documents_deletes_its_cluster() -> None:
     assert len(launches) >= 4, launches
     for name, line in launches:
         assert re.search(r"sky launch -c \S+ -i \d+ --down ", line), f"{name}: {line.strip()}"
-    for yaml_name in ("train-single.yaml", "infer.yaml"):
+    for yaml_name in ("train-single.yaml", "infer.yaml", "index-build.yaml"):
         autostop = yaml.safe_load((SKY / yaml_name).read_text())["resources"]["autostop"]
         assert autostop["down"] is True and autostop["idle_minutes"] <= 15
 

@@ -4,7 +4,7 @@
     searchrl sky endpoint searchrl-retrieval [--timeout S]
     searchrl sky probe http://127.0.0.1:8000 [--env K=V ...] [--secret NAME ...]
     searchrl sky serve [--dry-run] [--name NAME] [--env K=V ...] [--secret NAME ...]  # retrieval.yaml on SkyServe
-    searchrl sky start-budget --corpus wiki18 --backend dense --delay 1800 --index-bucket B   # in its setup
+    searchrl sky start-budget --corpus wiki18 --backend dense --delay 2000 --index-bucket B   # in its setup
     searchrl sky train [--dry-run] [--num-nodes N] [--env K=V ...] [--secret NAME ...] [--service NAME]
 
 A `--secret` flag takes a NAME; its value is read from the environment, so no secret ever reaches argv or `ps`.
@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument(
         "--timeout",
         type=float,
-        help="seconds to wait for READY (default 2400: the probe's 1800 s initial delay + provisioning)",
+        help="seconds to wait for READY (default 2600: the probe's 2000 s initial delay + provisioning)",
     )
     e.set_defaults(handler=_endpoint)
 
