@@ -33,3 +33,15 @@ def test_start_time_copies_serves_and_names_the_cpu(tmp_path: Path) -> None:
         tmp_path, backends=("bm25",), standin=False
     )  # the bucket is built once, then reused
     assert again.build_s["bundled/bm25"] == 0.0 and "bundled/bm25 reused" in format_report(again)
+
+
+def test_start_time_cli_refuses_an_unknown_backend_in_one_line() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "searchrl", "sky", "start-time", "--backends", "bm25,google"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: --backends takes bm25 and/or dense, got 'bm25,google'"
