@@ -20,6 +20,7 @@ modification time are skipped, because setup re-runs on a restarted replica.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -111,16 +112,22 @@ def _up_to_date(src: Path, dst: Path) -> bool:
 
 def _copy_file(src: Path, dst: Path, bar: tqdm) -> None:
     """Copy to a temporary name, then rename: a reader never sees a partial file under the real name."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
         with open(src, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
             while n := fin.readinto(buf):
                 fout.write(view[:n])
                 bar.update(n)
         os.replace(tmp, dst)
+    except OSError as exc:  # a full disk, a read-only mount, a path in the way: one line, not a traceback
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise IndexLoadError(
+            f"cannot copy {src} to {dst}: {exc.strerror or exc}; fix it and run again"
+        ) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -157,3 +157,13 @@ def test_cli_prints_dir_fingerprint_summary_and_fails_in_one_line(bucket: Path, 
     assert line.startswith("error: index source ") and "is the index bucket mounted there?" in line
     web = cli("--from", str(bucket), "--backend", "serper", *common)
     assert web.returncode == 0 and web.stdout == ""  # web backends have nothing to copy
+
+
+def test_a_destination_that_cannot_be_written_is_one_line(bucket: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "replica"
+    dest.mkdir()
+    (dest / "corpora").write_text("a file where the corpora folder goes")
+    with pytest.raises(
+        IndexLoadError, match=r"cannot copy .* to .*wiki-18-100k.jsonl: .*; fix it and run again"
+    ):
+        copy_index(_settings(bucket), "bm25", bucket, dest, progress=False)
