@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE smoke lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability
+.PHONY: FORCE smoke lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -89,15 +89,21 @@ RELIABILITY_ARGS ?=
 bench-reliability: $(VENV)/.dev  ## soak, 10x overload, SIGKILL/SIGSTOP replicas, SIGTERM drain, big body, slow clients
 	$(BIN)/searchrl reliability $(RELIABILITY_ARGS)
 
+# issue 15: replica start from an index bucket stand-in (docs/deploy.md section 6); e.g. START_ARGS="--no-standin"
+START_ARGS ?=
+bench-start: $(VENV)/.retrieval  ## replica start: index copy + serve to the first 200 (bundled), the 100k stand-in, disk rates
+	$(BIN)/searchrl sky start-time $(START_ARGS)
+
 # --- deployment (issue 5) -------------------------------------------------------------------------------------
 # make serve-retrieval-sky ENV="SEARCHRL_RETRIEVAL_BACKEND=bm25"   (export RETRIEVAL_API_KEY first)
+# make serve-retrieval-sky ENV="SEARCHRL_INDEX_BUCKET=my-searchrl-index"   (after sky/index-build.yaml filled it)
 # make train NODES=4 ENV="DATASET_SIZE=small" SECRETS="WANDB_API_KEY"   (DRY_RUN=1: print the task, launch nothing)
 SERVICE ?= searchrl-retrieval
 SECRETS ?=
 NODES   ?=
 DRY_RUN ?=
-serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkyServe and print its endpoint
-	$(SKY_VENV)/bin/sky serve up -y -n $(SERVICE) sky/retrieval.yaml --secret RETRIEVAL_API_KEY $(addprefix --env ,$(ENV))
+serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkyServe (ENV="SEARCHRL_INDEX_BUCKET=..." mounts the index bucket) and print its endpoint
+	$(SKY_VENV)/bin/python -m searchrl sky serve --name $(SERVICE) --secret RETRIEVAL_API_KEY $(addprefix --env ,$(ENV))
 	$(SKY_VENV)/bin/python -m searchrl sky endpoint $(SERVICE)
 
 train: $(VENV)/.dev $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed job on NODES nodes

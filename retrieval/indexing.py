@@ -138,11 +138,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
 
 
-def corpus_key(corpus_path: Path) -> str:
-    """Directory name for a corpus's indexes: its stem plus a checksum prefix (edits get a fresh dir)."""
+def corpus_key(corpus_path: Path, checksum: str | None = None) -> str:
+    """Directory name for a corpus's indexes: its stem plus a checksum prefix (edits get a fresh dir).
+
+    Pass `checksum` when the caller already has it (over a bucket mount every read is a network round trip).
+    """
     stem = corpus_path.name.removesuffix(".jsonl")
-    checksum = corpus_checksum(corpus_path).split(":", 1)[1]
-    return f"{_slug(stem)}-{checksum[:10]}"
+    digest = (checksum or corpus_checksum(corpus_path)).split(":", 1)[1]
+    return f"{_slug(stem)}-{digest[:10]}"
 
 
 def index_dir_name(kind: IndexKind, settings: RetrievalSettings) -> str:
@@ -562,10 +565,12 @@ __all__ = [
     "IndexManifest",
     "build_bm25_index",
     "build_dense_index",
+    "corpus_key",
     "default_index_dir",
     "ensure_index",
     "import_faiss_index",
     "index_dir_for",
+    "index_dir_name",
     "load_manifest",
     "resolve_corpus",
     "verify_manifest",

@@ -2,6 +2,7 @@
 
     searchrl sky validate                          # every sky/*.yaml through SkyPilot's own parser
     searchrl sky endpoint searchrl-retrieval       # wait for READY, print http://IP:PORT
+    searchrl sky serve --env SEARCHRL_INDEX_BUCKET=my-index --secret RETRIEVAL_API_KEY   # replicas from a bucket
     searchrl sky train --dry-run --env CHECKPOINT_BUCKET=my-ckpts    # print the task, launch nothing
     searchrl sky train --env CHECKPOINT_BUCKET=my-ckpts --secret WANDB_API_KEY
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
 SKY_DIR = REPO / "sky"
-TASK_FILES = ("retrieval.yaml", "train.yaml", "train-single.yaml", "infer.yaml")
+TASK_FILES = ("retrieval.yaml", "index-build.yaml", "train.yaml", "train-single.yaml", "infer.yaml")
 SKY_VENV_PYTHON = REPO / ".venv-sky" / "bin" / "python"
 SKY_INSTALL_HINT = (
     "SkyPilot is not installed: run `make sky-venv` (python3 -m venv .venv-sky && "
@@ -49,9 +50,9 @@ SKY_INSTALL_HINT = (
 )
 DEFAULT_SERVICE = "searchrl-retrieval"
 DEFAULT_JOB = "searchrl-train"
-# How long `searchrl sky endpoint` waits for READY by default: sky/retrieval.yaml's initial_delay_seconds (3600,
+# How long `searchrl sky endpoint` waits for READY by default: sky/retrieval.yaml's initial_delay_seconds (2000,
 # the slowest supported replica start; searchrl/replica_budget.py) plus ~10 min for the controller and provisioning.
-ENDPOINT_TIMEOUT_S = 4200.0
+ENDPOINT_TIMEOUT_S = 2600.0
 
 # Accelerators we have sized the tasks for (docs/deploy.md). SkyPilot accepts any name offline (its catalog is
 # a download), so a typo such as H1000 would only fail at launch time, after the controller is up.
@@ -182,7 +183,11 @@ def inline_secrets(path: Path) -> list[str]:
 def load_task(
     path: Path, envs: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None
 ) -> sky.Task:
-    """Parse `path` with SkyPilot's own loader, applying --env/--secret overrides exactly as its CLI does."""
+    """Parse `path` with SkyPilot's own loader, applying --env/--secret overrides exactly as its CLI does.
+
+    Then, as `searchrl sky serve` launches it: a non-empty SEARCHRL_INDEX_BUCKET mounts that bucket read-only
+    (searchrl/index_mount.py; SkyPilot cannot make a file mount optional).
+    """
     _sky()
     from sky.utils import dag_utils
 
@@ -198,6 +203,15 @@ def load_task(
     if len(dag.tasks) != 1:
         raise DeployError(f"{path}: expected one task, found {len(dag.tasks)}")
     task: sky.Task = dag.tasks[0]
+    from searchrl.index_mount import BUCKET_ENV, add_index_mount
+
+    declared = any(BUCKET_ENV in (doc.get("envs") or {}) for doc in _raw_docs(path))
+    try:
+        if declared:  # an --env given to every file by `validate` must not mount the bucket on the trainer
+            add_index_mount(task)
+    except (ValueError, TypeError) as exc:  # SkyPilot's schema check of the storage spec
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DeployError(f"{path}: SkyPilot rejected the index bucket mount: {first}") from None
     return task
 
 
@@ -604,6 +618,59 @@ def plan_train(
     return TrainPlan(task=task, text=render_task(task, secrets), url=url)
 
 
+@dataclass
+class ServePlan:
+    task: Any  # sky.Task
+    text: str  # rendered, redacted
+    index_mount: str | None  # where the index bucket is mounted, if any
+
+
+def plan_serve(
+    *,
+    envs: Mapping[str, str],
+    secret_names: Iterable[str] = (),
+    yaml_path: Path | None = None,
+    resources: Mapping[str, Any] | None = None,
+) -> ServePlan:
+    """sky/retrieval.yaml as `searchrl sky serve` launches it: overrides, secrets, the optional index bucket mount.
+
+    `resources` are `sky serve up`'s resource flags (cpus, memory, disk_size, image_id), applied as SkyPilot's
+    CLI applies them (`Task.set_resources_override`). Refuses (one line) anything `searchrl sky validate` would
+    flag, before a controller or replica starts.
+    """
+    from searchrl.index_mount import BUCKET_ENV, DEFAULT_MOUNT, MOUNT_ENV
+
+    path = Path(yaml_path or SKY_DIR / "retrieval.yaml")
+    _need_envs, need_secrets = required_names(path)
+    secrets = secrets_from_env(sorted(set(need_secrets) | set(secret_names)))
+    task = load_task(path, envs, secrets)
+    if task.service is None:
+        raise ConfigError(f"{path} has no service: section; `searchrl sky serve` launches SkyServe services")
+    overrides = {k: v for k, v in (resources or {}).items() if v is not None}
+    if overrides:
+        try:
+            task.set_resources_override(overrides)
+        except (ValueError, TypeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"resources {overrides}: SkyPilot rejected them: {first}") from None
+    problems = check_task(task)
+    if problems:
+        raise DeployError(
+            f"{path}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
+    mount = None
+    if (task.envs or {}).get(BUCKET_ENV, "").strip():
+        mount = task.envs.get(MOUNT_ENV) or DEFAULT_MOUNT
+    return ServePlan(task=task, text=render_task(task, secrets), index_mount=mount)
+
+
+def launch_serve(plan: ServePlan, *, service_name: str = DEFAULT_SERVICE) -> str:
+    """`sky serve up` of the planned task; returns the service name SkyServe gave it."""
+    sky = _sky()
+    name, _endpoint = sky.stream_and_get(sky.serve.up(plan.task, service_name=service_name))
+    return str(name)
+
+
 def launch_train(plan: TrainPlan, *, job_name: str = DEFAULT_JOB) -> str:
     """Launch the planned task as a managed job (recovers from preemption) and stream its launch log."""
     sky = _sky()
@@ -620,14 +687,17 @@ __all__ = [
     "Probe",
     "Report",
     "SKY_DIR",
+    "ServePlan",
     "TrainPlan",
     "check_task",
     "failed_replica_states",
     "inline_secrets",
+    "launch_serve",
     "launch_train",
     "leftover_vars",
     "load_task",
     "parse_env_flags",
+    "plan_serve",
     "plan_train",
     "readiness_probe",
     "render_task",

@@ -430,15 +430,25 @@ def test_failed_replica_states_come_from_the_installed_skyserve() -> None:
 
 
 def test_start_budget_runs_without_skypilot_and_refuses_in_one_line() -> None:
-    argv = ["sky", "start-budget", "--corpus", "wiki18", "--backend", "hybrid", "--delay", "3600"]
+    argv = ["sky", "start-budget", "--corpus", "wiki18", "--backend", "dense", "--delay", "2000"]
     env = {k: v for k, v in os.environ.items() if k != "SEARCHRL_SKY_PYTHON"}
-    proc = subprocess.run([sys.executable, "-m", "searchrl", *argv], cwd=REPO, capture_output=True, text=True,
-                          env={**env, "PATH": "/usr/bin:/bin"}, timeout=60)  # fmt: skip
+
+    def budget(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "searchrl", *argv, *extra], cwd=REPO, capture_output=True,
+                              text=True, env={**env, "PATH": "/usr/bin:/bin"}, timeout=60)  # fmt: skip
+
+    proc = budget("--index-bucket", "")  # as setup passes an unset SEARCHRL_INDEX_BUCKET
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("error: corpus wiki18 with backend hybrid needs ~4272s to start")
-    ok = subprocess.run([sys.executable, "-m", "searchrl", *argv[:-3], "bm25", "--delay", "3600"], cwd=REPO,
-                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert line.startswith("error: corpus wiki18 with backend dense needs ~2898s to start downloading")
+    assert "from an index bucket it needs ~1643s, which fits: build it once with sky/index-build.yaml" in line
+    ok = budget("--index-bucket", "my-index")
     assert ok.returncode == 0 and ok.stderr.startswith(
-        "replica start: corpus wiki18 with backend bm25 needs ~"
+        "replica start: corpus wiki18 with backend dense needs ~1643s from the index bucket (install + copy 78.67 GB"
     )
+    image = budget("--index-bucket", "my-index", "--install", "image")
+    assert image.returncode == 0 and "needs ~1343s from the index bucket (image (no install)" in image.stderr
+    hybrid = subprocess.run([sys.executable, "-m", "searchrl", *argv[:5], "hybrid", "--delay", "2000",
+                             "--index-bucket", "my-index"], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert hybrid.returncode == 2 and "at least 2128 in sky/retrieval.yaml" in hybrid.stderr

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -126,7 +127,7 @@ def test_validate_passes_on_the_shipped_yamls() -> None:
     proc = searchrl("sky", "validate")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     oks = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
-    assert len(oks) == 4, proc.stdout
+    assert len(oks) == 5, proc.stdout
     assert "--secret RETRIEVAL_API_KEY" in proc.stdout  # what the launch still needs is reported
 
 
@@ -290,13 +291,19 @@ STUBS = {
 
 
 def run_node(
-    yaml_name: str, home: Path, *, rank: int = 0, nodes: int = 1, **env: str
+    yaml_name: str,
+    home: Path,
+    *,
+    rank: int = 0,
+    nodes: int = 1,
+    mount_cached: str = "/checkpoints",
+    **env: str,
 ) -> tuple[int, str, str]:
     """Build `yaml_name`'s script for node `rank` with SkyPilot's codegen, run it in a fake node at `home`."""
     built = json.loads(
         in_sky_python_argv(BUILD_SCRIPT, str(SKY / yaml_name), str(rank), str(nodes)).strip().splitlines()[-1]
     )
-    assert built["mount_cached"] == ["/checkpoints"]
+    assert built["mount_cached"] == [mount_cached]
     bin_dir = home / "bin"
     for folder in (
         bin_dir,
@@ -381,6 +388,29 @@ def test_head_run_script_exits_0_after_the_flush_loop(yaml_name: str, last: str,
         assert calls.index("searchrl train local") < calls.index("searchrl train merge")
 
 
+def test_index_build_copies_into_the_bucket_then_waits_for_the_upload(tmp_path: Path) -> None:
+    """sky/index-build.yaml's run as SkyPilot builds it: build, copy into the MOUNT_CACHED bucket, flush loop."""
+    rc, stdout, calls = run_node("index-build.yaml", tmp_path, mount_cached="/searchrl-index")
+    assert rc == 0, stdout[-2000:]
+    assert _flushed(stdout), stdout[-2000:]
+    build = "searchrl index build --backend bm25 --corpus bundled --encoder bundled-minilm --index-type Flat"
+    copy = (
+        "searchrl index copy --from data --to /searchrl-index --backend bm25 --corpus bundled "
+        "--encoder bundled-minilm --index-type Flat"
+    )
+    assert calls.index(build) < calls.index(copy) < calls.index("sleep 10")
+    assert calls.splitlines()[-1].startswith("sleep 10")  # the copy is only done once rclone has uploaded it
+
+
+def test_a_failed_index_copy_fails_the_build_job(tmp_path: Path) -> None:
+    failing = (
+        "index copy --from data --to /searchrl-index --backend bm25 --corpus bundled --encoder bundled-minilm "
+        "--index-type Flat"
+    )
+    rc, stdout, _ = run_node("index-build.yaml", tmp_path, mount_cached="/searchrl-index", FAIL_ON=failing)
+    assert rc == 7 and _flushed(stdout)  # what was written still uploads; the job is still a failure
+
+
 def test_worker_stays_until_the_heads_ray_is_gone_then_flushes(tmp_path: Path) -> None:
     rc, stdout, calls = run_node("train.yaml", tmp_path, rank=1, nodes=2, HEAD_RAY_CHECKS="4")
     assert rc == 0, stdout[-2000:]
@@ -419,11 +449,18 @@ from pathlib import Path
 from sky.skylet import log_lib
 from searchrl import deploy
 
-path = Path(sys.argv[1])
+path, overrides = Path(sys.argv[1]), json.loads(sys.argv[2])
 need_envs, need_secrets = deploy.required_names(path)
-task = deploy.load_task(path, {n: "placeholder" for n in need_envs}, {n: "secret" for n in need_secrets})
+envs = {**{n: "placeholder" for n in need_envs}, **overrides}
+task = deploy.load_task(path, envs, {n: "secret" for n in need_secrets})
+mounts = {d: {"mode": s.mode.value, "name": s.name, "source": s.source,
+              "read_only": bool(s.mount_config and s.mount_config.read_only)}
+          for d, s in (task.storage_mounts or {}).items()}
 # RayCodeGen.add_setup prefixes the command like this, and run_bash_command_with_log wraps it the same way as run.
-print(json.dumps(log_lib.make_task_bash_script("unset CUDA_VISIBLE_DEVICES; " + task.setup, env_vars=task.envs_and_secrets)))
+print(json.dumps({"setup": log_lib.make_task_bash_script("unset CUDA_VISIBLE_DEVICES; " + task.setup,
+                                                         env_vars=task.envs_and_secrets),
+                  "run": log_lib.make_task_bash_script(task.run, env_vars=task.envs_and_secrets),
+                  "mounts": mounts}))
 """
 
 
@@ -433,44 +470,157 @@ def real_uv() -> str:
     return found
 
 
-@pytest.mark.parametrize("yaml_name", [p.name for p in YAMLS])
-def test_setup_runs_twice_on_the_same_node(yaml_name: str, tmp_path: Path) -> None:
-    """Real `uv venv` on the same folder twice; installs and downloads are stubbed (no network, no GPU wheels)."""
-    script = json.loads(in_sky_python_argv(BUILD_SETUP, str(SKY / yaml_name)).strip().splitlines()[-1])
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (tmp_path / "sky_workdir").mkdir()
+def built_setup(yaml_name: str, **envs: str) -> dict[str, Any]:
+    """sky/<yaml_name>'s setup and run scripts and storage mounts, as SkyPilot builds them with these --env's."""
+    out = in_sky_python_argv(BUILD_SETUP, str(SKY / yaml_name), json.dumps(envs))
+    built: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return built
+
+
+def run_setup(
+    yaml_name: str, home: Path, *, attempts: int = 2, image: bool = False, **envs: str
+) -> tuple[str, str]:
+    """Run the setup script `attempts` times in a fake node at `home`; returns (last stdout, calls log).
+
+    Real `uv venv` on the same folder each time; installs, downloads and `searchrl` are stubs that log their argv.
+    `searchrl` is on PATH only inside the venv, as after `uv pip install -e .`, unless `image` (an image_id that
+    already has it, where setup must install nothing).
+    """
+    script = built_setup(yaml_name, **envs)["setup"]
+    bin_dir = home / "bin"
+    bin_dir.mkdir(parents=True)
+    (home / "sky_workdir").mkdir()
+    searchrl_stub = '#!/bin/bash\necho "searchrl $*" >> "$HOME/calls.log"\n'
     stubs = {
-        # the real `uv venv` minus --seed (which would fetch pip from PyPI): re-running is about the folder
-        "uv": f'echo "uv $*" >> "$HOME/calls.log"\n[ "$1" != venv ] || exec {real_uv()} ${{@/--seed/}}\n'
+        # the real `uv venv` minus --seed (which would fetch pip from PyPI): re-running is about the folder; then
+        # the venv gets the searchrl stub, as `uv pip install -e .` would put the real one there
+        "uv": f'echo "uv $*" >> "$HOME/calls.log"\n'
+        f'if [ "$1" = venv ]; then {real_uv()} ${{@/--seed/}} || exit $?\n'
+        f'  cp "{bin_dir}/../searchrl-stub" "$HOME/sky_workdir/.venv/bin/searchrl"; exit 0; fi\n'
         '[ "$1 $2" != "pip freeze" ] || echo "click==8.5.1"',
-        "searchrl": 'echo "searchrl $*" >> "$HOME/calls.log"',
         "pip": 'echo "pip $*" >> "$HOME/calls.log"',
     }
+    (home / "searchrl-stub").write_text(searchrl_stub)
+    (home / "searchrl-stub").chmod(0o755)
+    if image:
+        shutil.copy(home / "searchrl-stub", bin_dir / "searchrl")
     for name, body in stubs.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    (tmp_path / "setup.sh").write_text(script)
-    env = {
-        "HOME": str(tmp_path),
-        "PATH": f"{bin_dir}:/usr/bin:/bin",
-        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
-    }
-    for attempt in (1, 2):
-        proc = subprocess.run(["/bin/bash", "-i", str(tmp_path / "setup.sh")], env=env, capture_output=True,
+    (home / "setup.sh").write_text(script)
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin", "UV_CACHE_DIR": str(home / "uv-cache")}
+    stdout = ""
+    for attempt in range(1, attempts + 1):
+        proc = subprocess.run(["/bin/bash", "-i", str(home / "setup.sh")], env=env, capture_output=True,
                               text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
         assert proc.returncode == 0, (
             f"setup run {attempt} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
         )
+        stdout = proc.stdout
+    calls = (home / "calls.log").read_text() if (home / "calls.log").is_file() else ""
+    return stdout, calls
+
+
+@pytest.mark.parametrize("yaml_name", [p.name for p in YAMLS])
+def test_setup_runs_twice_on_the_same_node(yaml_name: str, tmp_path: Path) -> None:
+    """Real `uv venv` on the same folder twice; installs and downloads are stubbed (no network, no GPU wheels)."""
+    stdout, calls = run_setup(yaml_name, tmp_path)
     venv = tmp_path / "sky_workdir" / ".venv"
     assert (venv / "bin" / "python").exists()
-    calls = (tmp_path / "calls.log").read_text()
     assert calls.count("uv venv") == 2 and calls.count("uv pip install") >= 2
     if yaml_name.startswith("train"):  # the pins start_cluster's install is held to
         assert (venv / "searchrl-pins.txt").read_text() == "click==8.5.1\n"
-    if yaml_name == "retrieval.yaml":
-        assert "searchrl sky start-budget --corpus bundled --backend bm25 --delay 3600" in calls
-        assert "setup finished after " in proc.stdout and "of the 3600s readiness delay" in proc.stdout
+    if yaml_name == "retrieval.yaml":  # no index bucket: downloads/builds on the replica, as before
+        budget = "searchrl sky start-budget --corpus bundled --backend bm25 --delay 2000 --index-bucket  --install pip"
+        assert calls.count(budget) == 2
+        assert calls.count("searchrl index build --backend bm25 --corpus bundled") == 2
+        assert "searchrl index copy" not in calls
+        assert "setup finished after " in stdout and "of the 2000s readiness delay" in stdout
+
+
+def test_retrieval_setup_with_an_index_bucket_copies_and_never_downloads_or_builds(tmp_path: Path) -> None:
+    stdout, calls = run_setup(
+        "retrieval.yaml", tmp_path, SEARCHRL_INDEX_BUCKET="my-index", SEARCHRL_RETRIEVAL_CORPUS="wiki18",
+        SEARCHRL_RETRIEVAL_BACKEND="dense", SEARCHRL_RETRIEVAL_ENCODER="intfloat/e5-base-v2",
+        SEARCHRL_INDEX_FINGERPRINT="0123456789abcdef",
+    )  # fmt: skip
+    copy = (
+        "searchrl index copy --from /searchrl-index --to data --backend dense --corpus wiki18 "
+        "--encoder intfloat/e5-base-v2 --index-type Flat --fingerprint 0123456789abcdef"
+    )
+    assert calls.count(copy) == 2  # once per setup run (a re-run skips files already copied)
+    assert "index download" not in calls and "index build" not in calls
+    assert "--delay 2000 --index-bucket my-index --install pip" in calls
+    assert "setup finished after " in stdout
+
+
+def test_retrieval_setup_on_an_image_with_searchrl_installs_nothing(tmp_path: Path) -> None:
+    _, calls = run_setup("retrieval.yaml", tmp_path, image=True, SEARCHRL_INDEX_BUCKET="my-index")
+    assert "uv " not in calls and "pip " not in calls.replace("searchrl", "")
+    assert not (tmp_path / "sky_workdir" / ".venv").exists()
+    assert calls.count("--index-bucket my-index --install image") == 2
+    run = built_setup("retrieval.yaml")["run"]
+    assert "! command -v searchrl" in run  # run: uses the image's searchrl too, and the venv only without it
+
+
+def test_the_index_bucket_mounts_read_only_only_when_set() -> None:
+    """What SkyPilot's parser gives for sky/retrieval.yaml with and without SEARCHRL_INDEX_BUCKET."""
+    assert built_setup("retrieval.yaml")["mounts"] == {}  # as `sky serve up` runs the file today
+    named = built_setup("retrieval.yaml", SEARCHRL_INDEX_BUCKET="my-index")["mounts"]
+    assert named == {
+        "/searchrl-index": {"mode": "MOUNT", "name": "my-index", "source": None, "read_only": True}
+    }
+    url = built_setup("retrieval.yaml", SEARCHRL_INDEX_BUCKET="gs://team-indexes/wiki18")["mounts"]
+    assert (
+        url["/searchrl-index"]["source"] == "gs://team-indexes/wiki18" and url["/searchrl-index"]["read_only"]
+    )
+    # index-build.yaml's own writable mount is kept; the trainer never gets the bucket from a shared --env
+    build = built_setup("index-build.yaml", SEARCHRL_INDEX_BUCKET="my-index")["mounts"]
+    assert build == {
+        "/searchrl-index": {"mode": "MOUNT_CACHED", "name": "my-index", "source": None, "read_only": False}
+    }
+    assert built_setup("train.yaml", SEARCHRL_INDEX_BUCKET="my-index")["mounts"].keys() == {"/checkpoints"}
+
+
+def test_an_empty_bucket_mount_in_the_file_would_fail_at_launch(tmp_path: Path) -> None:
+    """Why the mount is added in Python: SkyPilot parses an env-substituted empty source offline, then refuses it
+    when it constructs the storage at launch (the same `_validate_storage_spec` check)."""
+    text = (
+        (SKY / "retrieval.yaml")
+        .read_text()
+        .replace(
+            "\nenvs:\n",
+            "\nfile_mounts:\n  /searchrl-index:\n    source: $SEARCHRL_INDEX_BUCKET\n    mode: MOUNT\n\nenvs:\n",
+        )
+    )
+    (tmp_path / "retrieval.yaml").write_text(text)
+    code = (
+        "import sys; from pathlib import Path; from searchrl.deploy import load_task\n"
+        "t = load_task(Path(sys.argv[1]), {}, {'RETRIEVAL_API_KEY': 'x'})\n"
+        "(s,) = t.storage_mounts.values()\n"
+        "try:\n    s._validate_storage_spec(s.name)\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    )
+    out = in_sky_python_argv(code, str(tmp_path / "retrieval.yaml"))
+    assert "StorageNameError Storage name must be specified if the source is local." in out
+
+
+def test_sky_serve_dry_run_prints_the_task_with_the_mount_and_no_token() -> None:
+    proc = searchrl(
+        "sky", "serve", "--dry-run", "--secret", "RETRIEVAL_API_KEY", "--env", "SEARCHRL_INDEX_BUCKET=my-index",
+        "--cpus", "16+", "--memory", "96+", env={"RETRIEVAL_API_KEY": TOKEN},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    task = yaml.safe_load(proc.stdout)
+    mount = task["file_mounts"]["/searchrl-index"]
+    assert (
+        mount["mode"] == "MOUNT" and mount["config"] == {"mount": {"read_only": True}} and mount["persistent"]
+    )
+    assert task["resources"]["cpus"] == "16+" and task["resources"]["memory"] == "96+"
+    assert TOKEN not in proc.stdout + proc.stderr
+    plain = searchrl(
+        "sky", "serve", "--dry-run", "--secret", "RETRIEVAL_API_KEY", env={"RETRIEVAL_API_KEY": TOKEN}
+    )
+    assert plain.returncode == 0 and not yaml.safe_load(plain.stdout).get("file_mounts")
 
 
 def test_plain_uv_venv_fails_on_a_rerun(tmp_path: Path) -> None:
@@ -485,17 +635,24 @@ def test_probe_delay_env_matches_the_probe_and_covers_the_measured_starts() -> N
     config = yaml.safe_load((SKY / "retrieval.yaml").read_text())
     delay = config["service"]["readiness_probe"]["initial_delay_seconds"]
     assert config["envs"]["SEARCHRL_PROBE_DELAY_S"] == str(delay)
-    for corpus, backend in [
-        ("bundled", "bm25"),
-        ("bundled", "dense"),
-        ("wiki18-100k", "dense"),
-        ("wiki18", "dense"),
-    ]:
+    # the recommended path: every single-backend corpus from the index bucket, with pip or an image
+    for corpus in ("bundled", "wiki18-100k", "wiki18"):
+        for backend in ("bm25", "dense"):
+            for install in ("pip", "image"):
+                line = replica_budget.start_budget(corpus, backend, delay, prebuilt=True, install=install)
+                assert line.startswith("replica start: ") and "from the index bucket" in line
+    # sized by the slowest of them (wiki18 dense, x1.2), not padded far beyond it
+    slowest = max(v[0] for k, v in replica_budget.PREBUILT_ESTIMATES_S.items() if k[1] in ("bm25", "dense"))
+    assert slowest * 1.2 <= delay < slowest * 1.2 + 60
+    # without a bucket the small corpora still fit, and wiki18 is refused with the bucket path named
+    for corpus, backend in [("bundled", "bm25"), ("bundled", "dense"), ("wiki18-100k", "dense")]:
         assert replica_budget.start_budget(corpus, backend, delay).startswith("replica start: ")
-    with pytest.raises(DeployError, match=r"needs ~4272s .* at least 5127 in sky/retrieval.yaml"):
-        replica_budget.start_budget("wiki18", "hybrid", delay)
+    with pytest.raises(
+        DeployError, match=r"needs ~2898s to start downloading.*from an index bucket it needs ~1643s"
+    ):
+        replica_budget.start_budget("wiki18", "dense", delay)
     policy = config["service"]["replica_policy"]
-    bundled_start = replica_budget.START_ESTIMATES_S[("bundled", "bm25")][0]
+    bundled_start = replica_budget.PREBUILT_ESTIMATES_S[("bundled", "bm25")][0]
     # scale up for load that lasts about as long as a new replica takes to start; keep replicas > 2 starts
     assert abs(policy["upscale_delay_seconds"] - bundled_start) < 0.1 * bundled_start
     assert policy["downscale_delay_seconds"] >= 2 * bundled_start
@@ -506,11 +663,11 @@ def test_validate_catches_a_probe_delay_env_out_of_step(tmp_path: Path) -> None:
     copy.write_text(
         (SKY / "retrieval.yaml")
         .read_text()
-        .replace("initial_delay_seconds: 3600", "initial_delay_seconds: 600")
+        .replace("initial_delay_seconds: 2000", "initial_delay_seconds: 600")
     )
     proc = searchrl("sky", "validate", str(copy))
     assert proc.returncode == 2
-    assert "SEARCHRL_PROBE_DELAY_S=3600 but readiness_probe.initial_delay_seconds is 600" in proc.stdout
+    assert "SEARCHRL_PROBE_DELAY_S=2000 but readiness_probe.initial_delay_seconds is 600" in proc.stdout
 
 
 def test_the_documented_tls_block_passes_skypilots_parser(tmp_path: Path) -> None:
@@ -540,7 +697,7 @@ def test_every_sky_launch_the_repo_documents_deletes_its_cluster() -> None:
     assert len(launches) >= 4, launches
     for name, line in launches:
         assert re.search(r"sky launch -c \S+ -i \d+ --down ", line), f"{name}: {line.strip()}"
-    for yaml_name in ("train-single.yaml", "infer.yaml"):
+    for yaml_name in ("train-single.yaml", "infer.yaml", "index-build.yaml"):
         autostop = yaml.safe_load((SKY / yaml_name).read_text())["resources"]["autostop"]
         assert autostop["down"] is True and autostop["idle_minutes"] <= 15
 

@@ -4,6 +4,7 @@
     searchrl index build --backend all                    # dense (bundled MiniLM) and BM25
     searchrl index build --backend dense --corpus my.jsonl --encoder intfloat/e5-base-v2 --force
     searchrl index download wiki18-100k                   # 100k passages + prebuilt E5 Flat index
+    searchrl index copy --from data --to /searchrl-index  # publish a built index to the bucket mount (or back)
 
 Prints each index directory and a one-line manifest summary on stdout; progress goes to stderr.
 """
@@ -67,6 +68,32 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("--force", action="store_true", help="re-import the index even if present")
     d.set_defaults(handler=_download)
 
+    c = verbs.add_parser(
+        "copy",
+        help="copy a built index and its corpus between data directories (to or from the index bucket)",
+        description="Copy the index the settings name (backend, corpus, encoder, index type) and its corpus from "
+        "one data directory to another: into the bucket mount once (sky/index-build.yaml), out of it on every "
+        "replica (sky/retrieval.yaml setup). Verifies corpus checksum, encoder, row count and, with "
+        "--fingerprint, the exact build; files already there are skipped. No download, no build.",
+        argument_default=argparse.SUPPRESS,
+    )
+    c.add_argument("--from", dest="source", required=True, help="data directory to copy from")
+    c.add_argument("--to", dest="dest", required=True, help="data directory to copy into")
+    c.add_argument(
+        "--backend",
+        choices=["dense", "bm25", "all", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"],
+        help="which index (as for build; web backends copy nothing). Default: the configured backend",
+    )
+    c.add_argument("--corpus", help="bundled | wiki18-100k | wiki18")
+    c.add_argument("--encoder", help="encoder of a dense index (default bundled-minilm)")
+    c.add_argument("--index-type", dest="index_type", help="FAISS factory string (default Flat)")
+    c.add_argument(
+        "--fingerprint",
+        help="comma-separated manifest fingerprints the copied indexes must have (pins one build); "
+        "empty = any",
+    )
+    c.set_defaults(handler=_copy)
+
     # benchmarks live in their own modules: index types (eval) and retrieval quality on a QA set (recall)
     from searchrl.cli.index_eval import register_eval
     from searchrl.cli.index_recall import register_recall
@@ -87,6 +114,15 @@ def _settings(args: argparse.Namespace, *names: str):  # -> RetrievalSettings
     return load_settings(RetrievalSettings, **given(args, *names))
 
 
+def _kinds(choice: str) -> list[str]:
+    """Index kinds a backend choice serves from: hybrid and all need both, web backends none."""
+    if choice in ("all", "hybrid"):
+        return ["dense", "bm25"]
+    if choice in ("dense", "bm25"):
+        return [choice]
+    return []
+
+
 def _build(args: argparse.Namespace) -> int:
     from searchrl.logs import setup_logging
     from searchrl.retrieval.indexing import ensure_index, load_manifest
@@ -104,11 +140,8 @@ def _build(args: argparse.Namespace) -> int:
         "precision",
     )
     choice = getattr(args, "backend", settings.backend)
-    if choice in ("all", "hybrid"):
-        kinds = ["dense", "bm25"]
-    elif choice in ("dense", "bm25"):
-        kinds = [choice]
-    else:  # web backends: nothing local to build (lets deploy scripts call this for any backend)
+    kinds = _kinds(choice)
+    if not kinds:  # web backends: nothing local to build (lets deploy scripts call this for any backend)
         log.info("backend %s searches the web: no local index to build", choice)
         return 0
     if settings.index_dir is not None and len(kinds) > 1:
@@ -127,4 +160,24 @@ def _download(args: argparse.Namespace) -> int:
     settings = _settings(args, "data_dir")
     path = download(args.name, settings, force=getattr(args, "force", False))
     print(path)  # noqa: T201 - CLI result
+    return 0
+
+
+def _copy(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from searchrl.logs import setup_logging
+    from searchrl.retrieval.index_copy import copy_index
+
+    setup_logging()
+    settings = _settings(args, "corpus", "encoder", "index_type")
+    choice = getattr(args, "backend", settings.backend)
+    kinds = _kinds(choice)
+    if not kinds:
+        log.info("backend %s searches the web: no index to copy", choice)
+        return 0
+    pins = [f.strip() for f in getattr(args, "fingerprint", "").split(",") if f.strip()]
+    for kind in kinds:
+        done = copy_index(settings, kind, Path(args.source), Path(args.dest), fingerprints=pins)  # type: ignore[arg-type]
+        print(done.line())  # noqa: T201 - CLI result
     return 0

@@ -3,7 +3,8 @@
     searchrl sky validate [PATH ...] [--env K=V ...] [--secret NAME ...]
     searchrl sky endpoint searchrl-retrieval [--timeout S]
     searchrl sky probe http://127.0.0.1:8000 [--env K=V ...] [--secret NAME ...]
-    searchrl sky start-budget --corpus wiki18 --backend dense --delay 3600   # in retrieval.yaml's setup
+    searchrl sky serve [--dry-run] [--name NAME] [--env K=V ...] [--secret NAME ...]  # retrieval.yaml on SkyServe
+    searchrl sky start-budget --corpus wiki18 --backend dense --delay 2000 --index-bucket B   # in its setup
     searchrl sky train [--dry-run] [--num-nodes N] [--env K=V ...] [--secret NAME ...] [--service NAME]
 
 A `--secret` flag takes a NAME; its value is read from the environment, so no secret ever reaches argv or `ps`.
@@ -28,13 +29,17 @@ _FLAGS = {
     "name": "--name",
     "health_deadline": "--health-deadline",
     "num_nodes": "--num-nodes",
+    "cpus": "--cpus",
+    "memory": "--memory",
+    "disk_size": "--disk-size",
+    "image_id": "--image-id",
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "sky",
-        help="SkyPilot tasks: validate, endpoint, probe, train",
+        help="SkyPilot tasks: validate, endpoint, probe, serve, train",
         description="Validate the sky/ task files, find the retrieval endpoint, launch the trainer.",
     )
     verbs = p.add_subparsers(dest="sky_verb", metavar="VERB")
@@ -47,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "leftover $VARs and accelerators. Required envs/secrets not given get placeholders.",
         argument_default=argparse.SUPPRESS,
     )
-    v.add_argument("paths", nargs="*", help="task files (default: the four in sky/)")
+    v.add_argument("paths", nargs="*", help="task files (default: the five in sky/)")
     _add_overrides(v)
     v.set_defaults(handler=_validate)
 
@@ -60,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument(
         "--timeout",
         type=float,
-        help="seconds to wait for READY (default 4200: the probe's 3600 s initial delay + provisioning)",
+        help="seconds to wait for READY (default 2600: the probe's 2000 s initial delay + provisioning)",
     )
     e.set_defaults(handler=_endpoint)
 
@@ -74,6 +79,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _add_overrides(r)
     r.set_defaults(handler=_probe)
 
+    s = verbs.add_parser(
+        "serve",
+        help="launch sky/retrieval.yaml on SkyServe, with the index bucket mounted when SEARCHRL_INDEX_BUCKET is set",
+        description="Parse sky/retrieval.yaml with SkyPilot (env/secret overrides applied), add the read-only "
+        "index bucket mount when --env SEARCHRL_INDEX_BUCKET=... is given (SkyPilot cannot make a mount "
+        "optional in the file), check it as `searchrl sky validate` does, then `sky serve up`.",
+        argument_default=argparse.SUPPRESS,
+    )
+    s.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the task; launch nothing")
+    s.add_argument("--name", help="service name (default searchrl-retrieval)")
+    s.add_argument("--yaml", help="service task file (default sky/retrieval.yaml)")
+    s.add_argument("--cpus", help="as sky serve up --cpus, e.g. 8+ (wiki18-100k), 16+ (wiki18)")
+    s.add_argument("--memory", help="as sky serve up --memory, e.g. 16+ (wiki18-100k), 96+ (wiki18 Flat)")
+    s.add_argument(
+        "--disk-size", dest="disk_size", type=int, help="GB, as sky serve up --disk-size (wiki18: 256)"
+    )
+    s.add_argument("--image-id", dest="image_id", help="e.g. docker:<registry>/searchrl-retrieval:0.1.0")
+    _add_overrides(s)
+    s.set_defaults(handler=_serve)
+
     b = verbs.add_parser(
         "start-budget",
         help="say whether a retrieval replica starts within the probe's initial delay (run in setup)",
@@ -83,7 +108,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("--corpus", required=True, help="SEARCHRL_RETRIEVAL_CORPUS, e.g. bundled, wiki18")
     b.add_argument("--backend", required=True, help="SEARCHRL_RETRIEVAL_BACKEND, e.g. bm25, dense")
     b.add_argument("--delay", required=True, type=float, help="readiness_probe.initial_delay_seconds")
+    b.add_argument(
+        "--index-bucket",
+        dest="index_bucket",
+        default="",
+        help="SEARCHRL_INDEX_BUCKET: non-empty = the index is copied from the bucket, not downloaded or built",
+    )
+    b.add_argument(
+        "--install",
+        choices=["pip", "image"],
+        default="pip",
+        help="pip: setup installs torch and the package (~300 s); image: the image_id already has searchrl",
+    )
     b.set_defaults(handler=_start_budget)
+
+    from searchrl.cli.start_time import register_start_time
+
+    register_start_time(verbs)
 
     t = verbs.add_parser(
         "train",
@@ -185,7 +226,37 @@ def _start_budget(args: argparse.Namespace) -> int:
     from searchrl.replica_budget import start_budget
 
     # Runs on a replica, whose venv has no SkyPilot: never re-executes itself in .venv-sky.
-    print(start_budget(args.corpus, args.backend, args.delay), file=sys.stderr)  # noqa: T201
+    line = start_budget(
+        args.corpus,
+        args.backend,
+        args.delay,
+        prebuilt=bool(args.index_bucket.strip()),
+        install=args.install,
+    )
+    print(line, file=sys.stderr)  # noqa: T201
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    rc = _maybe_reexec(args, "serve", [])
+    if rc is not None:
+        return rc
+    from searchrl import deploy
+
+    _setup_logging()
+    plan = deploy.plan_serve(
+        envs=deploy.parse_env_flags(getattr(args, "env", [])),
+        secret_names=getattr(args, "secret", []),
+        yaml_path=Path(args.yaml) if hasattr(args, "yaml") else None,
+        resources={k: getattr(args, k, None) for k in ("cpus", "memory", "disk_size", "image_id")},
+    )
+    if plan.index_mount:
+        logging.getLogger(__name__).info("index bucket mounted read-only at %s", plan.index_mount)
+    if getattr(args, "dry_run", False):
+        print(plan.text, end="")  # noqa: T201
+        return 0
+    name = deploy.launch_serve(plan, service_name=getattr(args, "name", deploy.DEFAULT_SERVICE))
+    print(f"service {name} is starting (searchrl sky endpoint {name})")  # noqa: T201
     return 0
 
 
