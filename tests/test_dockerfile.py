@@ -42,4 +42,30 @@ def test_image_copies_every_package_and_serves() -> None:
             f"COPY {package} ./{package}" in text
         )  # setuptools finds all four; a missing one breaks install
     assert 'ENTRYPOINT ["searchrl", "serve"]' in text
-    assert "USER 10001" in text  # not root
+
+
+def _stages(text: str) -> dict[str, list[str]]:
+    """Each build stage's instructions (first word of each line), by stage name."""
+    stages: dict[str, list[str]] = {}
+    current = ""
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0] == "FROM":
+            current = words[-1]
+            stages[current] = []
+        stages.setdefault(current, []).append(line)
+    return stages
+
+
+def test_default_target_is_not_root_and_the_sky_target_is() -> None:
+    """`docker build` (no --target) builds the last stage: the unprivileged service. SkyPilot's container runtime
+    needs root as the default user (apt-get, sshd, ~/.ssh of the default user, FUSE mounts), so `--target sky`
+    must not switch users."""
+    stages = _stages(DOCKERFILE.read_text())
+    names = list(stages)
+    assert names[-1] == "service", names
+    assert any(line.startswith("USER 10001") for line in stages["service"])  # not root
+    assert "sky" in stages and not any(line.startswith("USER") for line in stages["sky"])
+    assert not any(line.startswith("USER") for line in stages["base"])  # sky inherits root from base

@@ -95,7 +95,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument(
         "--disk-size", dest="disk_size", type=int, help="GB, as sky serve up --disk-size (wiki18: 256)"
     )
-    s.add_argument("--image-id", dest="image_id", help="e.g. docker:<registry>/searchrl-retrieval:0.1.0")
+    s.add_argument(
+        "--image-id",
+        dest="image_id",
+        help="e.g. docker:<registry>/searchrl-retrieval:0.1.0-sky (the Dockerfile's --target sky)",
+    )
     _add_overrides(s)
     s.set_defaults(handler=_serve)
 
