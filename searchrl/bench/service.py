@@ -37,7 +37,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +62,7 @@ class Scenario:
     repeat_mode: str = "stream"
     max_requests: int = 20_000
     seconds: float = 8.0
+    client: str = "raw"  # load generator (searchrl/bench/loadgen.py): "raw" (wrk-like) or "aiohttp"
 
 
 @dataclass
@@ -83,6 +83,9 @@ class LoadResult:
     cache_misses: int = 0
     dedup: int = 0
     mean_batch: float = 0.0
+    client: str = "raw"
+    client_cpu_ms_per_request: float = 0.0  # the load generator's CPU (getrusage) per answered request
+    server_cpu_ms_per_request: float | None = None  # the server process's CPU (all threads), if measured
 
 
 # --- queries ------------------------------------------------------------------------------------------------
@@ -207,7 +210,12 @@ def free_port() -> int:
 
 
 def start_server(
-    env_overrides: dict[str, str], port: int, log_path: Path, *, timeout_s: float = 300.0
+    env_overrides: dict[str, str],
+    port: int,
+    log_path: Path,
+    *,
+    timeout_s: float = 300.0,
+    backend: str = "dense",
 ) -> subprocess.Popen[bytes]:
     """`python -m searchrl serve` on 127.0.0.1:port; returns once GET /health answers."""
     env = {**os.environ, **env_overrides}
@@ -217,7 +225,7 @@ def start_server(
         "searchrl",
         "serve",
         "--backend",
-        "dense",
+        backend,
         "--host",
         "127.0.0.1",
         "--port",
@@ -274,86 +282,38 @@ def _percentile(values: list[float], pct: float) -> float:
     return ordered[idx]
 
 
-async def _drive(url: str, sc: Scenario, queries: list[str]) -> dict[str, Any]:
-    """The client side of one scenario: `sc.clients` workers pull requests from one shared iterator."""
-    import aiohttp
-
-    qpr = sc.queries_per_request
-    per_client = sc.repeat_mode == "client"
-    stream = [q for q in queries for _ in range(1 if per_client else sc.repeat)]
-    bodies: Iterator[bytes] = iter(
-        json.dumps({"queries": stream[i : i + qpr], "topk": TOPK, "return_scores": True}).encode()
-        for i in range(0, len(stream) - qpr + 1, qpr)
-    )
-    latencies: list[float] = []
-    errors: dict[str, int] = {}
-    counts = {"requests": 0, "queries": 0}
-    connector = aiohttp.TCPConnector(limit=sc.clients, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=60)
-    end = time.perf_counter() + sc.seconds
-    sent = 0
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal sent
-        body: bytes | None = None
-        mine = 0  # requests this client sent
-        while time.perf_counter() < end and sent < sc.max_requests:
-            if not per_client or mine % sc.repeat == 0:
-                body = next(bodies, None)
-            if body is None:
-                return
-            mine += 1
-            sent += 1
-            t0 = time.perf_counter()
-            try:
-                async with session.post(
-                    url + "/retrieve", data=body, headers={"Content-Type": "application/json"}
-                ) as resp:
-                    payload = await resp.read()
-                    if resp.status != 200:
-                        kind = f"http_{resp.status}"
-                        errors[kind] = errors.get(kind, 0) + 1
-                        continue
-                    n = len(json.loads(payload)["result"])
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                kind = type(exc).__name__
-                errors[kind] = errors.get(kind, 0) + 1
-                continue
-            latencies.append(time.perf_counter() - t0)
-            counts["requests"] += 1
-            counts["queries"] += n
-
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(sc.clients)))
-        elapsed = time.perf_counter() - started
-    return {
-        "requests": counts["requests"],
-        "queries": counts["queries"],
-        "seconds": elapsed,
-        "latencies": latencies,
-        "errors": errors,
-    }
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process, all its threads (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (stat(5))
 
 
-def loadgen_main() -> None:
-    """Entry of the client process: scenario JSON on stdin, results JSON on stdout."""
-    job = json.loads(sys.stdin.read())
-    result = asyncio.run(_drive(job["url"], Scenario(**job["scenario"]), job["queries"]))
-    sys.stdout.write(json.dumps(result))
+def run_scenario(url: str, sc: Scenario, queries: list[str], *, server_pid: int | None = None) -> LoadResult:
+    """Run one scenario in a fresh client process and fold in what /metrics saw meanwhile.
 
-
-def run_scenario(url: str, sc: Scenario, queries: list[str]) -> LoadResult:
-    """Run one scenario in a fresh client process and fold in what /metrics saw meanwhile."""
+    With `server_pid`, the server's CPU seconds over the scenario are read from /proc, so the result says
+    how much CPU the server and the load generator each spent per request.
+    """
     job = json.dumps({"url": url, "scenario": asdict(sc), "queries": queries})
-    cmd = [sys.executable, "-c", "from searchrl.bench.service import loadgen_main; loadgen_main()"]
+    cmd = [sys.executable, "-c", "from searchrl.bench.loadgen import loadgen_main; loadgen_main()"]
     before = scrape(url)
+    server_cpu0 = process_cpu_seconds(server_pid) if server_pid else None
     done = subprocess.run(cmd, input=job.encode(), capture_output=True, timeout=sc.seconds + 120, check=False)
+    server_cpu1 = process_cpu_seconds(server_pid) if server_pid else None
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise SearchRLError(f"load generator failed (exit {done.returncode}): {tail[0]}")
     raw = json.loads(done.stdout)
     after = scrape(url)
+    answered = max(1, raw["requests"])
+    server_ms = (
+        1000 * (server_cpu1 - server_cpu0) / answered
+        if server_cpu0 is not None and server_cpu1 is not None
+        else None
+    )
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -377,14 +337,21 @@ def run_scenario(url: str, sc: Scenario, queries: list[str]) -> LoadResult:
         cache_misses=int(delta("searchrl_retrieval_cache_misses_total")),
         dedup=int(delta("searchrl_retrieval_dedup_total")),
         mean_batch=delta("searchrl_retrieval_batch_size_sum") / batches if batches else 0.0,
+        client=sc.client,
+        client_cpu_ms_per_request=1000 * raw["client_cpu_s"] / answered,
+        server_cpu_ms_per_request=server_ms,
     )
     log.info(
-        "%s: %.0f queries/s, p50 %.0f ms, p99 %.0f ms, errors %d",
+        "%s (%s client): %.0f queries/s, p50 %.0f ms, p99 %.0f ms, errors %d, CPU ms/request client %.3f "
+        "server %s",
         sc.name,
+        sc.client,
         res.qps,
         res.p50_ms,
         res.p99_ms,
         res.errors,
+        res.client_cpu_ms_per_request,
+        "-" if server_ms is None else f"{server_ms:.3f}",
     )
     return res
 
