@@ -13,14 +13,17 @@ into data/ on first use, reused after):
       1, 32 and 128 concurrent clients sending one query per request, and 4 clients sending 32 queries per
       request: queries/s, p50/p99 latency, errors; plus the service's own report of every encoder candidate
       (recall@3 against the fp32 torch encoder on the dev QA + corpus-derived queries, q/s, refused or not);
-  (c) 32 one-query clients where every query repeats 5 times in a row (GRPO's n samples per prompt).
+  (c) 32 one-query clients where every query repeats 5 times in a row (GRPO's n samples per prompt);
+  (h) the HTTP path alone: 128 clients re-sending the queries (b)@128 got answers for, so every one is a
+      result-cache hit and no encoder runs: requests/s and CPU per request of server and load generator.
 Queries are distinct and realistic (the dev QA questions, then corpus titles and sentences turned into
 questions), every scenario gets its own unused slice, so the result cache cannot serve (a)/(b): throughput is
 on unique queries, with no cache hits, and the cache hits each scenario saw are read back from /metrics and
 printed. Sizing (searchrl/bench/sizing.py): q/s per core, replicas for trainers of 8-64 GPUs, $/1M queries.
 
-The load generator runs in a separate process (aiohttp, loopback only, bounded in requests and seconds), so
-client and server do not share a GIL. Prints a table and the ratios the issue asks for, and writes JSON to
+The load generator runs in a separate process (searchrl/bench/loadgen.py: a wrk-like raw HTTP/1.1 client by
+default, the aiohttp client for one comparison row and (h); loopback only, bounded in requests and seconds), so
+client and server do not share a GIL; every row reports both processes' CPU per request. Prints a table and the ratios the issue asks for, and writes JSON to
 `outputs/bench/service-<timestamp>.json`.
 """
 
@@ -368,7 +371,17 @@ def default_scenarios(seconds: float) -> list[Scenario]:
         Scenario(
             "(c') 32 clients, 5x repeats, concurrent", 32, repeat=5, repeat_mode="stream", seconds=seconds
         ),
+        # the client the benchmark used before issue 14, on the same kind of load, for comparison
+        Scenario("(b) 128 clients x 1 query, aiohttp", 128, seconds=seconds, client="aiohttp"),
     ]
+
+
+#: (h) the HTTP path alone: every query already in the result cache (no encoder work), both load generators.
+HTTP_FLOOR = ("(h) 128 clients, cached queries, raw", "(h) 128 clients, cached queries, aiohttp")
+
+
+def http_floor_scenarios(seconds: float) -> list[Scenario]:
+    return [Scenario(name, 128, seconds=seconds, client=name.rsplit(" ", 1)[1]) for name in HTTP_FLOOR]
 
 
 def _queries_for(sc: Scenario, pool: QueryPool, ceiling_qps: float) -> list[str]:
@@ -442,10 +455,17 @@ def run_bench(
             described = json.loads(resp.read())
         from tqdm import tqdm
 
-        for sc in tqdm(
-            default_scenarios(seconds), desc="service scenarios", unit="scenario", file=sys.stderr
-        ):
-            results.append(run_scenario(url, sc, _queries_for(sc, pool, best["qps"])))
+        scenarios = default_scenarios(seconds)
+        floor = http_floor_scenarios(seconds)
+        cached: list[str] = []
+        for sc in tqdm([*scenarios, *floor], desc="service scenarios", unit="scenario", file=sys.stderr):
+            if sc in floor:  # the queries (b)@128 got answers for are in the result cache now
+                results.append(run_scenario(url, sc, cached * 200, server_pid=proc.pid))
+                continue
+            queries = _queries_for(sc, pool, best["qps"])
+            results.append(run_scenario(url, sc, queries, server_pid=proc.pid))
+            if sc.name == "(b) 128 clients x 1 query":
+                cached = queries[: max(1, results[-1].requests)]
     finally:
         rc = stop_server(proc)
     # uvicorn re-raises SIGTERM after its graceful shutdown, so the exit status is -15; its log says whether
@@ -470,6 +490,8 @@ def run_bench(
         "b128_p99_over_queueing_bound": b128.p99_ms / queueing_bound_ms,
         "c_over_b32": c32.qps / b32.qps if b32.qps else 0.0,
         "c_concurrent_over_b32": c32_concurrent.qps / b32.qps if b32.qps else 0.0,
+        # how much of the encoder's own in-process rate (measured by the service at start-up) reaches clients
+        "b128_over_tuned_encoder": b128.qps / float(tuning["qps"]) if tuning.get("qps") else 0.0,
     }
     targets = {
         "b128 >= 2x fp32 in-process ceiling": ratios["b128_over_ceiling"] >= 2.0,
@@ -618,7 +640,10 @@ def measure_workers(
 def format_report(report: dict[str, Any]) -> str:
     """The table and ratios, as printed by `searchrl bench`."""
     lines = []
-    header = f"{'scenario':42} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'batch':>6} {'cached/dedup':>13}"
+    header = (
+        f"{'scenario':42} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'batch':>6} {'cached/dedup':>13}"
+        f" {'CPU ms/req client/server':>25}"
+    )
     lines.append(header)
     lines.append("-" * len(header))
     for row in report["ceiling"]:
@@ -627,9 +652,11 @@ def format_report(report: dict[str, Any]) -> str:
     for r in report["service"]:
         looked = r["cache_hits"] + r["cache_misses"]
         hit = f"{100 * r['cache_hits'] / looked:.0f}%/{100 * r['dedup'] / looked:.0f}%" if looked else "-"
+        server = r.get("server_cpu_ms_per_request")
+        cpu = f"{r.get('client_cpu_ms_per_request', 0):.3f} / {'-' if server is None else f'{server:.3f}'}"
         lines.append(
             f"{r['name']:42} {r['qps']:8.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['errors']:7d} "
-            f"{r['mean_batch']:6.1f} {hit:>13}"
+            f"{r['mean_batch']:6.1f} {hit:>13} {cpu:>25}"
         )
     for row in report.get("workers_scaling", []):
         name = f"(a') in-process {row['candidate']} {row['workers']} workers x 1thr"
@@ -671,9 +698,20 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"(b) 128 clients p99 / (128 / q/s): {ratios['b128_p99_over_queueing_bound']:.2f}x   (target <= 1.3x)"
         )
+    if ratios.get("b128_over_tuned_encoder"):
+        lines.append(
+            f"(b) 128 clients / the service's encoder in-process: {ratios['b128_over_tuned_encoder']:.2f}x   "
+            "(what HTTP, batching and the event loop leave of the encoder's rate)"
+        )
     lines.append(f"(c) 5x repeats per client / (b) 32 clients: {ratios['c_over_b32']:.1f}x   (target >= 3x)")
     lines.append(
         f"(c') 5x repeats sent concurrently / (b) 32 clients: {ratios['c_concurrent_over_b32']:.1f}x   (no target)"
+    )
+    lines.append(
+        "load generators (searchrl/bench/loadgen.py, a separate process on the same cores): raw = wrk-like "
+        "keep-alive HTTP/1.1 on uvloop + httptools, aiohttp = the client used before; both check status 200 "
+        "and one result list per query on every response; CPU ms/req from getrusage (client) and /proc "
+        "(server, all threads, encoder included)"
     )
     for name, ok in report["targets"].items():
         lines.append(f"  [{'x' if ok else ' '}] {name}")
