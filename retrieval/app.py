@@ -199,6 +199,29 @@ class RequestGuard:
         await self.app(scope, replay, send)
 
 
+class RetrievalAPI(FastAPI):
+    """FastAPI, except that POST /retrieve goes straight to `retrieve_lane` (set by `create_app`).
+
+    Why: per request, FastAPI's own layers (error and telemetry middleware, body-limit middleware, routing,
+    dependency solving, response classes) cost more CPU than the whole /retrieve handler on the hot path,
+    and that CPU is taken from the query encoder on the same cores (issue 14; docs/sizing.md).
+    """
+
+    retrieve_lane: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lane = self.retrieve_lane
+        if (
+            lane is not None
+            and scope["type"] == "http"
+            and scope["path"] == "/retrieve"
+            and scope["method"] == "POST"
+        ):
+            await lane(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> FastAPI:
     """Build the app; `backend` may be passed in (tests), otherwise `settings.backend` names it."""
 
@@ -254,7 +277,7 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
             return "index not loaded yet"
         return be.problem()
 
-    app = FastAPI(
+    app = RetrievalAPI(
         title="searchrl retrieval",
         version=__version__,
         lifespan=lifespan,
@@ -269,12 +292,15 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
     body_model = request_model(settings)
     handler = RetrieveHandler(settings=settings, metrics=metrics, state=app.state, body_model=body_model)
 
-    # Innermost first: POST /retrieve is answered by the plain ASGI handler (retrieval/endpoint.py) after the
-    # body guard and the token check, without FastAPI's per-request machinery; everything else is FastAPI's.
-    app.add_middleware(RetrieveEndpoint, handler=handler)
     app.add_middleware(RequestGuard, settings=settings, metrics=metrics, state=app.state)
     if api_keys:
         app.add_middleware(BearerAuth, api_keys=api_keys, metrics=metrics)
+    # POST /retrieve: the same guard and token check, then the plain ASGI handler (retrieval/endpoint.py),
+    # without FastAPI's per-request middleware, routing and response classes; everything else is FastAPI's.
+    lane: ASGIApp = RequestGuard(
+        RetrieveEndpoint(handler), settings=settings, metrics=metrics, state=app.state
+    )
+    app.retrieve_lane = BearerAuth(lane, api_keys=api_keys, metrics=metrics) if api_keys else lane
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -9,9 +9,10 @@ the same work in a few calls: pydantic-core validates the body with the app's ow
 renders the hits straight to JSON bytes. Errors map to statuses in one place, `error_answer`, which the app's
 exception handlers use too. `docs/sizing.md` has the CPU per request before and after.
 
-It sits inside `RequestGuard` (body size and deadline, draining) and `BearerAuth`, so every limit and the
-token check apply unchanged; anything that is not `POST /retrieve` goes on to FastAPI (a `GET /retrieve` still
-gets FastAPI's 405). The FastAPI route stays for the OpenAPI schema and answers through the same `respond`.
+The app (retrieval/app.py, `RetrievalAPI`) sends POST /retrieve through `BearerAuth` and `RequestGuard` (body
+size and deadline, draining) to this handler before FastAPI's own middleware and router, so every limit and the
+token check apply unchanged; anything else goes to FastAPI (a `GET /retrieve` still gets FastAPI's 405). The
+FastAPI route stays for the OpenAPI schema and answers through the same `respond`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from searchrl.errors import (
     BackendError,
@@ -144,16 +145,12 @@ class RetrieveHandler:
 
 
 class RetrieveEndpoint:
-    """ASGI middleware: answers POST /retrieve with `handler`; passes every other request on to `app`."""
+    """ASGI app that answers POST /retrieve with `handler` (the app routes only that request here)."""
 
-    def __init__(self, app: ASGIApp, *, handler: RetrieveHandler) -> None:
-        self.app = app
+    def __init__(self, handler: RetrieveHandler) -> None:
         self.handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/retrieve" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
         chunks: list[bytes] = []
         while True:  # RequestGuard hands over the whole body as one message; this loop covers any other way
             message = await receive()
@@ -162,9 +159,13 @@ class RetrieveEndpoint:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        status, body, headers = await self.handler.respond(
-            chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        )
+        try:
+            status, body, headers = await self.handler.respond(
+                chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            )
+        except Exception as exc:  # a bug: the same 500 the app's catch-all gives, logged with its traceback
+            status, detail, extra = error_answer(exc, self.handler.settings, "/retrieve")
+            status, body, headers = _detail(status, detail, extra)
         await send(
             {
                 "type": "http.response.start",
