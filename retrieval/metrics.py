@@ -20,6 +20,7 @@ Each app gets its own `CollectorRegistry` (not the process-global default one) s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -65,6 +66,7 @@ class RetrievalMetrics:
             f"{_PREFIX}_dedup", "queries answered by an identical query already in flight", registry=r
         )
         self.ready = Gauge(f"{_PREFIX}_ready", "1 when this replica passes its readiness checks", registry=r)
+        self._by_status: dict[int, Any] = {}  # labelled children, looked up once per status (hot path)
 
     def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)
@@ -73,7 +75,10 @@ class RetrievalMetrics:
     def observe_request(
         self, status: int, n_queries: int, seconds: float, error_kind: str | None = None
     ) -> None:
-        self.requests.labels(status=str(status)).inc()
+        child = self._by_status.get(status)
+        if child is None:
+            child = self._by_status[status] = self.requests.labels(status=str(status))
+        child.inc()
         if n_queries:
             self.queries.inc(n_queries)
         self.latency.observe(seconds)

@@ -13,14 +13,17 @@ into data/ on first use, reused after):
       1, 32 and 128 concurrent clients sending one query per request, and 4 clients sending 32 queries per
       request: queries/s, p50/p99 latency, errors; plus the service's own report of every encoder candidate
       (recall@3 against the fp32 torch encoder on the dev QA + corpus-derived queries, q/s, refused or not);
-  (c) 32 one-query clients where every query repeats 5 times in a row (GRPO's n samples per prompt).
+  (c) 32 one-query clients where every query repeats 5 times in a row (GRPO's n samples per prompt);
+  (h) the HTTP path alone: 128 clients re-sending the queries (b)@128 got answers for, so every one is a
+      result-cache hit and no encoder runs: requests/s and CPU per request of server and load generator.
 Queries are distinct and realistic (the dev QA questions, then corpus titles and sentences turned into
 questions), every scenario gets its own unused slice, so the result cache cannot serve (a)/(b): throughput is
 on unique queries, with no cache hits, and the cache hits each scenario saw are read back from /metrics and
 printed. Sizing (searchrl/bench/sizing.py): q/s per core, replicas for trainers of 8-64 GPUs, $/1M queries.
 
-The load generator runs in a separate process (aiohttp, loopback only, bounded in requests and seconds), so
-client and server do not share a GIL. Prints a table and the ratios the issue asks for, and writes JSON to
+The load generator runs in a separate process (searchrl/bench/loadgen.py: a wrk-like raw HTTP/1.1 client by
+default, the aiohttp client for one comparison row and (h); loopback only, bounded in requests and seconds), so
+client and server do not share a GIL; every row reports both processes' CPU per request. Prints a table and the ratios the issue asks for, and writes JSON to
 `outputs/bench/service-<timestamp>.json`.
 """
 
@@ -37,7 +40,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,7 @@ class Scenario:
     repeat_mode: str = "stream"
     max_requests: int = 20_000
     seconds: float = 8.0
+    client: str = "raw"  # load generator (searchrl/bench/loadgen.py): "raw" (wrk-like) or "aiohttp"
 
 
 @dataclass
@@ -83,6 +86,9 @@ class LoadResult:
     cache_misses: int = 0
     dedup: int = 0
     mean_batch: float = 0.0
+    client: str = "raw"
+    client_cpu_ms_per_request: float = 0.0  # the load generator's CPU (getrusage) per answered request
+    server_cpu_ms_per_request: float | None = None  # the server process's CPU (all threads), if measured
 
 
 # --- queries ------------------------------------------------------------------------------------------------
@@ -207,7 +213,12 @@ def free_port() -> int:
 
 
 def start_server(
-    env_overrides: dict[str, str], port: int, log_path: Path, *, timeout_s: float = 300.0
+    env_overrides: dict[str, str],
+    port: int,
+    log_path: Path,
+    *,
+    timeout_s: float = 300.0,
+    backend: str = "dense",
 ) -> subprocess.Popen[bytes]:
     """`python -m searchrl serve` on 127.0.0.1:port; returns once GET /health answers."""
     env = {**os.environ, **env_overrides}
@@ -217,7 +228,7 @@ def start_server(
         "searchrl",
         "serve",
         "--backend",
-        "dense",
+        backend,
         "--host",
         "127.0.0.1",
         "--port",
@@ -274,86 +285,38 @@ def _percentile(values: list[float], pct: float) -> float:
     return ordered[idx]
 
 
-async def _drive(url: str, sc: Scenario, queries: list[str]) -> dict[str, Any]:
-    """The client side of one scenario: `sc.clients` workers pull requests from one shared iterator."""
-    import aiohttp
-
-    qpr = sc.queries_per_request
-    per_client = sc.repeat_mode == "client"
-    stream = [q for q in queries for _ in range(1 if per_client else sc.repeat)]
-    bodies: Iterator[bytes] = iter(
-        json.dumps({"queries": stream[i : i + qpr], "topk": TOPK, "return_scores": True}).encode()
-        for i in range(0, len(stream) - qpr + 1, qpr)
-    )
-    latencies: list[float] = []
-    errors: dict[str, int] = {}
-    counts = {"requests": 0, "queries": 0}
-    connector = aiohttp.TCPConnector(limit=sc.clients, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=60)
-    end = time.perf_counter() + sc.seconds
-    sent = 0
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal sent
-        body: bytes | None = None
-        mine = 0  # requests this client sent
-        while time.perf_counter() < end and sent < sc.max_requests:
-            if not per_client or mine % sc.repeat == 0:
-                body = next(bodies, None)
-            if body is None:
-                return
-            mine += 1
-            sent += 1
-            t0 = time.perf_counter()
-            try:
-                async with session.post(
-                    url + "/retrieve", data=body, headers={"Content-Type": "application/json"}
-                ) as resp:
-                    payload = await resp.read()
-                    if resp.status != 200:
-                        kind = f"http_{resp.status}"
-                        errors[kind] = errors.get(kind, 0) + 1
-                        continue
-                    n = len(json.loads(payload)["result"])
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                kind = type(exc).__name__
-                errors[kind] = errors.get(kind, 0) + 1
-                continue
-            latencies.append(time.perf_counter() - t0)
-            counts["requests"] += 1
-            counts["queries"] += n
-
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(sc.clients)))
-        elapsed = time.perf_counter() - started
-    return {
-        "requests": counts["requests"],
-        "queries": counts["queries"],
-        "seconds": elapsed,
-        "latencies": latencies,
-        "errors": errors,
-    }
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process, all its threads (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (stat(5))
 
 
-def loadgen_main() -> None:
-    """Entry of the client process: scenario JSON on stdin, results JSON on stdout."""
-    job = json.loads(sys.stdin.read())
-    result = asyncio.run(_drive(job["url"], Scenario(**job["scenario"]), job["queries"]))
-    sys.stdout.write(json.dumps(result))
+def run_scenario(url: str, sc: Scenario, queries: list[str], *, server_pid: int | None = None) -> LoadResult:
+    """Run one scenario in a fresh client process and fold in what /metrics saw meanwhile.
 
-
-def run_scenario(url: str, sc: Scenario, queries: list[str]) -> LoadResult:
-    """Run one scenario in a fresh client process and fold in what /metrics saw meanwhile."""
+    With `server_pid`, the server's CPU seconds over the scenario are read from /proc, so the result says
+    how much CPU the server and the load generator each spent per request.
+    """
     job = json.dumps({"url": url, "scenario": asdict(sc), "queries": queries})
-    cmd = [sys.executable, "-c", "from searchrl.bench.service import loadgen_main; loadgen_main()"]
+    cmd = [sys.executable, "-c", "from searchrl.bench.loadgen import loadgen_main; loadgen_main()"]
     before = scrape(url)
+    server_cpu0 = process_cpu_seconds(server_pid) if server_pid else None
     done = subprocess.run(cmd, input=job.encode(), capture_output=True, timeout=sc.seconds + 120, check=False)
+    server_cpu1 = process_cpu_seconds(server_pid) if server_pid else None
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise SearchRLError(f"load generator failed (exit {done.returncode}): {tail[0]}")
     raw = json.loads(done.stdout)
     after = scrape(url)
+    answered = max(1, raw["requests"])
+    server_ms = (
+        1000 * (server_cpu1 - server_cpu0) / answered
+        if server_cpu0 is not None and server_cpu1 is not None
+        else None
+    )
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -377,14 +340,21 @@ def run_scenario(url: str, sc: Scenario, queries: list[str]) -> LoadResult:
         cache_misses=int(delta("searchrl_retrieval_cache_misses_total")),
         dedup=int(delta("searchrl_retrieval_dedup_total")),
         mean_batch=delta("searchrl_retrieval_batch_size_sum") / batches if batches else 0.0,
+        client=sc.client,
+        client_cpu_ms_per_request=1000 * raw["client_cpu_s"] / answered,
+        server_cpu_ms_per_request=server_ms,
     )
     log.info(
-        "%s: %.0f queries/s, p50 %.0f ms, p99 %.0f ms, errors %d",
+        "%s (%s client): %.0f queries/s, p50 %.0f ms, p99 %.0f ms, errors %d, CPU ms/request client %.3f "
+        "server %s",
         sc.name,
+        sc.client,
         res.qps,
         res.p50_ms,
         res.p99_ms,
         res.errors,
+        res.client_cpu_ms_per_request,
+        "-" if server_ms is None else f"{server_ms:.3f}",
     )
     return res
 
@@ -401,7 +371,17 @@ def default_scenarios(seconds: float) -> list[Scenario]:
         Scenario(
             "(c') 32 clients, 5x repeats, concurrent", 32, repeat=5, repeat_mode="stream", seconds=seconds
         ),
+        # the client the benchmark used before issue 14, on the same kind of load, for comparison
+        Scenario("(b) 128 clients x 1 query, aiohttp", 128, seconds=seconds, client="aiohttp"),
     ]
+
+
+#: (h) the HTTP path alone: every query already in the result cache (no encoder work), both load generators.
+HTTP_FLOOR = ("(h) 128 clients, cached queries, raw", "(h) 128 clients, cached queries, aiohttp")
+
+
+def http_floor_scenarios(seconds: float) -> list[Scenario]:
+    return [Scenario(name, 128, seconds=seconds, client=name.rsplit(" ", 1)[1]) for name in HTTP_FLOOR]
 
 
 def _queries_for(sc: Scenario, pool: QueryPool, ceiling_qps: float) -> list[str]:
@@ -475,10 +455,17 @@ def run_bench(
             described = json.loads(resp.read())
         from tqdm import tqdm
 
-        for sc in tqdm(
-            default_scenarios(seconds), desc="service scenarios", unit="scenario", file=sys.stderr
-        ):
-            results.append(run_scenario(url, sc, _queries_for(sc, pool, best["qps"])))
+        scenarios = default_scenarios(seconds)
+        floor = http_floor_scenarios(seconds)
+        cached: list[str] = []
+        for sc in tqdm([*scenarios, *floor], desc="service scenarios", unit="scenario", file=sys.stderr):
+            if sc in floor:  # the queries (b)@128 got answers for are in the result cache now
+                results.append(run_scenario(url, sc, cached * 200, server_pid=proc.pid))
+                continue
+            queries = _queries_for(sc, pool, best["qps"])
+            results.append(run_scenario(url, sc, queries, server_pid=proc.pid))
+            if sc.name == "(b) 128 clients x 1 query":
+                cached = queries[: max(1, results[-1].requests)]
     finally:
         rc = stop_server(proc)
     # uvicorn re-raises SIGTERM after its graceful shutdown, so the exit status is -15; its log says whether
@@ -503,6 +490,8 @@ def run_bench(
         "b128_p99_over_queueing_bound": b128.p99_ms / queueing_bound_ms,
         "c_over_b32": c32.qps / b32.qps if b32.qps else 0.0,
         "c_concurrent_over_b32": c32_concurrent.qps / b32.qps if b32.qps else 0.0,
+        # how much of the encoder's own in-process rate (measured by the service at start-up) reaches clients
+        "b128_over_tuned_encoder": b128.qps / float(tuning["qps"]) if tuning.get("qps") else 0.0,
     }
     targets = {
         "b128 >= 2x fp32 in-process ceiling": ratios["b128_over_ceiling"] >= 2.0,
@@ -651,7 +640,10 @@ def measure_workers(
 def format_report(report: dict[str, Any]) -> str:
     """The table and ratios, as printed by `searchrl bench`."""
     lines = []
-    header = f"{'scenario':42} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'batch':>6} {'cached/dedup':>13}"
+    header = (
+        f"{'scenario':42} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'batch':>6} {'cached/dedup':>13}"
+        f" {'CPU ms/req client/server':>25}"
+    )
     lines.append(header)
     lines.append("-" * len(header))
     for row in report["ceiling"]:
@@ -660,9 +652,11 @@ def format_report(report: dict[str, Any]) -> str:
     for r in report["service"]:
         looked = r["cache_hits"] + r["cache_misses"]
         hit = f"{100 * r['cache_hits'] / looked:.0f}%/{100 * r['dedup'] / looked:.0f}%" if looked else "-"
+        server = r.get("server_cpu_ms_per_request")
+        cpu = f"{r.get('client_cpu_ms_per_request', 0):.3f} / {'-' if server is None else f'{server:.3f}'}"
         lines.append(
             f"{r['name']:42} {r['qps']:8.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['errors']:7d} "
-            f"{r['mean_batch']:6.1f} {hit:>13}"
+            f"{r['mean_batch']:6.1f} {hit:>13} {cpu:>25}"
         )
     for row in report.get("workers_scaling", []):
         name = f"(a') in-process {row['candidate']} {row['workers']} workers x 1thr"
@@ -704,9 +698,20 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"(b) 128 clients p99 / (128 / q/s): {ratios['b128_p99_over_queueing_bound']:.2f}x   (target <= 1.3x)"
         )
+    if ratios.get("b128_over_tuned_encoder"):
+        lines.append(
+            f"(b) 128 clients / the service's encoder in-process: {ratios['b128_over_tuned_encoder']:.2f}x   "
+            "(what HTTP, batching and the event loop leave of the encoder's rate)"
+        )
     lines.append(f"(c) 5x repeats per client / (b) 32 clients: {ratios['c_over_b32']:.1f}x   (target >= 3x)")
     lines.append(
         f"(c') 5x repeats sent concurrently / (b) 32 clients: {ratios['c_concurrent_over_b32']:.1f}x   (no target)"
+    )
+    lines.append(
+        "load generators (searchrl/bench/loadgen.py, a separate process on the same cores): raw = wrk-like "
+        "keep-alive HTTP/1.1 on uvloop + httptools, aiohttp = the client used before; both check status 200 "
+        "and one result list per query on every response; CPU ms/req from getrusage (client) and /proc "
+        "(server, all threads, encoder included)"
     )
     for name, ok in report["targets"].items():
         lines.append(f"  [{'x' if ok else ' '}] {name}")
