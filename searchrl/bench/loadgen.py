@@ -202,11 +202,9 @@ class _RawConnection(asyncio.Protocol):
         self.done()
 
 
-async def drive_raw(url: str, sc: Any, queries: list[str]) -> dict[str, Any]:
-    """The raw client: `sc.clients` connections, opened before the clock starts, each closed-loop."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    tally = _Tally(
+def _tally_for(sc: Any, queries: list[str]) -> _Tally:
+    """One scenario's request stream and counters (both clients send the same bodies in the same order)."""
+    return _Tally(
         request_bodies(
             queries, queries_per_request=sc.queries_per_request, repeat=sc.repeat, repeat_mode=sc.repeat_mode
         ),
@@ -215,6 +213,13 @@ async def drive_raw(url: str, sc: Any, queries: list[str]) -> dict[str, Any]:
         repeat=sc.repeat,
         per_client=sc.repeat_mode == "client",
     )
+
+
+async def drive_raw(url: str, sc: Any, queries: list[str]) -> dict[str, Any]:
+    """The raw client: `sc.clients` connections, opened before the clock starts, each closed-loop."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    tally = _tally_for(sc, queries)
     loop = asyncio.get_running_loop()
     all_done = loop.create_future()
     remaining = sc.clients
@@ -247,15 +252,7 @@ async def drive_aiohttp(url: str, sc: Any, queries: list[str]) -> dict[str, Any]
     """The aiohttp client (the benchmark's client before issue 14): one session, a connection per client."""
     import aiohttp
 
-    tally = _Tally(
-        request_bodies(
-            queries, queries_per_request=sc.queries_per_request, repeat=sc.repeat, repeat_mode=sc.repeat_mode
-        ),
-        seconds=sc.seconds,
-        max_requests=sc.max_requests,
-        repeat=sc.repeat,
-        per_client=sc.repeat_mode == "client",
-    )
+    tally = _tally_for(sc, queries)
     connector = aiohttp.TCPConnector(limit=sc.clients, force_close=False)
     timeout = aiohttp.ClientTimeout(total=60)
     headers = {"Content-Type": "application/json"}
