@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchrl.bench.service import free_port, stop_server
 from searchrl.errors import SearchRLError
 
 log = logging.getLogger(__name__)
@@ -114,20 +115,12 @@ def probe_body() -> tuple[str, dict[str, Any]]:
     return str(probe["path"]), dict(probe["post_data"])
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def time_to_first_200(data_dir: Path, backend: str, log_path: Path, *, timeout_s: float = 900) -> float:
     """Launch `searchrl serve` as `run:` does and poll the readiness probe every 0.2 s until it answers 200."""
     import httpx
 
     path, body = probe_body()
-    port = _free_port()
+    port = free_port()
     argv = [
         sys.executable, "-m", "searchrl", "serve", "--backend", backend, "--corpus", "bundled",
         "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port),
@@ -152,11 +145,7 @@ def time_to_first_200(data_dir: Path, backend: str, log_path: Path, *, timeout_s
                     raise SearchRLError(f"no 200 on {path} after {timeout_s:.0f}s; see {log_path}")
                 time.sleep(POLL_S)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
 
 
 def publish_bundled(work: Path, backend: str) -> tuple[Path, float]:
