@@ -185,6 +185,34 @@ def resolve_precision(precision: str, device: str) -> str:
     return precision
 
 
+# How far one query's score for one passage may move when the query is encoded in another batch (another size
+# or mix of queries: padding, kernel choice and, for int8, the activation scale change the rounding). Scores
+# are inner products of unit vectors, so an error of at most r per element, relative, moves a score by at most r
+# (Cauchy-Schwarz). Measured on the tiny corpus with MiniLM, 105 queries, alone vs in batches of 2 to 105 on an
+# AVX2-only EPYC (issue 24); worst |delta| in the comments.
+SCORE_TOLERANCE = {
+    "fp32": 1e-5,  # 1.3e-7 torch, 0 onnx: fp32 rounds at 2^-24, kernels differ only in summation order
+    "fp16": 2**-10,  # not measured (no GPU): 11-bit significand rounds at 2^-11, doubled for that
+    "bf16": 2**-8,  # 1.5e-3 emulated, 2.2e-4 on an AMX Xeon (issue 24): an 8-bit significand rounds at 2^-8
+    "int8": 0.1,  # 0.046 (gate lowered to serve it): activations get one dynamic scale per batch
+}
+
+
+def score_tolerance(precision: str) -> float:
+    """The absolute tolerance within which the service reproduces a score across batches, for the precision
+    that encodes queries (`Encoder.precision`: fp32, fp16, bf16 or int8); see `SCORE_TOLERANCE`.
+
+    Results for a query are the same ids in the same order wherever it is batched, except that hits whose scores
+    are within this tolerance of each other (near-ties) may swap; docs/retrieval.md states the promise.
+    """
+    try:
+        return SCORE_TOLERANCE[precision]
+    except KeyError:
+        raise ValueError(
+            f"no score tolerance for precision {precision!r}; use one of {', '.join(SCORE_TOLERANCE)}"
+        ) from None
+
+
 class Encoder:
     """A loaded model that turns queries and passages into normalised float32 vectors."""
 
@@ -343,6 +371,7 @@ class Encoder:
             "precision": self.precision,
             "device": self.device,
             "forward_batch_size": self.batch_size,
+            "score_tolerance": score_tolerance(self.precision),  # scores reproduce across batches to this
         }
 
 
@@ -366,4 +395,5 @@ __all__ = [
     "bundled_minilm_path",
     "pool_hidden",
     "resolve_encoder",
+    "score_tolerance",
 ]
