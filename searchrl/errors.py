@@ -85,6 +85,10 @@ class CheckpointError(SearchRLError):
     """A checkpoint is missing, or a merged model does not load."""
 
 
+class RolloutFailedError(SearchRLError):
+    """A rollout group failed inside verl's agent-loop worker (a raising reward or tool): training stops."""
+
+
 class SmokeCheckError(SearchRLError):
     """A smoke training run finished but missed what a real run needs (a search, a checkpoint, a merge)."""
 

@@ -4,9 +4,10 @@ verl 0.9.1 logs a fixed set of metrics per training step (`compute_data_metrics`
 dict a tool's `execute()` returns is dropped by ToolAgentLoop, and reward extras (`reward_extra_info`) are
 aggregated for validation only. What does reach the trainer for every step is each trajectory's
 `extra_fields` dict, stored with the sample. `SearchTool` adds its counters there (`trainer/tool.py`), and the
-trainer subclass in `trainer/verl_trainer.py` turns a step's worth of them into the metrics below, which
+replay buffer in `trainer/sampler.py` turns a step's worth of them into the metrics below, which
 verl's `Tracking.log` sends to the console and, when WANDB_API_KEY is set, to W&B:
 
+    search/trajectories             trajectories in the step (verl's batch-size padding left out)
     search/calls                    search calls in the step (each may carry several queries)
     search/calls_per_trajectory     mean over the step's trajectories
     search/trajectories_searched    share of trajectories with at least one call
@@ -75,6 +76,7 @@ def search_step_metrics(extra_fields: Iterable[Mapping[str, Any] | None]) -> dic
                 continue
     n = len(rows)
     out: dict[str, float] = {
+        f"{PREFIX}trajectories": float(n),
         f"{PREFIX}calls": calls,
         f"{PREFIX}calls_per_trajectory": calls / n if n else 0.0,
         f"{PREFIX}trajectories_searched": sum(c > 0 for c in calls_per_row) / n if n else 0.0,

@@ -15,6 +15,7 @@ with hydra's `+` (the attention override, the reward function's kwargs).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from searchrl.trainer.settings import TrainSettings
@@ -22,10 +23,11 @@ from searchrl.trainer.settings import TrainSettings
 # Where verl finds our reward function: an importable module, so it works on every Ray node without paths.
 REWARD_FN_PATH = "pkg://searchrl.trainer.reward"
 REWARD_FN_NAME = "compute_score"
-# verl's sync trainer plus per-step search metrics (trainer/verl_trainer.py), registered under this name by a
-# Ray worker setup hook, because verl's TaskRunner actor looks the name up without importing our code.
-TRAINER_MODE = "searchrl_sync"
-SETUP_HOOK = "searchrl.trainer.verl_trainer.register"
+# verl's sync trainer, by its own name: verl compares the mode with the literal "sync" (trainer/sampler.py).
+TRAINER_MODE = "sync"
+# Its replay buffer plus a stop on failed rollout groups and per-step search metrics (trainer/sampler.py).
+SAMPLER_PATH = "pkg://searchrl.trainer.sampler"
+SAMPLER_NAME = "SearchReplayBuffer"
 
 # Values hydra's override grammar accepts unquoted; anything else is single-quoted.
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./:+\-~@]+$")
@@ -135,13 +137,20 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("trainer.resume_mode", "auto"),
         ("trainer.max_actor_ckpt_to_keep", s.max_ckpt_to_keep),
         ("trainer.default_local_dir", _abs(s.run_dir)),
-        # --- per-step search metrics in verl's tracker (console; W&B when WANDB_API_KEY is set)
+        # --- verl's sync trainer; its replay buffer stops on a failed group and logs search/* per step
         ("trainer.v1.trainer_mode", TRAINER_MODE),
-        ("+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook", SETUP_HOOK),
+        ("trainer.v1.sampler.custom_sampler.path", SAMPLER_PATH),
+        ("trainer.v1.sampler.custom_sampler.name", SAMPLER_NAME),
     ]
     if s.rollout_data_dir is not None:
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
+
+
+def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """`base` with every key that `extra` sets replaced, then `extra` (hydra refuses a key given twice)."""
+    keys = {item.split("=", 1)[0].lstrip("+") for item in extra}
+    return [item for item in base if item.split("=", 1)[0].lstrip("+") not in keys] + list(extra)
 
 
 def main_ppo_command(
@@ -154,9 +163,11 @@ def main_ppo_command(
 __all__ = [
     "REWARD_FN_NAME",
     "REWARD_FN_PATH",
-    "SETUP_HOOK",
+    "SAMPLER_NAME",
+    "SAMPLER_PATH",
     "TRAINER_MODE",
     "hydra_value",
     "main_ppo_command",
+    "merge_overrides",
     "render_overrides",
 ]

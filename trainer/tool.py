@@ -17,7 +17,7 @@ Every failure becomes an observation the model sees ("search failed: timeout"), 
 verl's ToolAgentLoop drops the metrics dict that execute() returns, so the tool also adds per-trajectory counters
 to the loop's `extra_fields`: verl passes them to the reward function (which stops a run whose searches keep
 failing, trainer/reward.py) and stores them with the sample, where the trainer turns each step's worth into
-`search/*` metrics for the console and W&B (trainer/metrics.py, trainer/verl_trainer.py).
+`search/*` metrics for the console and W&B (trainer/metrics.py, trainer/sampler.py).
 """
 
 from __future__ import annotations

@@ -3,25 +3,22 @@
 The chain under test, with verl's own code wherever it runs on CPU: verl's ToolAgentLoop runs OUR tool against a
 live BM25 service (and a dead one) -> the tool's counters in each AgentLoopOutput's extra_fields -> the sample
 fields verl's AgentLoopWorkerTQ stores (`AgentLoopOutput.as_dict()` + `list_of_dict_to_tensordict`) -> our
-trainer subclass's `_compute_metrics` (the metrics verl hands to `Tracking.log`) -> verl's `Tracking` with its
-`file` and `console` backends. TransferQueue's server and verl's base metrics need a Ray cluster with GPUs, so
-two things are stood in: `tq.kv_batch_get` returns the tensordict verl's worker would have stored, and
-`PPOTrainer._compute_metrics` (verl's fixed metrics) adds one marker key.
+replay buffer's `sample` (whose metrics verl adds to the step's, trainer_base.py:567-572) -> verl's `Tracking`
+with its `file` and `console` backends. Here TransferQueue's server is stood in (`tq.kv_batch_get` returns the
+tensordict verl's worker would have stored, verl's own `ReplayBuffer.sample` returns the batch); the CPU run
+(tests/trainer/test_train_cpu.py) shows the same metrics in a real run's console log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from searchrl.trainer.metrics import BASE_FAILURE_KINDS, search_step_metrics
-from searchrl.trainer.overrides import SETUP_HOOK, TRAINER_MODE, render_overrides
+from searchrl.trainer.overrides import SAMPLER_NAME, SAMPLER_PATH, TRAINER_MODE, render_overrides
 from searchrl.trainer.settings import TrainSettings
 
 
@@ -66,11 +63,19 @@ def test_a_step_without_search_has_counts_but_no_latency():
     assert not any(k.startswith("search/latency") for k in m)
 
 
-def test_overrides_select_our_trainer_and_its_setup_hook(compose, tmp_path):
+def test_overrides_keep_verls_sync_mode_and_select_our_sampler(compose, tmp_path):
+    """verl compares the mode with the literal "sync" (trainer_base.py:153, 731, 902, 1004, 1499): any other name
+    switches on the async replay buffer, a one-row dataloader and trajectory checkpoints (issue 20)."""
     cfg = compose(render_overrides(TrainSettings(data_dir=tmp_path)))
     assert cfg.trainer.use_v1 is True  # verl 0.9.1's default: the V1 trainer, picked by name
-    assert cfg.trainer.v1.trainer_mode == TRAINER_MODE
-    assert cfg.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == SETUP_HOOK
+    assert TRAINER_MODE == "sync" and cfg.trainer.v1.trainer_mode == "sync"
+    assert cfg.trainer.v1.sampler.custom_sampler.path == SAMPLER_PATH
+    assert cfg.trainer.v1.sampler.custom_sampler.name == SAMPLER_NAME
+    from verl.utils.import_utils import load_extern_type
+
+    from searchrl.trainer.sampler import SearchReplayBuffer
+
+    assert load_extern_type(SAMPLER_PATH, SAMPLER_NAME) is SearchReplayBuffer  # how verl loads it
 
 
 def test_wandb_only_with_its_key_and_the_key_never_in_argv(compose, tmp_path, monkeypatch):
@@ -82,42 +87,18 @@ def test_wandb_only_with_its_key_and_the_key_never_in_argv(compose, tmp_path, mo
     assert not any("sk-wandb-secret-123" in a for a in argv)
 
 
-@pytest.mark.slow
-def test_ray_setup_hook_registers_the_trainer_in_a_fresh_process():
-    """What happens in verl's TaskRunner actor: Ray runs the hook, then verl looks the trainer up by name."""
-    code = f"""
-from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
-try:
-    get_trainer_cls({TRAINER_MODE!r})
-except ValueError as exc:
-    print("before:", exc)
-from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook
-assert load_and_execute_setup_hook({SETUP_HOOK!r}) is None
-cls = get_trainer_cls({TRAINER_MODE!r})
-assert issubclass(cls, PPOTrainerSync), cls
-print("after:", cls.__module__, cls.__name__)
-"""
-    repo = Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=repo, check=False
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "before: Unknown trainer 'searchrl_sync'" in out.stdout
-    assert "after: searchrl.trainer.verl_trainer SearchMetricsTrainer" in out.stdout
-
-
 @pytest.mark.live
 @pytest.mark.slow
 def test_search_metrics_arrive_in_verls_step_log(
     tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample, monkeypatch
 ):
     import transfer_queue
-    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
     from verl.utils.tracking import Tracking
 
-    from searchrl.trainer import verl_trainer
     from searchrl.trainer.data import prepare_data
+    from searchrl.trainer.sampler import SearchReplayBuffer
     from searchrl.trainer.toolconfig import write_tool_config
     from tests.live import free_port
     from tests.trainer.test_agent_loop import (
@@ -158,22 +139,25 @@ def test_search_metrics_arrive_in_verls_step_log(
         asked.update(keys=keys, partition_id=partition_id, select_fields=select_fields)
         return stored.select(*select_fields)
 
-    def verl_base_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
-        metrics["training/global_step"] = global_steps
+    def verl_sample(self, global_steps, partition_id, batch_size):
+        return batch, {"training/eviction_marker": global_steps}
 
     monkeypatch.setattr(transfer_queue, "kv_batch_get", kv_batch_get)
-    monkeypatch.setattr(PPOTrainer, "_compute_metrics", verl_base_metrics)
-    trainer = object.__new__(verl_trainer.SearchMetricsTrainer)  # no GPUs: nothing of __init__ can run here
-    metrics: dict = {}
-    trainer._compute_metrics(batch, metrics, {}, global_steps=7, epoch=0)
+    monkeypatch.setattr(ReplayBuffer, "sample", verl_sample)
+    buffer = object.__new__(SearchReplayBuffer)  # its __init__ is verl's; sample() is what is under test
+    got, metrics = buffer.sample(global_steps=7, partition_id="train", batch_size=2)
 
+    assert got is batch
     assert asked == {"keys": batch.keys, "partition_id": "train", "select_fields": ["extra_fields"]}
-    assert metrics["training/global_step"] == 7  # verl's own metrics are still there
+    assert metrics["training/eviction_marker"] == 7  # verl's own metrics are still there
+    assert metrics["search/trajectories"] == 2
     assert metrics["search/calls"] == 2  # the padding row is not counted
     assert metrics["search/failures"] == 1 and metrics["search/failures/connect"] == 1
     assert metrics["search/failure_rate"] == 0.5 and metrics["search/trajectories_searched"] == 1.0
     assert metrics["search/results_per_query"] == 1.5  # top-3 for the live call, nothing for the dead one
     assert 0 < metrics["search/latency_ms_p50"] <= metrics["search/latency_ms_p95"] < 30_000
+    _, val_metrics = buffer.sample(global_steps=7, partition_id="val", batch_size=2)
+    assert not any(k.startswith("search/") for k in val_metrics)  # validation steps log their own way
 
     # verl's Tracking, as the trainer's fit loop calls it, with the file backend (the console one prints).
     monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path / "tracking"))

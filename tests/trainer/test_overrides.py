@@ -143,8 +143,6 @@ def test_override_keys_are_existing_and_unique(tmp_path, compose):
         "+actor_rollout_ref.model.override_config.attn_implementation",
         "+reward.custom_reward_function.reward_kwargs.max_failure_rate",
         "+reward.custom_reward_function.reward_kwargs.failure_window",
-        # run_ppo passes ray_init.runtime_env whole to ray.init (trainer/verl_trainer.py)
-        "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook",
     }
     bare = compose([])
     from omegaconf import OmegaConf
