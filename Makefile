@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE smoke lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE smoke train-cpu lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -127,6 +127,11 @@ lock-check: $(VENV)/.dev  ## fail if a GPU lock no longer resolves for linux x86
 
 train-local: $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); e.g. ENV="DATASET_SIZE=small"
 	env ROLLOUT=$(ROLLOUT) $(ENV) $(GPU_VENV)/bin/searchrl train local
+
+# issue 20: no GPU needed; e.g. make train-cpu TRAIN_CPU_ARGS="--out /tmp/train-cpu --questions 20"
+TRAIN_CPU_ARGS ?=
+train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min)
+	$(BIN)/searchrl train cpu $(TRAIN_CPU_ARGS)
 
 train-smoke: $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local

@@ -29,7 +29,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from typing import Any
 import httpx
 
 from searchrl.errors import RetrievalUnavailableError, SearchRLError
+from searchrl.retrieval.process import free_port, served, stop_process
 
 log = logging.getLogger(__name__)
 
@@ -146,36 +146,6 @@ async def _search_titles(url: str, questions: Sequence[Question], k: int) -> lis
         await client.aclose()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 30 s."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-@contextlib.contextmanager
-def served(args: Sequence[str], log_path: Path) -> Iterator[str]:
-    """`searchrl serve ARGS` on a free loopback port, stopped (SIGTERM, then SIGKILL) when the block ends."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "searchrl", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            _stop(proc)
-
-
 def _tail(path: Path, lines: int = 5) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -187,7 +157,7 @@ def _tail(path: Path, lines: int = 5) -> str:
 @contextlib.contextmanager
 def scripted_model(log_path: Path, deadline_s: float = 60.0) -> Iterator[str]:
     """`python -m searchrl.infer.scripted` on a free loopback port; yields its OpenAI base URL (`.../v1`)."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "searchrl.infer.scripted", "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +182,7 @@ def scripted_model(log_path: Path, deadline_s: float = 60.0) -> Iterator[str]:
                 time.sleep(0.2)
             yield url + "/v1"
         finally:
-            _stop(proc)
+            stop_process(proc)
 
 
 def write_eval_qa(questions: Sequence[Question], path: Path) -> Path:

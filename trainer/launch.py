@@ -37,7 +37,7 @@ from searchrl.trainer.checkpoint import check_resume as check_checkpoint
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
 from searchrl.trainer.merge import TRACKER_FILE
-from searchrl.trainer.overrides import main_ppo_command, render_overrides
+from searchrl.trainer.overrides import merge_overrides, render_overrides
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
 from searchrl.trainer.toolconfig import write_tool_config
 
@@ -242,11 +242,23 @@ class LaunchPlan:
 
 
 def prepare_launch(
-    settings: TrainSettings, *, gpus: int | None = None, nvidia_smi: str = "nvidia-smi"
+    settings: TrainSettings,
+    *,
+    gpus: int | None = None,
+    nvidia_smi: str = "nvidia-smi",
+    extra_overrides: Sequence[str] = (),
+    check_device: bool = True,
 ) -> LaunchPlan:
-    """Steps 1-8: everything up to the verl command, which is returned (not run)."""
-    check_gpus(settings, gpus)
-    driver = check_stack(settings, nvidia_smi=nvidia_smi)
+    """Steps 1-8: everything up to the verl command, which is returned (not run).
+
+    `extra_overrides` replace or add hydra overrides after ours (the CPU run's, trainer/cpu_smoke.py), and
+    `check_device=False` skips the GPU and driver checks (steps 1-2) for that run; every other step, the resume
+    guards included, is the same.
+    """
+    driver = None
+    if check_device:
+        check_gpus(settings, gpus)
+        driver = check_stack(settings, nvidia_smi=nvidia_smi)
     state = check_resume(settings)
     if state.finished:
         if state.merged_dir is not None:
@@ -268,7 +280,7 @@ def prepare_launch(
         log.info("resuming %s from step %d of %d", settings.experiment_name, state.step, settings.total_steps)
     data = prepare_data(settings)
     log.info("data: %d train / %d test rows in %s", data.train_rows, data.test_rows, data.train_file.parent)
-    overrides = render_overrides(settings, data.train_rows)  # refuses a schedule verl would cut short
+    overrides = merge_overrides(render_overrides(settings, data.train_rows), extra_overrides)
     write_tool_config(settings)
     healthy = check_retrieval(settings)
     corpus = check_corpus(settings, healthy)
@@ -282,7 +294,7 @@ def prepare_launch(
     }
     record_dir = record_run(settings, overrides, record)
     return LaunchPlan(
-        command=main_ppo_command(settings, sys.executable, data.train_rows),
+        command=[sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
         record_dir=record_dir,
         healthy_urls=healthy,
         state=state,

@@ -1,15 +1,22 @@
-"""An offline Qwen2.5-style tokenizer for driving verl's agent loop without downloading a model.
+"""A tiny Qwen2-shaped model and an offline Qwen2.5-style tokenizer: training on CPU with nothing downloaded.
 
-A byte-level BPE trained in milliseconds with the `tokenizers` library on the texts a test will see (so any text
-round-trips exactly), the ChatML special tokens, `<tool_call>`/`</tool_call>` as added tokens (as in Qwen2.5), and
-a ChatML + hermes chat template written for these tests that renders tools into the system turn, assistant tool
-calls as `<tool_call>{json}</tool_call>`, and tool results as a user turn of `<tool_response>` blocks, the layout
-Qwen2.5-Instruct uses. verl picks its Qwen token builder from `hf_model_type="qwen2"`.
+`make train-cpu` (trainer/cpu_smoke.py) runs verl's real GRPO loop before anyone rents a GPU; the tests drive
+verl's agent loop the same way. Neither may download weights, so both are made here:
+
+- the tokenizer: a byte-level BPE trained in milliseconds with the `tokenizers` library on the texts the run will
+  see (so any of them round-trips exactly), the ChatML special tokens, `<tool_call>`/`</tool_call>` as added
+  tokens (as in Qwen2.5), and a ChatML + hermes chat template that renders tools into the system turn, assistant
+  tool calls as `<tool_call>{json}</tool_call>`, and tool results as a user turn of `<tool_response>` blocks, the
+  layout Qwen2.5-Instruct uses. verl picks its Qwen token builder from `hf_model_type="qwen2"`, and its Qwen2 chat
+  handling needs `"\\n"` to be one token, which a byte-level alphabet guarantees.
+- the model: `Qwen2ForCausalLM` from a transformers config (a few hundred thousand random weights, seeded), saved
+  as a Hugging Face folder that verl's FSDP engine, its model merger and our eval engine all load like any other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -82,3 +89,44 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 2000) -> PreTrainedT
     )  # not special: decode(skip_special_tokens=True) keeps them, as in Qwen2.5
     tokenizer.chat_template = CHATML_HERMES_TEMPLATE
     return tokenizer
+
+
+def write_tiny_model(
+    out_dir: Path,
+    texts: Iterable[str],
+    *,
+    vocab_size: int = 2000,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight Qwen2 causal LM and its tokenizer to `out_dir` (a Hugging Face model folder)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=1,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    ).save_pretrained(out_dir)
+    return out_dir

@@ -6,6 +6,7 @@
     searchrl train local                                # GPU check, data, health check, then verl (make train-local)
     searchrl train merge --run-dir checkpoints/my-run   # newest checkpoint -> Hugging Face folder
     searchrl train lock                                 # re-resolve requirements/gpu-*.txt with uv (make lock)
+    searchrl train cpu                                  # verl's real GRPO loop on CPU, tiny model (make train-cpu)
 
 Every knob is also an environment variable (DATASET_SIZE, MODEL_NAME, TRAIN_BATCH_SIZE, TOTAL_STEPS, NUM_NODES,
 GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME, CHECKPOINT_DIR, SEARCHRL_TRAIN_<FIELD>); flags win.
@@ -112,6 +113,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(handler=_merge)
 
     p = verbs.add_parser(
+        "cpu",
+        help="verl's real GRPO loop on CPU with a tiny random model: steps, resume, merge, eval (make train-cpu)",
+        description="Serve the bundled corpus, make a tiny Qwen2 offline, train 2 steps with verl, resume to "
+        "step 3, merge, evaluate the merged model; print the step table. Minutes on 2 cores, no GPU, no download.",
+    )
+    p.add_argument(
+        "--out", default="outputs/train-cpu", help="work folder, emptied first (default %(default)s)"
+    )
+    p.add_argument("--qa", help="QA JSONL (question, golden_answers; default the bundled dev set)")
+    p.add_argument("--questions", type=int, default=12, help="questions used (default %(default)s)")
+    p.add_argument(
+        "--timeout", type=float, default=1200.0, help="seconds per verl invocation (default %(default)s)"
+    )
+    p.set_defaults(handler=_cpu)
+
+    p = verbs.add_parser(
         "lock",
         help="re-resolve the GPU locks in requirements/ with uv (make lock)",
         description="uv pip compile requirements/gpu-<engine>.in + the train/retrieval extras for Linux x86_64, "
@@ -173,6 +190,19 @@ def _merge(args: argparse.Namespace) -> int:
     wait_s = getattr(args, "checkpoint_wait_s", settings.checkpoint_wait_s)
     result = merge_latest(run_dir, target, verify=getattr(args, "verify", True), wait_s=wait_s)
     print(result.target_dir)  # noqa: T201
+    return 0
+
+
+def _cpu(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from searchrl.logs import setup_logging
+    from searchrl.trainer.cpu_smoke import DEV_QA, run_cpu_smoke
+
+    setup_logging()
+    qa = Path(args.qa) if args.qa else DEV_QA
+    run = run_cpu_smoke(Path(args.out), qa_source=qa, questions=args.questions, timeout_s=args.timeout)
+    print(run.report())  # noqa: T201
     return 0
 
 

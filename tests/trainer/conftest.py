@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_user_prompt
+from searchrl.trainer.tiny_model import CHATML_HERMES_TEMPLATE
 from tests.conftest import FIXTURES, TINY_CORPUS
-from tests.trainer.chatml import CHATML_HERMES_TEMPLATE
 
 QA_SAMPLE = FIXTURES / "qa_train_sample.jsonl"
 SEVENTH_SEAL_QUESTION = (
@@ -60,7 +60,7 @@ def _training_texts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def offline_tokenizer():  # -> PreTrainedTokenizerFast
-    from tests.trainer.chatml import build_tokenizer
+    from searchrl.trainer.tiny_model import build_tokenizer
 
     return build_tokenizer(_training_texts())
 

@@ -1,0 +1,174 @@
+"""verl's real training loop on CPU (`make train-cpu`): steps that search, a resume, a merge, an eval; and a
+reward that raises stops the run. These run verl's own entry point with Ray, TransferQueue, the agent loop,
+FSDP2 on gloo and the `hf` rollout engine (docs/training.md, "First run on CPU"): minutes, not seconds."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from searchrl.errors import RolloutFailedError
+from searchrl.trainer.cpu_report import StepRow, check_steps, parse_steps, step_table
+from searchrl.trainer.cpu_smoke import first_error
+from searchrl.trainer.hf_rollout import question_of, scripted_tool_call
+from searchrl.trainer.overrides import merge_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+
+# One step line as verl's console logger prints it inside the TaskRunner actor (trimmed).
+STEP_LINE = (
+    "\x1b[36m(TaskRunnerV1 pid=6421)\x1b[0m step:2 - search/trajectories:4.0 - search/calls:4.0 - "
+    "search/failures:0.0 - actor/pg_loss:0.0 - actor/grad_norm:1.5e-05 - critic/score/mean:0.0 - "
+    "response_length/mean:375.0 - timing_s/step:7.0 - num_turns/mean:np.float64(4.0)"
+)
+
+
+def test_step_lines_become_rows_and_a_table():
+    (row,) = parse_steps("noise\n" + STEP_LINE + "\nmore noise", "1")
+    assert row.step == 2 and row.run == "1"
+    assert row.get("search_calls") == 4 and row.get("grad_norm") == pytest.approx(1.5e-5)
+    assert row.metrics["num_turns/mean"] == 4.0
+    assert "| 2 | 1 | 4 | 4 | 0 |" in step_table([row])
+
+
+def test_check_steps_names_every_miss():
+    good = parse_steps(STEP_LINE.replace("step:2", "step:1"), "1")[0]
+    assert check_steps([good], 1) == []
+    no_search = StepRow(1, "1", {**good.metrics, "search/calls": 0.0})
+    failed = StepRow(2, "1", {**good.metrics, "search/failures": 2.0, "actor/grad_norm": math.nan})
+    problems = "; ".join(check_steps([no_search, failed], 3))
+    assert "expected 1..3" in problems and "step 1: no search call" in problems
+    assert "step 2: 2 failed searches" in problems and "grad norm is nan" in problems
+    missing = StepRow(1, "1", {"search/calls": 1.0})
+    assert "verl logged no" in check_steps([missing], 1)[0]
+
+
+def test_merge_overrides_replaces_keys_hydra_would_refuse_twice():
+    base = ["a.b=1", "+c.d=2", "e=3"]
+    assert merge_overrides(base, ["a.b=9", "c.d=8"]) == ["e=3", "a.b=9", "c.d=8"]
+
+
+def test_first_error_is_the_cause_not_rays_wrapper():
+    log = (
+        "(WorkerDict) UserWarning: torchtitan engine is not available\n"
+        "ray.exceptions.RayTaskError(RuntimeError): ray::TaskRunnerV1.run()\n"
+        "searchrl.errors.SearchFailureRateError: 100.0% of the last 10 searches failed (connect x10)\n"
+    )
+    assert first_error(log).startswith("SearchFailureRateError: 100.0% of the last 10")
+    assert first_error("just a line\n") == "just a line"
+
+
+def test_the_scripted_first_turn_is_a_call_verls_hermes_parser_reads(offline_tokenizer):
+    """The CPU engine's first turn must parse as verl parses a model's turn, or no search would ever run."""
+    import asyncio
+
+    from verl.experimental.agent_loop.tool_parser import HermesToolParser
+
+    prompt = offline_tokenizer.apply_chat_template(
+        [
+            {
+                "role": "user",
+                "content": "Answer the given question. Question: Who directed The Seventh Seal?\n",
+            }
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    question = question_of(prompt)
+    assert question == "Who directed The Seventh Seal?"
+    ids = offline_tokenizer.encode(scripted_tool_call(question), add_special_tokens=False)
+    _, calls = asyncio.run(HermesToolParser(offline_tokenizer).extract_tool_calls(ids, None))
+    assert [c.name for c in calls] == ["search"]
+    assert '"query_list": ["Who directed The Seventh Seal?"]' in calls[0].arguments
+
+
+def test_the_sampler_stops_at_the_first_failed_group(monkeypatch):
+    """verl's agent-loop worker turns a raising reward into a "failure" group status; ours raises on it."""
+    import transfer_queue
+
+    from searchrl.trainer.sampler import SearchReplayBuffer
+
+    buffer = SearchReplayBuffer(
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+    )
+    tags = {"u1": {"is_prompt": True, "status": "finished", "global_steps": 1}}
+    monkeypatch.setattr(transfer_queue, "kv_list", lambda: {"train": tags})
+    buffer._sync_metadata_from_transfer_queue()  # all finished: nothing to say
+    tags["u2"] = {"is_prompt": True, "status": "failure", "global_steps": 1}
+    with pytest.raises(RolloutFailedError, match=r"rollout groups failed \(1 in train\)"):
+        buffer._sync_metadata_from_transfer_queue()
+
+
+@pytest.mark.slow
+@pytest.mark.live
+def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(tmp_path):
+    """What `make train-cpu` runs, as a user runs it: the CLI, its exit code and its printed table."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "searchrl", "train", "cpu", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3"]
+    assert [r.split(" | ")[1] for r in rows] == ["1", "1", "2 (resumed)"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("| ").split(" | ")]
+        trajectories, calls, failures = float(cells[2]), float(cells[3]), float(cells[4])
+        assert trajectories == 4 and calls > 0 and failures == 0, row
+        assert all(math.isfinite(float(c)) for c in cells[5:]), row
+    assert "merged step 3:" in proc.stdout
+    assert "search failures 0, LLM errors 0" in proc.stdout
+    # the resumed invocation loaded step 2's checkpoint, and search metrics are in verl's console log
+    second = (out / "train-2.log").read_text(errors="replace")
+    assert "global_step_2" in second and "search/calls:" in second
+    assert (out / "checkpoints" / "cpu-smoke" / "merged" / "global_step_3" / "config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.live
+def test_a_reward_that_raises_stops_the_run(tmp_path):
+    """The bug this replaced: verl 0.9.1 catches the reward's SearchFailureRateError in the agent-loop worker
+    and, without our sampler, keeps asking for prompts forever. Against a dead service, the run must end with
+    the reward's own message, well before its last step."""
+    from searchrl.trainer.cpu_smoke import (
+        DEV_QA,
+        cpu_overrides,
+        cpu_settings,
+        run_main_ppo,
+        tokenizer_texts,
+        write_qa,
+    )
+    from searchrl.trainer.data import prepare_data
+    from searchrl.trainer.overrides import render_overrides
+    from searchrl.trainer.tiny_model import write_tiny_model
+    from searchrl.trainer.toolconfig import write_tool_config
+    from tests.live import free_port
+
+    qa = write_qa(tmp_path, DEV_QA, 12)
+    model = write_tiny_model(tmp_path / "model", tokenizer_texts(qa))
+    dead = f"http://127.0.0.1:{free_port()}"  # nobody listens: every search fails with "connect"
+    settings = cpu_settings(tmp_path, model, dead, steps=5).model_copy(
+        update={"search_failure_window": 10, "retrieval_max_retries": 0}
+    )
+    data = prepare_data(settings)
+    write_tool_config(settings)
+    overrides = merge_overrides(render_overrides(settings, data.train_rows), cpu_overrides())
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    code, text = run_main_ppo(command, tmp_path / "train.log", timeout_s=900)
+    assert code != 0
+    assert first_error(text).startswith("SearchFailureRateError: 100.0% of the last 10 searches failed")
+    assert "RolloutFailedError: rollout groups failed" in text
+    assert len(parse_steps(text, "1")) < 5

@@ -1,0 +1,315 @@
+"""`make train-cpu` / `searchrl train cpu`: verl's real GRPO loop with our search tool, on CPU, in minutes.
+
+The first thing to run before renting GPUs, and what CI runs: every part of a training run that a GPU run has,
+on a model small enough for 2 cores, with nothing downloaded.
+
+1. **Retrieval**: `searchrl serve --backend bm25` on the bundled corpus, on a free loopback port.
+2. **Model**: a random-weight Qwen2-shaped model and a Qwen2.5-style tokenizer made offline
+   (trainer/tiny_model.py).
+3. **Data**: `searchrl train data`'s own prep (trainer/data.py) on a slice of the dev QA set; the tool YAML
+   from trainer/toolconfig.py.
+4. **Train**: `python -m verl.trainer.main_ppo` with the overrides `searchrl train local` renders for a GPU
+   run (trainer/overrides.py), then the CPU ones below: verl's own entry point, `RayPPOTrainer`'s V1 sync
+   trainer, its agent loop (`ToolAgentLoop` + our SearchTool), reward workers, TransferQueue, replay buffer
+   (our SearchReplayBuffer), FSDP2 actor and reference on gloo, the naive weight sync into the `hf` rollout
+   engine (trainer/hf_rollout.py, registered by trainer/cpu_plugin.py), checkpoints.
+   First to `resume_step` (a checkpoint there), then a second invocation that resumes from it to `steps`.
+5. **Merge**: `searchrl train merge`'s code (verl's model merger) on the last checkpoint.
+6. **Eval**: `searchrl eval` of the merged model with the local HF engine against the same service.
+
+Every step's row (trajectories, search calls, failed searches, reward, response length, policy loss, grad
+norm, wall time) comes from verl's own console metrics; `check_steps` fails the run when a row misses what the
+loop must show (trainer/cpu_report.py), and any failed step of the flow fails it with one line. The first assistant turn is scripted (trainer/hf_rollout.py says why);
+later turns are the random model's own samples.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.cpu_report import StepRow, check_steps, parse_steps, step_table
+from searchrl.trainer.overrides import hydra_value
+from searchrl.trainer.settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "cpu-smoke"
+# The first invocation stops after this many steps (verl's total_training_steps), as a preempted job would right
+# after its checkpoint; the second resumes from that checkpoint to TrainSettings.total_steps.
+RESUME_STEP = 2
+STEPS = 3
+# The 30-question dev set over the bundled corpus (the repo's copy of ../shared/qa); `--qa` picks another file.
+DEV_QA = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "dev_qa.jsonl"
+
+
+def cpu_overrides() -> list[str]:
+    """What the CPU run changes on top of the GPU run's overrides (each with its reason; DESIGN.md section 3b)."""
+    from searchrl.trainer.cpu_plugin import ROLLOUT_NAME
+
+    pairs: list[tuple[str, object]] = [
+        # the hf engine (trainer/hf_rollout.py) instead of vLLM/sglang; one replica on the one "GPU"
+        ("actor_rollout_ref.rollout.name", ROLLOUT_NAME),
+        ("+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn", True),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", 1),  # default 2 gives 0 replicas on 1 "GPU"
+        ("actor_rollout_ref.rollout.agent.num_workers", 1),
+        ("reward.num_workers", 1),
+        ("data.dataloader_num_workers", 0),
+        ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1),  # each unit reserves a CPU
+        # Ray: verl's resource pools ask for GPUs whatever the device (cpu_plugin.py); give it one fake GPU
+        ("+ray_kwargs.ray_init.num_gpus", 1),
+        ("+ray_kwargs.ray_init.num_cpus", 16),
+        ("trainer.device", "cpu"),
+        # FSDP2 (fully_shard) runs on a CPU device mesh; FSDP1 resolves device_id 0 as an accelerator
+        ("actor_rollout_ref.actor.strategy", "fsdp2"),
+        # fp32 end to end: bf16 is emulated (slow) on CPUs without AVX-512 BF16, and the model is tiny
+        ("actor_rollout_ref.actor.fsdp_config.dtype", "float32"),
+        ("actor_rollout_ref.ref.fsdp_config.dtype", "float32"),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing", False),
+    ]
+    return [f"{key}={hydra_value(value)}" for key, value in pairs]
+
+
+def cpu_settings(out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS) -> TrainSettings:
+    """TrainSettings for the CPU run: 2 prompts x 2 samples a step, short episodes, a checkpoint every 2 steps.
+
+    Everything else is the GPU default (GRPO, KL loss 0.001 low_var_kl, hermes tool calls, our reward with its
+    failure window), so the run goes through the code paths a GPU run takes. No environment or .env is read:
+    the CPU run is the same on every machine.
+    """
+    return TrainSettings(
+        _env_file=None,
+        model_name=str(model_dir),
+        qa_source=str(out_dir / "qa.jsonl"),
+        dataset_size="small",
+        data_dir=out_dir / "data",
+        checkpoint_dir=out_dir / "checkpoints",
+        experiment_name=EXPERIMENT,
+        retrieval_urls=[url],
+        train_batch_size=2,
+        ppo_mini_batch_size=2,
+        micro_batch_size_per_gpu=2,
+        rollout_n=2,
+        total_steps=steps,
+        save_freq=RESUME_STEP,
+        test_freq=-1,
+        val_before_train=False,
+        max_turns=2,
+        max_prompt_length=1024,
+        max_response_length=384,
+        topk=2,
+        passage_max_chars=200,
+        nnodes=1,
+        gpus_per_node=1,
+        entropy_coeff=0.001,
+        lr=1e-4,
+        logger="console",
+        allow_small_corpus=True,  # the bundled corpus is not wiki-18 (searchrl/corpus_check.py)
+        health_deadline_s=300.0,
+        checkpoint_wait_s=0.0,
+    )
+
+
+def write_qa(out_dir: Path, source: Path, n: int) -> Path:
+    """The first `n` questions of the dev QA set as a QA file data prep reads (it names no data_source)."""
+    rows = [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines() if line.strip()][:n]
+    path = out_dir / "qa.jsonl"
+    path.write_text(
+        "".join(json.dumps({**row, "data_source": "dev"}, ensure_ascii=False) + "\n" for row in rows),
+        encoding="utf-8",
+    )
+    return path
+
+
+def tokenizer_texts(qa_path: Path) -> list[str]:
+    """What the tiny tokenizer is trained on: the template, the tool schema and every prompt of the run."""
+    from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_user_prompt
+    from searchrl.trainer.tiny_model import CHATML_HERMES_TEMPLATE
+
+    questions = [json.loads(line)["question"] for line in qa_path.read_text(encoding="utf-8").splitlines()]
+    return [CHATML_HERMES_TEMPLATE, json.dumps(SEARCH_TOOL_SCHEMA), *map(build_user_prompt, questions)]
+
+
+def run_main_ppo(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, str]:
+    """verl's trainer in a subprocess, the CPU plugin in its environment (Ray workers inherit it)."""
+    from searchrl.trainer.cpu_plugin import ENV
+
+    env = {**os.environ, **ENV, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w", encoding="utf-8") as out:
+        try:
+            code = subprocess.run(
+                command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    return code, log_path.read_text(encoding="utf-8", errors="replace")
+
+
+_ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)$")
+
+
+def first_error(log_text: str) -> str:
+    """The first `SomethingError: message` a verl log names (the cause, not Ray's wrapper), or its last line."""
+    for line in log_text.splitlines():
+        match = _ERROR_LINE.search(line)
+        if match and "RayTaskError" not in match.group(1) and "UserWarning" not in line:
+            return f"{match.group(1)}: {match.group(2).strip()}"
+    tail = [line for line in log_text.splitlines() if line.strip()]
+    return tail[-1].strip() if tail else "no output"
+
+
+@dataclass
+class CpuRun:
+    """What one `searchrl train cpu` run did: the step rows, phase times, the merged model and the eval."""
+
+    out_dir: Path
+    rows: list[StepRow] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    merged_dir: Path | None = None
+    merged_step: int | None = None
+    eval_summary: dict[str, Any] = field(default_factory=dict)
+
+    def report(self) -> str:
+        lines = [step_table(self.rows), ""]
+        lines.append("phase times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.phases.items()))
+        if self.merged_dir is not None:
+            lines.append(f"merged step {self.merged_step}: {self.merged_dir}")
+        if self.eval_summary:
+            s = self.eval_summary
+            lines.append(
+                f"eval of the merged model (local HF engine, pipeline check of a random model, NOT a result): "
+                f"n {s.get('n')}, search failures {s.get('search_failures')}, LLM errors {s.get('llm_errors')}, "
+                f"EM {s.get('em', 0.0):.3f}"
+            )
+        return "\n".join(lines)
+
+
+def _phase(run: CpuRun, name: str, started: float) -> None:
+    run.phases[name] = time.monotonic() - started
+    log.info("%s done in %.0f s", name, run.phases[name])
+
+
+def _train(
+    settings: TrainSettings, extra: list[str], log_path: Path, label: str, timeout_s: float
+) -> list[StepRow]:
+    from searchrl.trainer.launch import prepare_launch
+
+    plan = prepare_launch(settings, extra_overrides=extra, check_device=False)
+    if plan.state is not None and plan.state.step is not None:
+        log.info("%s: resuming from the checkpoint of step %d", label, plan.state.step)
+    code, text = run_main_ppo(plan.command, log_path, timeout_s)
+    if code != 0:
+        raise SmokeCheckError(f"{label}: verl exited {code}: {first_error(text)} (log: {log_path})")
+    return parse_steps(text, label)
+
+
+def run_eval(merged: Path, url: str, qa: Path, out_dir: Path, settings: TrainSettings) -> dict[str, Any]:
+    """`searchrl eval` (the CLI a user runs) of the merged model with the local HF engine."""
+    results = out_dir / "eval"
+    shutil.rmtree(results, ignore_errors=True)
+    spec = settings.rollout
+    cmd = [
+        sys.executable, "-m", "searchrl", "eval", "--engine", "local", "--device", "cpu",
+        "--model", str(merged), "--retrieval-url", url, "--qa", str(qa), "--label", "cpu-smoke merged",
+        "--max-turns", str(spec.max_turns), "--topk", str(spec.topk),
+        "--passage-max-chars", str(spec.passage_max_chars),
+        "--max-prompt-tokens", str(spec.max_prompt_tokens),
+        "--max-response-tokens", str(spec.max_response_tokens), "--output-dir", str(results),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    (out_dir / "eval.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    found = sorted(results.glob("*.json"))
+    if proc.returncode != 0 or not found:
+        raise SmokeCheckError(f"searchrl eval exited {proc.returncode}: {first_error(proc.stderr)}")
+    doc = json.loads(found[-1].read_text(encoding="utf-8"))
+    summary = doc["summary"]
+    return {
+        "n": len(doc["questions"]),
+        "search_failures": int(summary.get("search_failures", 0)),
+        "llm_errors": int(summary.get("llm_errors", 0)),
+        "em": float(summary.get("em", 0.0)),
+        "result": str(found[-1]),
+    }
+
+
+def run_cpu_smoke(
+    out_dir: Path, *, qa_source: Path = DEV_QA, questions: int = 12, timeout_s: float = 1200.0
+) -> CpuRun:
+    """The whole CPU run (module docstring); raises SmokeCheckError with one line on the first miss."""
+    from searchrl.retrieval.process import served
+    from searchrl.trainer.merge import merge_latest
+    from searchrl.trainer.tiny_model import write_tiny_model
+
+    out_dir = out_dir.expanduser().resolve()
+    shutil.rmtree(out_dir, ignore_errors=True)  # a CPU run always starts from nothing: its resume is its own
+    out_dir.mkdir(parents=True)
+    run = CpuRun(out_dir)
+    started = time.monotonic()
+    if not qa_source.is_file():
+        raise ConfigError(
+            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
+        )
+    qa = write_qa(out_dir, qa_source, questions)
+    model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa))
+    _phase(run, "model", started)
+    with served(["--backend", "bm25"], out_dir / "serve.log") as url:
+        settings = cpu_settings(out_dir, model_dir, url)
+        started = time.monotonic()
+        stop_early = [*cpu_overrides(), f"trainer.total_training_steps={RESUME_STEP}"]
+        run.rows += _train(settings, stop_early, out_dir / "train-1.log", "1", timeout_s)
+        _phase(run, f"train to step {RESUME_STEP}", started)
+        started = time.monotonic()
+        run.rows += _train(settings, cpu_overrides(), out_dir / "train-2.log", "2 (resumed)", timeout_s)
+        _phase(run, f"resume to step {settings.total_steps}", started)
+        problems = check_steps(run.rows, settings.total_steps)
+        if problems:
+            raise SmokeCheckError("the CPU run missed what training must show: " + "; ".join(problems))
+        started = time.monotonic()
+        merged = merge_latest(settings.run_dir)
+        run.merged_dir, run.merged_step = merged.target_dir, merged.step
+        if merged.step != settings.total_steps:
+            raise SmokeCheckError(f"merged step {merged.step}, expected the last step {settings.total_steps}")
+        _phase(run, "merge", started)
+        started = time.monotonic()
+        test_qa = out_dir / "test-qa.jsonl"
+        _write_test_split(settings.test_file, test_qa)
+        run.eval_summary = run_eval(merged.target_dir, url, test_qa, out_dir, settings)
+        _phase(run, "eval", started)
+    s = run.eval_summary
+    if s["n"] < 1 or s["search_failures"] or s["llm_errors"]:
+        raise SmokeCheckError(f"eval of the merged model: {s}")
+    return run
+
+
+def _write_test_split(test_parquet: Path, path: Path) -> None:
+    """The run's held-out questions (data prep's test split) as a QA file for `searchrl eval`."""
+    import pandas as pd
+
+    rows = []
+    for record in pd.read_parquet(test_parquet).to_dict(orient="records"):
+        target = record["reward_model"]["ground_truth"]["target"]
+        question = record["extra_info"]["question"]
+        rows.append({"question": question, "golden_answers": [str(t) for t in target], "data_source": "dev"})
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
+__all__ = [
+    "CpuRun",
+    "cpu_overrides",
+    "cpu_settings",
+    "first_error",
+    "run_cpu_smoke",
+    "tokenizer_texts",
+    "write_qa",
+]

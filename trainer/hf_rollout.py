@@ -1,0 +1,250 @@
+"""The `hf` rollout engine: Hugging Face `generate` behind verl's rollout server interface, for CPU runs.
+
+verl 0.9.1 rolls out through a server (vLLM, sglang, TensorRT-LLM) that the agent loop calls token-in,
+token-out; none of them runs without an accelerator, and the legacy `HFRollout` is abstract. So `make
+train-cpu` registers this engine under `actor_rollout_ref.rollout.name=hf` (trainer/cpu_plugin.py). Three parts,
+matching verl's (DESIGN.md section 3b):
+
+- `HFRolloutReplica` (verl's `RolloutReplica`): `launch_servers()` starts one `HFGenerateServer` Ray actor per
+  replica, named after the replica so the training worker's adapter can find it.
+- `HFGenerateServer`: holds its own copy of the policy and answers `generate(request_id, prompt_ids,
+  sampling_params, ...) -> TokenOutput` with sampled tokens and their log-probabilities under the current weights.
+  verl passes no `max_tokens`, so a turn may generate what is left of `prompt_length + response_length`, capped at
+  `response_length` (the rule verl's sglang server applies); the agent loop cuts the trajectory at its budget.
+- `HFServerAdapter` (verl's `BaseRollout`, in the training worker): after every actor update verl's naive
+  checkpoint engine hands it the new weights tensor by tensor (workers/engine_workers.py:727-827); it sends them to
+  the server, so generation always runs the policy that is being trained.
+
+A random tiny model almost never writes a well-formed `<tool_call>`: with `scripted_first_turn`, the first
+assistant turn of every trajectory (a prompt whose only assistant turn is the one being generated) is the call
+`search(query_list=[<the question>])`, with its true log-probabilities under the policy. Every later turn is
+sampled from the model. This is the only scripted part, and it exists so a CPU run exercises the search tool,
+the observation tokens and the multi-turn masks on every trajectory; the GPU path never sets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from typing import Any
+
+import ray
+import torch
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "searchrl_hf_rollout_{rank}"
+ASSISTANT_TURN = "<|im_start|>assistant"  # ChatML; the generation prompt opens one, earlier turns one each
+_QUESTION = re.compile(r"Question:\s*(.+?)\s*(?:\n|<\|im_end\|>|$)")
+
+
+def scripted_tool_call(question: str) -> str:
+    """The scripted first turn: one hermes tool call searching the question (trainer/tool.py's schema)."""
+    arguments = {"query_list": [question]}
+    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': arguments})}\n</tool_call>"
+
+
+def question_of(prompt_text: str) -> str | None:
+    """The question of the last user turn that states one (searchrl/prompt.py ends its prompt with it)."""
+    found = _QUESTION.findall(prompt_text)
+    return found[-1] if found else None
+
+
+class HFGenerateServer:
+    """One rollout server: a policy copy and `generate` (run as a Ray actor by HFRolloutReplica)."""
+
+    def __init__(
+        self, model_path: str, prompt_length: int, response_length: int, scripted_first_turn: bool
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(1)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+        self.max_len = prompt_length + response_length
+        self.response_length = response_length
+        self.scripted_first_turn = scripted_first_turn
+        self.global_steps = 0
+        self.weight_updates = 0
+        self._lock = asyncio.Lock()
+
+    def ready(self) -> bool:
+        return True
+
+    def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Load the trainer's weights (HF names); returns how many tensors were loaded."""
+        own = self.model.state_dict()
+        unknown = sorted(set(state) - set(own))
+        if unknown:
+            raise ValueError(f"rollout weights not in the model: {unknown[:5]}")
+        self.model.load_state_dict(state, strict=False)
+        if global_steps is not None:
+            self.global_steps = int(global_steps)
+        self.weight_updates += 1
+        return len(state)
+
+    def stats(self) -> dict[str, int]:
+        return {"global_steps": self.global_steps, "weight_updates": self.weight_updates}
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        async with self._lock:  # one forward at a time: torch on CPU already uses the cores it has
+            token_ids, log_probs = await asyncio.to_thread(self._generate, list(prompt_ids), sampling_params)
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[list[int], list[float]]:
+        budget = max(1, min(self.response_length, self.max_len - len(prompt_ids)))
+        scripted = self._scripted(prompt_ids)
+        with torch.no_grad():
+            if scripted is not None:
+                new = scripted[:budget]
+            else:
+                new = self._sample(prompt_ids, params, budget)
+            return new, self._log_probs(prompt_ids, new)
+
+    def _scripted(self, prompt_ids: list[int]) -> list[int] | None:
+        if not self.scripted_first_turn:
+            return None
+        text = self.tokenizer.decode(prompt_ids)
+        question = question_of(text)
+        if question is None or text.count(ASSISTANT_TURN) != 1:
+            return None  # not the first assistant turn: the policy samples
+        ids = self.tokenizer.encode(scripted_tool_call(question), add_special_tokens=False)
+        return [*ids, self.tokenizer.eos_token_id]
+
+    def _sample(self, prompt_ids: list[int], params: dict[str, Any], budget: int) -> list[int]:
+        temperature = float(params.get("temperature") or 0.0)
+        top_p = float(params.get("top_p") or 1.0)
+        top_k = int(params.get("top_k") or 0)
+        do_sample = temperature > 0
+        out = self.model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=budget,
+            do_sample=do_sample,
+            temperature=temperature if do_sample else None,
+            top_p=top_p if do_sample else None,
+            top_k=top_k if do_sample and top_k > 0 else None,
+            eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        return out[0, len(prompt_ids) :].tolist()
+
+    def _log_probs(self, prompt_ids: list[int], new: list[int]) -> list[float]:
+        """log p(token | prefix) of each new token under the current weights (one forward pass)."""
+        if not new:
+            return []
+        ids = torch.tensor([prompt_ids + new])
+        logits = self.model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(new).unsqueeze(1))
+        return picked.squeeze(1).tolist()
+
+    # The control calls verl makes on every rollout server; an in-memory HF model has nothing to free or pause.
+    async def wake_up(self) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        return None
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+
+class HFRolloutReplica(RolloutReplica):
+    """verl's replica interface over one HFGenerateServer actor."""
+
+    async def launch_servers(self) -> None:
+        extra = dict((self.config.engine_kwargs or {}).get("hf") or {})  # rollout.engine_kwargs.hf.*
+        name = SERVER_NAME.format(rank=self.replica_rank)
+        server = (
+            ray.remote(HFGenerateServer)
+            .options(name=name, num_cpus=1, max_concurrency=self.max_concurrency)
+            .remote(
+                model_path=self.model_config.get("local_path") or self.model_config.path,
+                prompt_length=self.config.prompt_length,
+                response_length=self.config.response_length,
+                scripted_first_turn=bool(extra.get("scripted_first_turn", False)),
+            )
+        )
+        await server.ready.remote()
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"hf-rollout-{self.replica_rank}"
+
+
+class HFServerAdapter(BaseRollout):
+    """The training worker's side: pushes each update's weights to this rank's HFGenerateServer."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, model_config, device_mesh)
+        import os
+
+        world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
+        rank = int(os.environ.get("RANK", 0))
+        self.replica_rank = rank // world
+        self.is_leader = rank % world == 0
+        self._server: Any = None
+
+    def _get_server(self) -> Any:
+        if self._server is None:
+            self._server = ray.get_actor(SERVER_NAME.format(rank=self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"the hf rollout takes full tensors, not {wire_format!r}")
+        state = {}
+        for name, tensor in weights:
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            state[name] = full.detach().to("cpu", torch.float32).clone()
+        if self.is_leader:
+            await self._get_server().update_weights.remote(state, kwargs.get("global_steps"))
+
+
+__all__ = [
+    "HFGenerateServer",
+    "HFRolloutReplica",
+    "HFServerAdapter",
+    "question_of",
+    "scripted_tool_call",
+]
