@@ -21,14 +21,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the service drains), then SIGKILL after 30 s."""
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
+    """SIGTERM (uvicorn's graceful shutdown, as SkyServe scales a replica down), then SIGKILL after `timeout_s`;
+    returns the exit code."""
     proc.terminate()
     try:
-        proc.wait(timeout=30)
+        return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.wait()
+        return proc.wait()
 
 
 @contextlib.contextmanager

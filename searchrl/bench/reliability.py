@@ -41,16 +41,11 @@ import httpx
 
 from searchrl.errors import RetrievalUnavailableError
 from searchrl.retrieval.client import RetrievalClient
+from searchrl.retrieval.process import free_port
 from searchrl.retrieval.settings import RetrievalSettings
 
 #: call(query) -> an answer that can be compared with the reference (passage ids, or an observation text)
 Call = Callable[[str], Awaitable[Any]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

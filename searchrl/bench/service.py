@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import SearchRLError
+from searchrl.retrieval.process import free_port, stop_process
 from searchrl.retrieval.queries import DEV_QA, sample_queries
 from searchrl.retrieval.settings import RetrievalSettings
 
@@ -206,12 +206,6 @@ def measure_ceiling(
 
 
 # --- (b), (c) the running service ---------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_server(
     env_overrides: dict[str, str],
     port: int,
@@ -255,12 +249,7 @@ def start_server(
 
 def stop_server(proc: subprocess.Popen[bytes]) -> int:
     """SIGTERM (uvicorn's graceful shutdown), as SkyServe does when it scales a replica down."""
-    proc.terminate()
-    try:
-        return proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+    return stop_process(proc, timeout_s=60)
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -30,8 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.bench.service import free_port, stop_server
+from searchrl.bench.service import stop_server
 from searchrl.errors import SearchRLError
+from searchrl.retrieval.process import free_port
 
 log = logging.getLogger(__name__)
 
