@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from typing import Any
 
@@ -211,8 +212,6 @@ class HFServerAdapter(BaseRollout):
 
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, model_config, device_mesh)
-        import os
-
         world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
         rank = int(os.environ.get("RANK", 0))
         self.replica_rank = rank // world
