@@ -28,6 +28,7 @@ from tests.conftest import REPO, TINY_CORPUS
 from tests.live import free_port
 
 SKY = REPO / "sky"
+GPU_YAMLS = {"train.yaml", "train-single.yaml", "infer.yaml"}  # setup installs a CUDA stack
 YAMLS = sorted(SKY.glob("*.yaml"))
 TOKEN = "probe-test-token-5c1f"
 
@@ -490,6 +491,11 @@ def run_setup(
     bin_dir = home / "bin"
     bin_dir.mkdir(parents=True)
     (home / "sky_workdir").mkdir()
+    # What SkyPilot syncs from the workdir that setup reads before anything is installed: the driver check and
+    # the locks (a fake nvidia-smi reports a driver new enough for them).
+    (home / "sky_workdir" / "trainer").mkdir()
+    shutil.copy(REPO / "trainer" / "driver.py", home / "sky_workdir" / "trainer" / "driver.py")
+    shutil.copytree(REPO / "requirements", home / "sky_workdir" / "requirements")
     searchrl_stub = '#!/bin/bash\necho "searchrl $*" >> "$HOME/calls.log"\n'
     stubs = {
         # the real `uv venv` minus --seed (which would fetch pip from PyPI): re-running is about the folder; then
@@ -499,6 +505,7 @@ def run_setup(
         f'  cp "{bin_dir}/../searchrl-stub" "$HOME/sky_workdir/.venv/bin/searchrl"; exit 0; fi\n'
         '[ "$1 $2" != "pip freeze" ] || echo "click==8.5.1"',
         "pip": 'echo "pip $*" >> "$HOME/calls.log"',
+        "nvidia-smi": "echo 580.95.05",
     }
     (home / "searchrl-stub").write_text(searchrl_stub)
     (home / "searchrl-stub").chmod(0o755)
@@ -528,6 +535,8 @@ def test_setup_runs_twice_on_the_same_node(yaml_name: str, tmp_path: Path) -> No
     venv = tmp_path / "sky_workdir" / ".venv"
     assert (venv / "bin" / "python").exists()
     assert calls.count("uv venv") == 2 and calls.count("uv pip install") >= 2
+    if yaml_name in GPU_YAMLS:  # the driver check ran first, on the system python
+        assert "is new enough for CUDA 13.0 in gpu-" in stdout
     if yaml_name.startswith("train"):  # the pins start_cluster's install is held to
         assert (venv / "searchrl-pins.txt").read_text() == "click==8.5.1\n"
     if yaml_name == "retrieval.yaml":  # no index bucket: downloads/builds on the replica, as before

@@ -14,7 +14,8 @@ compiled in, so `uv pip sync <lock>` followed by `uv pip install --no-deps -e .`
 lock and nothing else (sky/*.yaml `setup:`, `make train-local`). tests/trainer/test_lock.py re-resolves the
 inputs with uv and fails when the lock drifts from them or stops resolving.
 
-The driver check: a CUDA build needs a driver at least as new as the one its toolkit shipped with (NVIDIA's
+The driver check lives in trainer/driver.py (standard library only, so setup runs it before installing): a CUDA
+build needs a driver at least as new as the one its toolkit shipped with (NVIDIA's
 CUDA Toolkit release notes, table "CUDA Toolkit and Corresponding Driver Versions",
 https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/). The locked CUDA is read from the lock's
 `nvidia-cuda-runtime` pin, so a new lock with another CUDA changes the requirement by itself.
@@ -22,7 +23,7 @@ https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/). The locked CUDA is re
 
 from __future__ import annotations
 
-import re
+import functools
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchrl.errors import ConfigError
+from searchrl.trainer import driver
+from searchrl.trainer.driver import MIN_DRIVER
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = Path(
@@ -44,18 +47,6 @@ PLATFORM = "x86_64-manylinux_2_34"
 EXTRAS = {"vllm": ("train", "retrieval"), "sglang": ("train", "retrieval"), "infer": ("retrieval", "infer")}
 OVERRIDES = {"sglang": REQUIREMENTS / "gpu-sglang-overrides.txt"}
 COMPILE_COMMAND = "make lock"  # written into each lock's header instead of the temp paths of the real call
-
-# Linux driver shipped with each CUDA toolkit release (major, minor) -> minimum driver version.
-MIN_DRIVER: dict[tuple[int, int], str] = {
-    (12, 1): "530.30.02",
-    (12, 4): "550.54.14",
-    (12, 6): "560.28.03",
-    (12, 8): "570.26",
-    (12, 9): "575.51.03",
-    (13, 0): "580.65.06",
-}
-
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -138,88 +129,30 @@ def write_locks(specs: Sequence[LockSpec] | None = None, *, cwd: Path = REPO) ->
     return written
 
 
-def pins(lock_text: str) -> dict[str, str]:
-    """name -> version for every `name==version` line of a compiled requirements file (names normalised)."""
-    return {re.sub(r"[-_.]+", "-", m[1]).lower(): m[2] for m in _PIN.finditer(lock_text)}
+def _config_error(fn):  # type: ignore[no-untyped-def]
+    """trainer/driver.py's functions, raising our ConfigError (one line) instead of its stdlib-only DriverError."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return fn(*args, **kwargs)
+        except driver.DriverError as exc:
+            raise ConfigError(str(exc)) from None
+
+    return wrapper
 
 
-def locked_cuda(lock_file: Path) -> tuple[int, int]:
-    """(major, minor) of the CUDA runtime pinned in a lock (`nvidia-cuda-runtime[-cu12]==13.0.96` -> (13, 0))."""
-    locked = pins(lock_file.read_text())
-    for name in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
-        if name in locked:
-            major, minor = locked[name].split(".")[:2]
-            return int(major), int(minor)
-    raise ConfigError(f"{lock_file} pins no nvidia-cuda-runtime: not a GPU lock (regenerate with make lock)")
-
-
-def min_driver_for(cuda: tuple[int, int]) -> str:
-    """The oldest Linux driver the CUDA toolkit release `cuda` supports."""
-    known = sorted(k for k in MIN_DRIVER if k <= cuda)
-    if not known or known[-1][0] != cuda[0]:
-        raise ConfigError(f"no known minimum driver for CUDA {cuda[0]}.{cuda[1]}: add it to MIN_DRIVER")
-    return MIN_DRIVER[known[-1]]
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text))
-
-
-def driver_version(nvidia_smi: str = "nvidia-smi") -> str:
-    """The driver version of the first GPU, from `nvidia-smi --query-gpu=driver_version --format=csv,noheader`."""
-    try:
-        proc = subprocess.run(
-            [nvidia_smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise ConfigError(
-            "nvidia-smi not found: this node has no NVIDIA driver; training needs NVIDIA GPUs"
-        ) from None
-    except subprocess.TimeoutExpired:
-        raise ConfigError(
-            "nvidia-smi did not answer in 30 s: the NVIDIA driver is hung; reboot the node"
-        ) from None
-    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
-    if proc.returncode != 0 or not lines or not _version_tuple(lines[0]):
-        detail = " ".join((proc.stderr or proc.stdout).split())[:200]
-        raise ConfigError(
-            f"nvidia-smi failed (exit {proc.returncode}): {detail or 'no driver version printed'}"
-        )
-    return lines[0]
+pins = driver.pins
+installed_cuda = driver.installed_cuda
+locked_cuda = _config_error(driver.locked_cuda)
+min_driver_for = _config_error(driver.min_driver_for)
+driver_version = _config_error(driver.driver_version)
+check_driver_for = _config_error(driver.check_driver_for)
 
 
 def check_driver(lock_file: Path, *, nvidia_smi: str = "nvidia-smi") -> str:
     """Raise ConfigError (one line) unless the node's driver is new enough for the lock's CUDA; return it."""
     return check_driver_for(locked_cuda(lock_file), f"in {lock_file.name}", nvidia_smi=nvidia_smi)
-
-
-def check_driver_for(cuda: tuple[int, int], source: str, *, nvidia_smi: str = "nvidia-smi") -> str:
-    """The driver check for a CUDA version that `source` ("in gpu-vllm-py311.txt", "of torch ...") names."""
-    need = min_driver_for(cuda)
-    have = driver_version(nvidia_smi)
-    if _version_tuple(have) < _version_tuple(need):
-        raise ConfigError(
-            f"NVIDIA driver {have} is too old for CUDA {cuda[0]}.{cuda[1]} {source} (needs >= {need}): "
-            "upgrade the driver or pick a cloud image with a newer one"
-        )
-    return have
-
-
-def installed_cuda() -> tuple[int, int] | None:
-    """The CUDA version the installed torch was built for (None: CPU build or no torch)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    version = getattr(torch.version, "cuda", None)
-    if not version:
-        return None
-    major, minor = str(version).split(".")[:2]
-    return int(major), int(minor)
 
 
 def current_lock(engine: str) -> Path:

@@ -224,3 +224,42 @@ def test_sglang_needs_its_override(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False, env=dict(os.environ))
     assert proc.returncode != 0
     assert "No solution found" in proc.stderr
+
+
+def _driver_script(*args: str, path: str) -> subprocess.CompletedProcess[str]:
+    """trainer/driver.py as setup runs it: the system python, no venv, nothing of ours importable."""
+    env = {"PATH": path, "PYTHONNOUSERSITE": "1"}
+    return subprocess.run(
+        ["/usr/bin/env", "python3", "-I", str(REPO / "trainer" / "driver.py"), *args],
+        capture_output=True, text=True, timeout=60, cwd=REPO, env=env, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("yaml_name", ["train.yaml", "train-single.yaml", "infer.yaml"])
+def test_setup_checks_the_driver_before_installing_anything(yaml_name):
+    """Every node runs setup: the driver check must come before the first install line, not after Ray starts."""
+    setup = yaml.safe_load((REPO / "sky" / yaml_name).read_text())["setup"].splitlines()
+    check = next(i for i, line in enumerate(setup) if "trainer/driver.py" in line)
+    install = next(
+        i for i, line in enumerate(setup) if "install" in line and not line.lstrip().startswith("#")
+    )
+    assert check < install, (yaml_name, setup[check], setup[install])
+
+
+def test_driver_script_runs_without_the_package_and_says_one_line(tmp_path):
+    lock = "requirements/gpu-vllm-py311.txt"
+    ok = _fake_nvidia_smi(tmp_path, "580.95.05\n")
+    path = f"{tmp_path}:/usr/bin:/bin"
+    done = _driver_script("--lock", lock, "--nvidia-smi", ok, path=path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "NVIDIA driver 580.95.05 is new enough for CUDA 13.0 in gpu-vllm-py311.txt"
+    old = tmp_path / "old"
+    old.mkdir()
+    refused = _driver_script("--lock", lock, "--nvidia-smi", _fake_nvidia_smi(old, "570.133.20\n"), path=path)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "error: NVIDIA driver 570.133.20 is too old for CUDA 13.0" in refused.stderr
+    assert "cuda-compat-13-0" in refused.stderr  # the way out on data-center GPUs
+    none = _driver_script("--lock", lock, "--nvidia-smi", str(tmp_path / "absent"), path=path)
+    assert none.returncode == 2 and "nvidia-smi not found" in none.stderr
+    missing = _driver_script("--lock", "requirements/gpu-nope-py311.txt", path=path)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
