@@ -11,6 +11,14 @@ Failure policy, built so one bad replica never stalls a training run:
   timeout per call), and after `breaker_reset_s` (doubling up to `breaker_max_reset_s`) one probe request is let
   through (half-open); success closes it. 429 and 503 are load signals, not faults: they never open it. With a
   single URL (e.g. SkyServe's load balancer) the breaker is off: there is no other replica to send the call to.
+- **Hedging** (issue 26): retrieval is read-only, so a duplicate request is safe. If an attempt has no answer
+  after the hedge delay (the recent p95 attempt latency, kept within [`hedge_min_s`, `hedge_max_s`]), a second
+  request goes to the next URL the breaker allows (with one URL: the same URL on another connection, which helps
+  against a wedged connection, not a wedged server); the first answer wins and the other is cancelled. A token
+  bucket caps hedges at `hedge_budget` (10%) extra requests, with a burst of 10. A primary outrun by its hedge
+  counts as a fault against its URL's breaker, and when a breaker opens, every call still waiting on that URL
+  hedges at once, outside the budget (so does a half-open probe): a frozen replica (SIGSTOP) costs its in-flight
+  calls about one hedge delay, not `timeout_s`. `hedge_budget=0` turns hedging off.
 - **Deadlines:** `connect_timeout_s` for the TCP connect, `timeout_s` per attempt (reading the answer), waiting
   for one of our own `max_connections` slots is bounded separately by `pool_timeout_s` (kind "pool"), and the
   whole call, retries included, by `deadline_s`.
@@ -28,7 +36,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -203,12 +212,19 @@ class CircuitBreaker:
         return True
 
 
+#: hedges that may go out at once before the budget (hedge_budget tokens per call) refills
+_HEDGE_BURST = 10.0
+#: winning latencies seen before the hedge delay follows them (until then it is hedge_max_s)
+_HEDGE_MIN_SAMPLES = 20
+
+
 @dataclass
 class UrlStats:
     """Counters for one URL (see `RetrievalClient.stats`)."""
 
     sent: int = 0
     ok: int = 0
+    outrun: int = 0  # attempts cancelled because a hedge on another connection answered first
     failed: dict[str, int] = field(default_factory=dict)  # kind -> count
     outstanding: int = 0
     last_error: str = ""
@@ -240,6 +256,10 @@ class RetrievalClient:
         breaker_failures: int = 3,
         breaker_reset_s: float = 1.0,
         breaker_max_reset_s: float = 30.0,
+        hedge_budget: float = 0.1,
+        hedge_quantile: float = 0.95,
+        hedge_min_s: float = 0.05,
+        hedge_max_s: float = 1.0,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         url_list = [u.strip().rstrip("/") for u in url_list if u and u.strip()]
@@ -271,6 +291,23 @@ class RetrievalClient:
         self._rr = 0
         self.calls = 0  # search() calls
         self.retries = 0  # attempts after the first, over all calls
+        if not 0.0 <= hedge_budget <= 1.0 or not 0.0 < hedge_quantile < 1.0 or hedge_min_s > hedge_max_s:
+            raise ConfigError(
+                f"hedging: need 0 <= hedge_budget <= 1 (got {hedge_budget}), 0 < hedge_quantile < 1 "
+                f"(got {hedge_quantile}) and hedge_min_s <= hedge_max_s (got {hedge_min_s}, {hedge_max_s})"
+            )
+        self.hedge_budget = hedge_budget  # extra requests per call, as a fraction; 0 = no hedging
+        self.hedge_quantile = hedge_quantile
+        self.hedge_min_s = hedge_min_s
+        self.hedge_max_s = hedge_max_s
+        self.hedges = 0  # duplicate requests sent (budgeted, probes and breaker failovers)
+        self.hedges_won = 0  # ... that answered first
+        self.hedges_denied = 0  # hedges not sent: budget spent
+        self._hedge_tokens = _HEDGE_BURST
+        self._latencies: deque[float] = deque(maxlen=256)  # recent winning attempt latencies
+        self._samples = 0
+        self._hedge_delay = hedge_max_s  # until enough latencies are seen
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}  # URL -> calls to wake if its breaker opens
         self._session: aiohttp.ClientSession | None = None
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -308,11 +345,20 @@ class RetrievalClient:
                 "ok": st.ok,
                 "failed": dict(st.failed),
                 "outstanding": st.outstanding,
+                "outrun": st.outrun,
                 "breaker": br.state,
                 "breaker_opened": br.opened,
                 "last_error": st.last_error,
             }
-        return {"calls": self.calls, "retries": self.retries, "urls": per_url}
+        return {
+            "calls": self.calls,
+            "retries": self.retries,
+            "hedges": self.hedges,
+            "hedges_won": self.hedges_won,
+            "hedges_denied": self.hedges_denied,
+            "hedge_delay_s": round(self._hedge_delay, 4),
+            "urls": per_url,
+        }
 
     def _record_failure(self, url: str, exc: RetrievalUnavailableError) -> None:
         st = self._stats[url]
@@ -322,12 +368,46 @@ class RetrievalClient:
         if exc.kind in {"http_429", "http_503", "pool"}:
             breaker.release_probe()  # load, not a fault
         elif isinstance(exc, _Retryable) and breaker.record_failure(exc.kind):
-            log.warning(
-                "retrieval circuit breaker OPEN for %s for %.1fs after %s",
-                url,
-                breaker.seconds_to_probe(),
-                exc.kind,
-            )
+            self._opened(url, exc.kind)
+
+    def _record_outrun(self, url: str) -> None:
+        """A hedge sent later answered first: the URL is slow or hung, a fault for its breaker."""
+        self._stats[url].outrun += 1
+        if self.breakers[url].record_failure("outrun"):
+            self._opened(url, "its hedges answered first")
+
+    def _opened(self, url: str, why: str) -> None:
+        log.warning(
+            "retrieval circuit breaker OPEN for %s for %.1fs after %s",
+            url,
+            self.breakers[url].seconds_to_probe(),
+            why,
+        )
+        # calls still waiting on it hedge now instead of waiting out their hedge delay or timeout_s
+        for waiter in self._waiters.pop(url, set()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # --- hedging ---------------------------------------------------------------------------------------
+    def _note_latency(self, seconds: float) -> None:
+        self._latencies.append(seconds)
+        self._samples += 1
+        n = len(self._latencies)
+        if n >= _HEDGE_MIN_SAMPLES and self._samples % 16 == 0:  # not every call: it sorts 256 floats
+            xs = sorted(self._latencies)
+            q = xs[min(n - 1, int(self.hedge_quantile * n))]
+            self._hedge_delay = min(self.hedge_max_s, max(self.hedge_min_s, q))
+
+    def _unwait(self, wake: asyncio.Future[None]) -> None:
+        for waiters in self._waiters.values():
+            waiters.discard(wake)
+
+    def _take_hedge_token(self) -> bool:
+        if self._hedge_tokens >= 1.0:
+            self._hedge_tokens -= 1.0
+            return True
+        self.hedges_denied += 1
+        return False
 
     # --- requests --------------------------------------------------------------------------------------
     async def _post_once(
@@ -402,28 +482,102 @@ class RetrievalClient:
             key=lambda u: (self._stats[u].outstanding, (self.urls.index(u) - start) % n),
         )
 
-    async def _attempt(self, body: dict[str, Any], n_queries: int, deadline: float) -> list[list[Hit]]:
-        """One attempt: try each URL whose breaker allows it, best first; return the first answer."""
-        last: _Retryable | None = None
-        for url in self._order():
+    def _launch(
+        self,
+        urls: Iterator[str],
+        racing: dict[asyncio.Task[list[list[Hit]]], str],
+        body: dict[str, Any],
+        n_queries: int,
+        deadline: float,
+    ) -> asyncio.Task[list[list[Hit]]] | None:
+        """Start a request to the next of `urls` whose breaker allows it; None when none is left."""
+        for url in urls:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                break
+                return None
             if not self.breakers[url].allow():
                 continue
-            try:
-                hits = await self._post_once(url, body, n_queries, min(self.timeout_s, remaining))
-            except RetrievalUnavailableError as exc:
-                log.debug("retrieval attempt failed: %s", exc)
-                self._record_failure(url, exc)
-                if not isinstance(exc, _Retryable):
-                    self.breakers[url].release_probe()
-                    raise
-                last = exc
-                continue
-            self._stats[url].ok += 1
-            self.breakers[url].record_success()
-            return hits
+            task = asyncio.ensure_future(
+                self._post_once(url, body, n_queries, min(self.timeout_s, remaining))
+            )
+            racing[task] = url
+            return task
+        return None
+
+    async def _attempt(self, body: dict[str, Any], n_queries: int, deadline: float) -> list[list[Hit]]:
+        """One attempt: a request to the best URL the breakers allow, a hedge after the hedge delay (or at
+        once if the URL's breaker opens meanwhile), failover to the next URL on a retryable failure; returns
+        the first answer and cancels the other request."""
+        loop = asyncio.get_running_loop()
+        order = iter(self._order())
+        racing: dict[asyncio.Task[list[list[Hit]]], str] = {}
+        started: dict[asyncio.Task[list[list[Hit]]], float] = {}
+        last: _Retryable | None = None
+        primary: asyncio.Task[list[list[Hit]]] | None = None
+        wake: asyncio.Future[None] = loop.create_future()
+        may_hedge = False  # no hedge sent yet for this primary
+        hedge_at: float | None = None  # when the budgeted hedge is due; None: no timer (sent or denied)
+        try:
+            while True:
+                if not racing:
+                    primary = self._launch(order, racing, body, n_queries, deadline)
+                    if primary is None:
+                        break
+                    started[primary] = time.monotonic()
+                    self._unwait(wake)
+                    wake = loop.create_future()
+                    self._waiters.setdefault(racing[primary], set()).add(wake)
+                    may_hedge = self.hedge_budget > 0
+                    hedge_at = started[primary] + self._hedge_delay if may_hedge else None
+                timeout = None if hedge_at is None else max(0.0, hedge_at - time.monotonic())
+                waits: set[asyncio.Future[Any]] = set(racing)
+                if may_hedge:
+                    waits.add(wake)
+                done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if may_hedge and primary in racing and not done - {wake}:
+                    # no answer yet, and the hedge delay passed or the primary's breaker opened.
+                    # Outside the budget: the breaker opened under us, or the primary is a half-open probe.
+                    free = wake.done() or self.breakers[racing[primary]].state != "closed"
+                    hedge_at = None  # denied: only the breaker opening can still send one
+                    if free or self._take_hedge_token():
+                        may_hedge = False  # one hedge per primary
+                        # with one URL, the same URL on another connection (a wedged connection is cured)
+                        more = order if len(self.urls) > 1 else iter(self.urls)
+                        hedge = self._launch(more, racing, body, n_queries, deadline)
+                        if hedge is not None:
+                            started[hedge] = time.monotonic()
+                            self.hedges += 1
+                        elif not free:
+                            self._hedge_tokens += 1.0  # nowhere to send it: the token is not spent
+                for task in done:
+                    if task is wake:
+                        continue
+                    url = racing.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        self._stats[url].ok += 1
+                        self.breakers[url].record_success()
+                        self._note_latency(time.monotonic() - started[task])
+                        if task is not primary:
+                            self.hedges_won += 1
+                            if primary in racing:
+                                self._record_outrun(racing[primary])
+                        return task.result()
+                    if not isinstance(exc, RetrievalUnavailableError):
+                        raise exc
+                    log.debug("retrieval attempt failed: %s", exc)
+                    self._record_failure(url, exc)
+                    if not isinstance(exc, _Retryable):
+                        self.breakers[url].release_probe()
+                        raise exc
+                    last = exc
+        finally:
+            for task, url in racing.items():
+                task.cancel()
+                task.add_done_callback(_consume)
+                if self.breakers[url].state == "half_open":
+                    self.breakers[url].release_probe()  # a cancelled probe has no verdict
+            self._unwait(wake)
         if last is not None:
             raise last
         # every breaker is open: wait until the first one lets a probe through (within the deadline)
@@ -449,6 +603,7 @@ class RetrievalClient:
             return []
         body = {"queries": queries, "topk": int(topk), "return_scores": True}
         self.calls += 1
+        self._hedge_tokens = min(_HEDGE_BURST, self._hedge_tokens + self.hedge_budget)
         started = time.monotonic()
         deadline = started + self.deadline_s
         attempts = 0
@@ -485,6 +640,12 @@ class RetrievalClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    """Done-callback of a cancelled loser: fetch its outcome so asyncio never logs it as unretrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _detail(resp: aiohttp.ClientResponse) -> str:
@@ -575,11 +736,15 @@ def _health_reason(exc: RetrievalUnavailableError) -> str:
 def summarize_client_stats(stats: dict[str, Any]) -> str:
     """`RetrievalClient.stats()` as one log line: calls, retries, then per URL sent/ok, failures by kind and
     the breaker state (`open x2` = opened twice so far)."""
-    parts = [f"{stats['calls']} calls, {stats['retries']} retries"]
+    parts = [
+        f"{stats['calls']} calls, {stats['retries']} retries, {stats.get('hedges', 0)} hedges "
+        f"({stats.get('hedges_won', 0)} won, {stats.get('hedges_denied', 0)} over budget)"
+    ]
     for url, st in stats["urls"].items():
         failed = ",".join(f"{k}={v}" for k, v in sorted(st["failed"].items())) or "none"
         breaker = st["breaker"] + (f" x{st['breaker_opened']}" if st["breaker_opened"] else "")
-        parts.append(f"{url}: sent {st['sent']} ok {st['ok']} failed {failed} breaker {breaker}")
+        outrun = f" outrun {st['outrun']}" if st.get("outrun") else ""
+        parts.append(f"{url}: sent {st['sent']} ok {st['ok']}{outrun} failed {failed} breaker {breaker}")
     return "; ".join(parts)
 
 

@@ -8,6 +8,7 @@ Scenarios (each returns one row of the table in docs/operations.md):
     overload    10 x the queue bound in concurrent clients: 503 + Retry-After, never a hang; retries get all
     kill        3 replicas, SIGKILL one mid-run, restart it: breaker open/close times, no call lost
     hang        3 replicas, SIGSTOP one mid-run (a hung replica), SIGCONT later: calls finish in the deadline
+    freeze      2 replicas, 1,500 calls, SIGSTOP one after a fifth (issue 26), client defaults: p99/max, hedges
     drain       SIGTERM one replica under load: no accepted request lost, exit code 0
     big-body    a 200 MB chunked body: refused while reading; RSS rise and /health latency meanwhile
     slow        400 connections trickling a byte a second: closed by the header/body deadlines
@@ -15,7 +16,7 @@ Scenarios (each returns one row of the table in docs/operations.md):
 Not in the service modules on purpose: this is a load generator, it imports the client and starts processes.
 Correctness: each query's expected passage ids come from one sequential call before any load, with the
 replicas' result cache off, so a correct answer under load means the right work was done for that query.
-The tests in tests/retrieval/test_reliability.py run the same scenarios with small sizes.
+The tests in tests/bench/test_reliability.py run the same scenarios with small sizes.
 """
 
 from __future__ import annotations
@@ -186,11 +187,12 @@ async def run_load(
     *,
     seconds: float | None = None,
     per_client: int | None = None,
+    total: int | None = None,
     until: asyncio.Event | None = None,
 ) -> Outcome:
-    """`clients` concurrent loops over the query pool (each client its own offset), for `seconds` or
-    `per_client` calls each (and, with `until`, at least until it is set). Every answer is compared with
-    `expected`."""
+    """`clients` concurrent loops over the query pool (each client its own offset), for `seconds`, or
+    `per_client` calls each, or `total` calls in all (and, with `until`, at least until it is set). Every
+    answer is compared with `expected`."""
     pool = list(expected)
     out = Outcome()
     stop_at = time.monotonic() + seconds if seconds is not None else None
@@ -198,7 +200,11 @@ async def run_load(
     def more(n: int) -> bool:
         if until is not None and not until.is_set():
             return True
-        return (per_client is None or n < per_client) and (stop_at is None or time.monotonic() < stop_at)
+        return (
+            (per_client is None or n < per_client)
+            and (total is None or out.sent < total)
+            and (stop_at is None or time.monotonic() < stop_at)
+        )
 
     async def worker(w: int) -> None:
         i = w
@@ -350,6 +356,7 @@ async def _with_fault(
         breaker_open_s=round(times["opened"] - times["fault"], 3),
         breaker_closed_after_back_s=round(times["closed"] - times["back"], 3),
         deadline_s=timeout_s * 4,
+        hedges=st.get("hedges", 0),
     )
 
 
@@ -366,6 +373,53 @@ async def replica_hang(
 ) -> dict:
     return await _with_fault(
         settings, workdir, seconds=seconds, clients=clients, fault="hang", make_call=make_call, timeout_s=2
+    )
+
+
+async def replica_freeze(
+    settings: RetrievalSettings,
+    workdir: Path,
+    *,
+    calls: int = 1500,
+    clients: int = 32,
+    make_call: Any = None,
+) -> dict:
+    """Issue 26: 2 replicas, `clients` concurrent callers, `calls` calls in all, replica 0 SIGSTOPped once a fifth
+    of the calls have finished and never resumed, through `RetrievalClient` with the defaults users get (or
+    `make_call`). Without hedging every call in flight on the frozen replica waits out `timeout_s` (10 s)."""
+    with replicas(settings, 2, workdir / "freeze") as reps:
+        urls = [r.url for r in reps]
+        if make_call is None:
+            client = RetrievalClient(urls)
+            call, stats, close = client_call(client), client.stats, client.aclose
+        else:
+            call, stats, close = make_call(urls)
+        try:
+            expected = await reference(call, corpus_queries(settings, 600))
+            base = stats()
+            finished = 0
+            frozen_at = asyncio.Event()
+
+            async def counted(query: str) -> Any:
+                nonlocal finished
+                try:
+                    return await call(query)
+                finally:
+                    finished += 1
+                    if finished >= calls // 5 and not frozen_at.is_set():
+                        reps[0].signal(signal.SIGSTOP)  # mid-run: calls are in flight on it now
+                        frozen_at.set()
+
+            out = await run_load(counted, expected, clients, total=calls)
+            st = stats()
+        finally:
+            await close()
+    return out.row(
+        scenario=f"SIGSTOP 1 of 2 replicas after 1/5 of {calls} calls ({clients} clients, client defaults)",
+        http_5xx=server_5xx(st),
+        hedges=st.get("hedges", 0) - base.get("hedges", 0),
+        retries=st["retries"] - base["retries"],
+        breaker_opened=st["urls"][urls[0]]["breaker_opened"],
     )
 
 
@@ -554,7 +608,7 @@ def slow_clients(
     }
 
 
-SCENARIOS = ("soak", "overload", "kill", "hang", "drain", "big-body", "slow")
+SCENARIOS = ("soak", "overload", "kill", "hang", "freeze", "drain", "big-body", "slow")
 
 
 async def run_all(
@@ -575,6 +629,8 @@ async def run_all(
             rows.append(await replica_kill(settings, workdir, seconds=min(seconds, 30), make_call=make_call))
         elif name == "hang":
             rows.append(await replica_hang(settings, workdir, seconds=min(seconds, 30), make_call=make_call))
+        elif name == "freeze":
+            rows.append(await replica_freeze(settings, workdir))  # RetrievalClient with its defaults
         elif name == "drain":
             rows.append(await drain(settings, workdir, seconds=min(seconds, 10)))
         elif name == "big-body":
@@ -592,7 +648,7 @@ def render_table(rows: Sequence[dict]) -> str:
     ]
     core = {"scenario", "sent", "answered", "wrong", "lost", "http_5xx", "p99_s"}
     for row in rows:
-        other = ", ".join(f"{k}={v}" for k, v in row.items() if k not in core and k not in {"p50_s"})
+        other = ", ".join(f"{k}={v}" for k, v in row.items() if k not in core)
         cells = [
             str(row.get(k, ""))
             for k in ("scenario", "sent", "answered", "wrong", "lost", "http_5xx", "p99_s")
@@ -612,6 +668,7 @@ __all__ = [
     "overload",
     "reference",
     "render_table",
+    "replica_freeze",
     "replica_hang",
     "replica_kill",
     "replicas",

@@ -4,8 +4,9 @@
     searchrl reliability --seconds 60 --only soak,kill,hang --out outputs/bench
 
 Starts real `searchrl serve` replicas on loopback ports, runs the scenarios in `searchrl.bench.reliability`
-(soak, 10x overload, SIGKILL/SIGSTOP of a replica behind the verl tool, SIGTERM drain, 200 MB body, 400 slow
-connections) and prints a markdown table on stdout; JSON rows go to `--out`/reliability.json.
+(soak, 10x overload, SIGKILL/SIGSTOP of a replica behind the verl tool, SIGSTOP of 1 of 2 replicas mid-run with
+the client's defaults (issue 26: p50/p99/max and hedges), SIGTERM drain, 200 MB body, 400 slow connections) and
+prints a markdown table on stdout; JSON rows go to `--out`/reliability.json.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--seconds", type=float, help="soak length; other scenarios use up to 30 s (default 600)")
     p.add_argument(
-        "--only", help="comma-separated: soak,overload,kill,hang,drain,big-body,slow (default all)"
+        "--only", help="comma-separated: soak,overload,kill,hang,freeze,drain,big-body,slow (default all)"
     )
     p.add_argument("--corpus", help="corpus to serve (default bundled)")
     p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -349,3 +350,142 @@ def test_single_url_has_no_breaker_every_attempt_is_tried() -> None:
     assert (
         url_stats["sent"] == 3 and url_stats["breaker"] == "closed" and url_stats["failed"] == {"connect": 3}
     )
+
+
+class Hanging:
+    """An upstream whose /retrieve handler sleeps (for ever, by default) on the requests `hang` picks, and
+    records each request's client port (one port = one connection)."""
+
+    def __init__(self, hang: Any = lambda n: True, delay: float = 3600.0) -> None:
+        self.hang = hang  # request number (0-based) -> sleep before answering?
+        self.delay = delay
+        self.ports: list[int] = []
+        self.released = False  # set when the test ends, so the server can stop
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health() -> dict[str, str]:
+            return {"status": "ok"}
+
+        @app.post("/retrieve")
+        async def retrieve(request: Request) -> Any:
+            n = len(self.ports)
+            self.ports.append(request.client.port if request.client else 0)
+            if self.hang(n):
+                until = time.monotonic() + self.delay
+                while not self.released and time.monotonic() < until:
+                    await asyncio.sleep(0.01)
+            return JSONResponse(GOOD)
+
+        return app
+
+
+@contextlib.contextmanager
+def hanging(server: Hanging) -> Iterator[str]:
+    with serve_in_thread(server.app()) as url:
+        try:
+            yield url
+        finally:
+            server.released = True
+
+
+def test_hedge_answers_a_call_stuck_on_a_hung_replica_well_within_timeout(
+    upstream: tuple[Script, str], script: Script
+) -> None:
+    """Issue 26, with the defaults users get: timeout_s is 10 s; the hedge (1 s before the client has seen
+    20 latencies) goes to the other URL and its answer is the only one returned."""
+    _, good = upstream
+    with hanging(Hanging()) as hung:
+
+        async def go() -> tuple[float, Any, dict[str, Any]]:
+            async with RetrievalClient([hung, good]) as client:  # ties: the first URL gets the first call
+                started = time.monotonic()
+                hits = await client.search(["q"], 1)
+                elapsed = time.monotonic() - started
+            return elapsed, hits, client.stats()  # after aclose: the cancelled loser has unwound
+
+        elapsed, hits, stats = run(go())
+    assert 0.9 < elapsed < 3.0  # the hedge delay, not timeout_s (10 s)
+    assert [[h.id for h in per_query] for per_query in hits] == [["7"]]  # one answer, not two
+    assert len(script.requests) == 1
+    assert (stats["hedges"], stats["hedges_won"], stats["hedges_denied"]) == (1, 1, 0)
+    assert stats["urls"][hung]["outrun"] == 1 and stats["urls"][hung]["failed"] == {}
+    assert stats["urls"][hung]["outstanding"] == 0  # the loser was cancelled
+
+
+def test_hedges_are_capped_by_the_budget() -> None:
+    """30 concurrent calls that all outlive the hedge delay: the burst (10) goes out, the rest are denied and
+    counted; every call still gets exactly its one answer (the primary, which started first, wins)."""
+    server = Hanging(delay=0.5)
+    with hanging(server) as url:
+
+        async def go() -> tuple[list[Any], dict[str, Any]]:
+            async with RetrievalClient(url, hedge_min_s=0.05, hedge_max_s=0.05) as client:
+                results = await asyncio.gather(*(client.search([f"q{i}"], 1) for i in range(30)))
+                return results, client.stats()
+
+        results, stats = run(go())
+    assert all([[h.id for h in r[0]]] == [["7"]] for r in results)
+    assert (stats["hedges"], stats["hedges_denied"]) == (10, 20)
+    assert len(server.ports) == 40  # 30 calls + 10 hedges
+    assert stats["hedges"] <= 10 + 0.1 * stats["calls"]
+
+
+def test_single_url_hedges_to_the_same_url_on_a_new_connection() -> None:
+    """One URL (SkyServe's load balancer, breaker off): a request wedged on its connection is hedged to the same
+    URL on another connection, and that answer is returned; the breaker stays closed."""
+    server = Hanging(hang=lambda n: n == 0)
+    with hanging(server) as url:
+
+        async def go() -> tuple[float, Any, dict[str, Any]]:
+            async with RetrievalClient(url, hedge_min_s=0.1, hedge_max_s=0.1) as client:
+                started = time.monotonic()
+                hits = await client.search(["q"], 1)
+                return time.monotonic() - started, hits, client.stats()
+
+        elapsed, hits, stats = run(go())
+    assert elapsed < 2.0 and [[h.id for h in hits[0]]] == [["7"]]
+    assert len(server.ports) == 2 and server.ports[0] != server.ports[1]  # two connections
+    assert (stats["hedges"], stats["hedges_won"]) == (1, 1)
+    assert stats["urls"][url]["breaker"] == "closed" and stats["urls"][url]["breaker_opened"] == 0
+
+
+def test_calls_on_a_url_whose_breaker_opens_hedge_at_once_outside_the_budget(
+    upstream: tuple[Script, str], script: Script
+) -> None:
+    """One hedge token for 4 calls stuck on a hung replica: the first hedge outruns its primary, which opens
+    the breaker (breaker_failures=1), and the other 3 are sent elsewhere at once, budget or not."""
+    _, good = upstream
+    with hanging(Hanging()) as hung:
+
+        async def go() -> tuple[float, list[Any], dict[str, Any]]:
+            async with RetrievalClient(
+                [hung, good], timeout_s=5, breaker_failures=1, hedge_min_s=0.05, hedge_max_s=0.05
+            ) as client:
+                client._hedge_tokens = 0.5  # + 0.1 per call: exactly one hedge for these 8 calls
+                started = time.monotonic()
+                results = await asyncio.gather(*(client.search([f"q{i}"], 1) for i in range(8)))
+                return time.monotonic() - started, results, client.stats()
+
+        elapsed, results, stats = run(go())
+    assert elapsed < 1.5  # not timeout_s (5 s)
+    assert all([[h.id for h in r[0]]] == [["7"]] for r in results)
+    assert stats["urls"][hung]["breaker"] == "open" and stats["urls"][hung]["sent"] == 4
+    # one budgeted hedge; the others free once the breaker opened (denied first if their delay came sooner)
+    assert (stats["hedges"], stats["hedges_won"]) == (4, 4) and stats["hedges_denied"] <= 3
+
+
+def test_hedging_off_waits_for_the_attempt_timeout() -> None:
+    """hedge_budget=0: the pre-issue-26 behaviour, a hung request costs the whole attempt timeout."""
+    with hanging(Hanging(hang=lambda n: n == 0)) as url:
+
+        async def go() -> tuple[float, dict[str, Any]]:
+            async with RetrievalClient(url, timeout_s=0.5, hedge_budget=0, backoff_base_s=0.01) as client:
+                started = time.monotonic()
+                await client.search(["q"], 1)
+                return time.monotonic() - started, client.stats()
+
+        elapsed, stats = run(go())
+    assert elapsed >= 0.5 and stats["hedges"] == 0 and stats["retries"] == 1
