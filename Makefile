@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE smoke train-cpu lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE gpu-check smoke train-cpu lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -115,9 +115,21 @@ ROLLOUT  ?= vllm
 GPU_PY   ?= 311
 GPU_VENV ?= .venv-gpu
 GPU_LOCK := requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt
-$(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY): $(GPU_LOCK) pyproject.toml
-	uv venv --clear --seed --python $(subst 3,3.,$(GPU_PY)) $(GPU_VENV) && uv pip install --python $(GPU_VENV)/bin/python --require-hashes -r $(GPU_LOCK)
-	uv pip install --python $(GPU_VENV)/bin/python --no-deps -e . && touch $@
+# uv comes from PyPI, pinned as in the dev extra, into a small venv of its own: never whatever is on PATH.
+TOOLS_VENV ?= .venv-tools
+UV_SPEC    ?= uv>=0.13,<0.14
+UV         := $(TOOLS_VENV)/bin/uv
+$(UV):
+	$(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install -q "$(UV_SPEC)"
+
+# The GPU targets check for a GPU first, in a second: the GPU venv is a 6.9 GB download.
+NVIDIA_SMI ?= nvidia-smi
+gpu-check:  ## one line and exit 2 unless `nvidia-smi -L` lists a GPU (run first by train-smoke and train-local)
+	@$(NVIDIA_SMI) -L 2>/dev/null | grep -q '^GPU ' || { echo "error: no NVIDIA GPU here ($(NVIDIA_SMI) -L lists none): make train-smoke and train-local need one; on CPU run make train-cpu" >&2; exit 2; }
+
+$(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY): $(GPU_LOCK) pyproject.toml | gpu-check $(UV)
+	$(UV) venv --clear --seed --python $(subst 3,3.,$(GPU_PY)) $(GPU_VENV) && $(UV) pip install --python $(GPU_VENV)/bin/python --require-hashes -r $(GPU_LOCK)
+	$(UV) pip install --python $(GPU_VENV)/bin/python --no-deps -e . && touch $@
 
 lock: $(VENV)/.dev  ## re-resolve requirements/gpu-*-py3*.txt from requirements/*.in + pyproject extras (uv; no GPU needed)
 	$(BIN)/searchrl train lock
@@ -125,7 +137,7 @@ lock: $(VENV)/.dev  ## re-resolve requirements/gpu-*-py3*.txt from requirements/
 lock-check: $(VENV)/.dev  ## fail if a GPU lock no longer resolves for linux x86_64 or drifted from its inputs (needs PyPI)
 	$(BIN)/python -m pytest -q tests/trainer/test_lock.py
 
-train-local: $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); e.g. ENV="DATASET_SIZE=small"
+train-local: gpu-check $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); e.g. ENV="DATASET_SIZE=small"
 	env ROLLOUT=$(ROLLOUT) $(ENV) $(GPU_VENV)/bin/searchrl train local
 
 # issue 20: no GPU needed; e.g. make train-cpu TRAIN_CPU_ARGS="--out /tmp/train-cpu --questions 20"
@@ -133,7 +145,7 @@ TRAIN_CPU_ARGS ?=
 train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min)
 	$(BIN)/searchrl train cpu $(TRAIN_CPU_ARGS)
 
-train-smoke: $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
+train-smoke: gpu-check $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local
 
 # --- inference and comparison (issue 7) ----------------------------------------------------------------------

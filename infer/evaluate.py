@@ -576,7 +576,7 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
             settings.llm_url, settings.model, api_key=settings.llm_api_key_value(), **client_kwargs
         )
     try:
-        await server.check_model()
+        await server.check_model(wait_s=settings.wait_for_llm_s)
         renderer = None
         if settings.api == "completions":
             renderer = await asyncio.to_thread(

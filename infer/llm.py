@@ -276,9 +276,60 @@ class ServerLLM:
         payload = await self._request("GET", "/models")
         return [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)]
 
-    async def check_model(self) -> None:
-        """Fail early, naming what is served, when the model name is not on the server."""
-        served = await self.list_models()
+    async def check_model(self, *, wait_s: float = 0.0, poll_s: float = 2.0) -> None:
+        """Fail early when the server is down or does not serve the model, naming what it serves.
+
+        A refused connection is an answer: InferenceError at once (a dead port must not cost the minutes of
+        back-off the generation requests get). With `wait_s` > 0 (`--wait-for-llm`, a server still loading
+        weights) /models is polled every `poll_s` seconds, with a progress line, until it answers or time is up.
+        """
+        url = f"{self.base_url}/models"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        logged = started - 10  # the first wait logs at once
+        while True:
+            try:
+                resp = await self._client.get(url, timeout=httpx.Timeout(30.0, connect=5.0))
+            except httpx.TimeoutException:
+                problem = "timed out"
+            except httpx.TransportError as exc:
+                problem = f"cannot connect ({exc.__class__.__name__})"
+            else:
+                if resp.status_code == 200:
+                    break
+                detail = resp.text[:200].replace("\n", " ")
+                if resp.status_code != 429 and resp.status_code < 500:
+                    raise RequestRejectedError(
+                        f"{url} rejected the request: HTTP {resp.status_code}: {detail}"
+                    )
+                problem = f"HTTP {resp.status_code}: {detail}"
+            waited = loop.time() - started
+            if waited >= wait_s:
+                more = (
+                    f"gave up after --wait-for-llm {wait_s:g}"
+                    if wait_s > 0
+                    else "pass --wait-for-llm SECONDS while it loads"
+                )
+                raise InferenceError(
+                    f"LLM server {self.base_url} is not answering: {problem}; start sglang/vLLM there or "
+                    f"set --llm-url ({more})"
+                )
+            if loop.time() - logged >= 10:
+                logged = loop.time()
+                log.info(
+                    "waiting for the LLM server at %s (%s): %.0f of %.0f s",
+                    self.base_url,
+                    problem,
+                    waited,
+                    wait_s,
+                )
+            await asyncio.sleep(min(poll_s, wait_s - waited))
+        try:
+            payload = resp.json()
+        except json.JSONDecodeError as exc:
+            raise InferenceError(f"{url} answered 200 with a body that is not JSON") from exc
+        data = payload.get("data", []) if isinstance(payload, dict) else []
+        served = [str(m.get("id")) for m in data if isinstance(m, dict)]
         if served and self.model not in served:
             raise InferenceError(
                 f"model {self.model!r} is not served at {self.base_url}; it serves {served} (set --model)"

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from searchrl.config import StrictSettings
 from searchrl.prompt import observation_budget
 from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
 
@@ -22,7 +23,7 @@ Engine = Literal["server", "local", "sglang"]
 Api = Literal["completions", "chat"]
 
 
-class InferSettings(BaseSettings):
+class InferSettings(StrictSettings):
     model_config = SettingsConfigDict(
         env_prefix="SEARCHRL_INFER_",
         env_file=".env",
@@ -45,6 +46,9 @@ class InferSettings(BaseSettings):
     llm_retry_max_wait_s: float = Field(
         default=120.0, gt=0
     )  # back-off cap: 8 retries span minutes, not seconds
+    # seconds to wait at start for the LLM server to answer /v1/models (one still loading weights);
+    # 0 = a refused connection fails at once
+    wait_for_llm_s: float = Field(default=0.0, ge=0)
     device: str = "auto"  # local engine only: auto | cpu | cuda
     sglang_command: str = "python -m sglang.launch_server"  # engine=sglang: what starts the server
     sglang_args: str = ""  # engine=sglang: extra launch_server flags, e.g. "--mem-fraction-static 0.6 --tp 2"

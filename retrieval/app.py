@@ -314,12 +314,23 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         """404/405/...: the same {"detail"} body; a 405 lists every method the path has (GET and POST /ready
         are two routes, and Starlette would name only the first one's)."""
         headers = dict(exc.headers or {})
+        detail = str(exc.detail)
+        path = request.url.path
         if exc.status_code == 405:
-            methods = {
-                m for r in app.routes if getattr(r, "path", None) == request.url.path for m in r.methods or ()
-            }
+            methods = {m for r in app.routes if getattr(r, "path", None) == path for m in r.methods or ()}
             headers["Allow"] = ", ".join(sorted(methods))
-        return _error(exc.status_code, str(exc.detail), headers)
+            if detail == "Method Not Allowed":  # Starlette's bare phrase: say what the path does take
+                detail = (
+                    f"{request.method} {path} is not allowed; {path} answers {' and '.join(sorted(methods))}"
+                )
+                if path == "/retrieve":
+                    detail += ' with a JSON body such as {"queries": ["..."], "topk": 3}'
+        elif exc.status_code == 404 and detail == "Not Found":
+            detail = (
+                f"no route {path}: this service answers POST /retrieve, GET /health, GET or POST /ready, "
+                "GET /metrics and GET / (every route: GET /openapi.json)"
+            )
+        return _error(exc.status_code, detail, headers)
 
     @app.exception_handler(SearchRLError)
     @app.exception_handler(Exception)

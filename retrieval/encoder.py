@@ -273,7 +273,7 @@ class Encoder:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
                 f"cannot load encoder {name!r} ({first}); download it first "
-                f"(huggingface-cli download {ref}) or pass a local folder"
+                f"(hf download {ref}) or pass a local folder"
             ) from None
         model.eval().to(device)
         dim = int(model.config.hidden_size)

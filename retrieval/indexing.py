@@ -353,6 +353,29 @@ def new_faiss_index(dim: int, index_type: str) -> Any:
         ) from None
 
 
+def min_training_points(index_type: str) -> int:
+    """Vectors FAISS needs to train `index_type`: k-means wants at least as many points as centroids, so
+    IVF<n> needs n and PQ<m>x<b> needs 2^b (b = 8 by default); Flat, HNSW and SQ need none (0)."""
+    need = 0
+    for nlist in re.findall(r"IVF(\d+)", index_type):
+        need = max(need, int(nlist))
+    for nbits in re.findall(r"PQ\d+(?:x(\d+))?", index_type):
+        need = max(need, 2 ** int(nbits or 8))
+    return need
+
+
+def check_trainable(index_type: str, passages: int, train_sample: int = TRAIN_SAMPLE) -> None:
+    """ConfigError in one line, before any encoding, when the corpus is too small to train `index_type`."""
+    need = min_training_points(index_type)
+    have = min(passages, train_sample)
+    if need > have:
+        raise ConfigError(
+            f"index_type {index_type!r} needs at least {need} passages to train, this corpus has {passages}"
+            + (f" (train_sample {train_sample})" if train_sample < passages else "")
+            + "; use Flat or HNSW32 for a corpus this small"
+        )
+
+
 def build_dense_index(
     corpus_path: Path,
     index_dir: Path,
@@ -372,6 +395,10 @@ def build_dense_index(
     import faiss
 
     started = time.perf_counter()
+    total = count_rows(corpus_path)
+    check_trainable(
+        index_type, total, train_sample
+    )  # before minutes of encoding, not a FAISS traceback after
     checksum = corpus_checksum(corpus_path)
     index = new_faiss_index(encoder.dim, index_type)
     with _staged(index_dir, force=force) as staging:
@@ -394,7 +421,7 @@ def build_dense_index(
                 _train_and_add(index, pending)
                 pending.clear()
 
-        with _progress(count_rows(corpus_path), f"dense: encoding with {encoder.spec.name}") as bar:
+        with _progress(total, f"dense: encoding with {encoder.spec.name}") as bar:
             for start, stop, passage in iter_rows_with_offsets(corpus_path):
                 offsets.append(start)
                 end = stop
@@ -538,6 +565,8 @@ def ensure_index(
     if kind == "bm25":
         build_bm25_index(corpus_path, index_dir, force=force)
     else:
+        if min_training_points(settings.index_type):  # fail before loading the encoder, not after encoding
+            check_trainable(settings.index_type, count_rows(corpus_path), settings.train_sample)
         encoder = (
             encoder_factory()
             if encoder_factory

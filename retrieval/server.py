@@ -37,6 +37,29 @@ def check_bind(settings: RetrievalSettings) -> None:
         )
 
 
+def check_port(settings: RetrievalSettings) -> None:
+    """Refuse a port something already listens on, before the index loads (minutes) instead of after."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is fine
+            sock.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {settings.port} on {settings.host} is already in use (another `searchrl serve`?): "
+                "stop that process or pass --port N (SEARCHRL_RETRIEVAL_PORT)"
+            ) from None
+        raise ConfigError(
+            f"cannot bind {settings.host}:{settings.port} ({exc.strerror or exc}): check --host and --port"
+        ) from None
+
+
 def guarded_protocol(header_timeout_s: float, max_header_bytes: int) -> type:
     """uvicorn's httptools protocol with a header deadline and a header size cap (see module docstring)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -148,6 +171,7 @@ def run_server(settings: RetrievalSettings) -> None:
     from searchrl.retrieval.backends import build_backend
 
     check_bind(settings)
+    check_port(settings)
     if settings.is_public_bind and not settings.api_keys():
         log.warning("serving on %s WITHOUT authentication (--insecure)", settings.host)
     # Built here, not in the lifespan: a backend that cannot be configured (a missing key, say) is one line.

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
+from searchrl.config import StrictSettings
 from searchrl.errors import ConfigError
 
 BackendName = Literal["dense", "bm25", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"]
@@ -35,7 +36,7 @@ DEFAULT_WEB_BLOCKLIST = [
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-class RetrievalSettings(BaseSettings):
+class RetrievalSettings(StrictSettings):
     model_config = SettingsConfigDict(
         env_prefix="SEARCHRL_RETRIEVAL_",
         env_file=".env",
@@ -126,8 +127,9 @@ class RetrievalSettings(BaseSettings):
     )  # comma-separated domains whose results are dropped (sites hosting benchmark Q/A pairs); "" = none
     web_page_mode: bool = False  # fetch result pages and return their best ~100-word passage, not the snippet
     web_page_words: int = Field(default=100, ge=20)  # passage length in page mode (wiki-18 passages are 100)
-    web_page_timeout_s: float = Field(default=5.0, gt=0)  # per page fetch in page mode
-    web_page_max_bytes: int = Field(default=2_000_000, ge=1024)  # pages larger than this are cut
+    web_page_timeout_s: float = Field(default=5.0, gt=0)  # one page's whole fetch, redirects included
+    web_page_max_bytes: int = Field(default=2_000_000, ge=1024)  # decoded; a bigger page keeps its snippet
+    web_page_allow_private: bool = False  # fetch private/loopback/link-local pages too
     google_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("GOOGLE_API_KEY", "SEARCHRL_RETRIEVAL_GOOGLE_API_KEY")
     )  # Custom Search JSON API key; pass with --secret, never --env or argv
@@ -139,7 +141,8 @@ class RetrievalSettings(BaseSettings):
         default=None, validation_alias=AliasChoices("SERPER_API_KEY", "SEARCHRL_RETRIEVAL_SERPER_API_KEY")
     )  # serper.dev key, sent as the X-API-KEY header
     serper_base_url: str = "https://google.serper.dev/search"  # POST endpoint
-    searxng_base_url: str = "http://127.0.0.1:8888"  # a SearXNG instance with the json format enabled
+    # a SearXNG instance with the json format enabled, e.g. http://127.0.0.1:8888; required by backend searxng
+    searxng_base_url: str = ""
     web_timeout_s: float = Field(default=10.0, gt=0)  # per upstream HTTP request
     web_max_retries: int = Field(default=3, ge=0)  # extra attempts on 429/5xx/timeouts/connection errors
     web_backoff_base_s: float = Field(default=0.5, ge=0)  # first back-off; doubles per attempt, jittered
@@ -184,6 +187,16 @@ class RetrievalSettings(BaseSettings):
             raise ValueError(
                 f"precision {self.precision} does not run on encoder_backend {self.encoder_backend}: int8 is "
                 "ONNX Runtime only, bf16/fp16 are torch only (or leave encoder_backend=auto)"
+            )
+        if self.backend == "searxng" and not self.searxng_base_url.strip().startswith(
+            ("http://", "https://")
+        ):
+            # no default instance: a guessed 127.0.0.1:8888 passed /ready while every query was a 502 that
+            # spent the daily budget on retries
+            got = f"got {self.searxng_base_url!r}" if self.searxng_base_url.strip() else "it is not set"
+            raise ValueError(
+                f"backend searxng needs SEARCHRL_RETRIEVAL_SEARXNG_BASE_URL, the http(s) URL of your SearXNG "
+                f"instance with the json format enabled, e.g. http://127.0.0.1:8888 ({got})"
             )
         if self.hybrid_dense_weight == 0 and self.hybrid_bm25_weight == 0:
             raise ValueError("hybrid_dense_weight and hybrid_bm25_weight are both 0: give one a weight > 0")

@@ -25,8 +25,9 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
+from searchrl.config import StrictSettings
 from searchrl.corpus_check import SEARCH_R1_DATASET
 from searchrl.errors import ConfigError
 from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
@@ -47,20 +48,13 @@ def _alias(env_name: str, field: str) -> AliasChoices:
     return AliasChoices(env_name, f"SEARCHRL_TRAIN_{field.upper()}")
 
 
-class TrainSettings(BaseSettings):
+class TrainSettings(StrictSettings):
     model_config = SettingsConfigDict(
         env_prefix="SEARCHRL_TRAIN_",
         env_file=".env",
-        extra="ignore",  # a shared .env holds other areas' keys; our own typos are caught below
+        extra="ignore",  # a shared .env holds other areas' keys; our own typos are caught by StrictSettings
         populate_by_name=True,
     )
-
-    def __init__(self, **values: Any) -> None:
-        # pydantic-settings options start with "_" (_env_file, ...); anything else must name a field or alias.
-        unknown = sorted(k for k in values if not k.startswith("_") and k not in _init_names(type(self)))
-        if unknown:
-            raise ConfigError(f"unknown train setting(s) {unknown}: see the fields of trainer/settings.py")
-        super().__init__(**values)
 
     # --- data ------------------------------------------------------------------------------------------------
     dataset_size: DatasetSize = Field(default="full", validation_alias=_alias("DATASET_SIZE", "dataset_size"))
@@ -89,8 +83,11 @@ class TrainSettings(BaseSettings):
     lr_warmup_ratio: float = Field(default=0.285, ge=0, le=1)  # Search-R1 train_grpo.sh
     kl_coef: float = Field(default=0.001, ge=0)  # KL loss coefficient (0 disables the reference model)
     kl_loss_type: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"] = "low_var_kl"
-    entropy_coeff: float = Field(default=0.0, ge=0)
+    # Search-R1's values (its verl fork's ppo_trainer.yaml: entropy_coeff 0.001, rollout top_p 0.95; verl 0.9's
+    # defaults are 0 and 1.0); docs/training.md "Defaults against Search-R1" lists every difference that remains.
+    entropy_coeff: float = Field(default=0.001, ge=0)
     temperature: float = Field(default=1.0, gt=0)  # rollout sampling temperature (validation is greedy)
+    top_p: float = Field(default=0.95, gt=0, le=1)  # rollout nucleus sampling (validation is greedy)
     total_steps: int = Field(default=1005, ge=1, validation_alias=_alias("TOTAL_STEPS", "total_steps"))
     # None = enough epochs for total_steps from the train rows (see epochs_for); a set value must reach total_steps
     total_epochs: int | None = Field(default=None, ge=1)
@@ -206,9 +203,6 @@ class TrainSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> TrainSettings:
-        stray = _stray_env_keys(type(self))
-        if stray:
-            raise ValueError(f"unknown setting(s) {stray}: check the spelling against trainer/settings.py")
         if self.smoke:
             for name, value in SMOKE_PRESET.items():
                 if name not in self.model_fields_set:
@@ -390,27 +384,6 @@ def default_experiment_name(model_name: str, dataset_size: str, total_steps: int
     """search-r1-<model>-<size>-<steps>steps: runs that differ in size or length never share a folder."""
     model = re.sub(r"[^a-z0-9.]+", "-", model_name.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-.")
     return f"search-r1-{model or 'model'}-{dataset_size}-{total_steps}steps"
-
-
-def _init_names(cls: type[BaseSettings]) -> set[str]:
-    names = set(cls.model_fields)
-    for info in cls.model_fields.values():
-        if isinstance(info.validation_alias, AliasChoices):
-            names.update(str(choice) for choice in info.validation_alias.choices)
-    return names
-
-
-def _stray_env_keys(cls: type[BaseSettings]) -> list[str]:
-    """SEARCHRL_TRAIN_* names in the environment or .env that match no field (a typo would be silently ignored)."""
-    from dotenv import dotenv_values
-
-    prefix = str(cls.model_config.get("env_prefix", "")).upper()
-    keys = set(os.environ)
-    env_file = cls.model_config.get("env_file")
-    if isinstance(env_file, str | Path) and Path(env_file).is_file():
-        keys |= {k for k in dotenv_values(env_file) if k}
-    fields = {name.upper() for name in cls.model_fields}
-    return sorted(k for k in keys if k.upper().startswith(prefix) and k.upper()[len(prefix) :] not in fields)
 
 
 def redact_url(url: str) -> str:

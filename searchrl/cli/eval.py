@@ -24,6 +24,7 @@ _SHARED = [
     "engine",
     "api",
     "llm_url",
+    "wait_for_llm_s",
     "device",
     "sglang_command",
     "sglang_args",
@@ -73,6 +74,14 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api", help="completions (exact training template, default) | chat (server renders)")
     p.add_argument(
         "--llm-url", dest="llm_url", help="OpenAI-compatible base URL (default http://127.0.0.1:30000/v1)"
+    )
+    p.add_argument(
+        "--wait-for-llm",
+        dest="wait_for_llm_s",
+        type=float,
+        metavar="SECONDS",
+        help="wait up to this long for the LLM server to answer (still loading weights); "
+        "default 0: a refused connection fails at once",
     )
     p.add_argument("--device", help="local engine: auto | cpu | cuda")
     p.add_argument("--temperature", type=float, help="0 = greedy (default)")

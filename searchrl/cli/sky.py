@@ -179,9 +179,25 @@ def _argv(args: argparse.Namespace, verb: str, positional: list[str]) -> list[st
     return out
 
 
+def _check_env_keys(args: argparse.Namespace) -> None:
+    """A misspelt SEARCHRL_* name in --env would reach the task and be ignored there: refuse it here, before
+    SkyPilot is even imported."""
+    from searchrl import config, deploy
+    from searchrl.infer.settings import InferSettings
+    from searchrl.retrieval.settings import RetrievalSettings
+    from searchrl.trainer.settings import TrainSettings
+
+    classes = (RetrievalSettings, InferSettings, TrainSettings)
+    unknown = config.unknown_env_keys(deploy.parse_env_flags(getattr(args, "env", [])), classes)
+    if unknown:
+        valid = set(config.OTHER_ENV_NAMES).union(*(config.env_names(cls) for cls in classes))
+        raise config.unknown_name_error(unknown, valid, "passed with --env")
+
+
 def _maybe_reexec(args: argparse.Namespace, verb: str, positional: list[str]) -> int | None:
     from searchrl import deploy
 
+    _check_env_keys(args)
     if deploy.sky_importable():
         return None
     return deploy.run_in_sky_venv(_argv(args, verb, positional))

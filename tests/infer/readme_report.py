@@ -1,6 +1,6 @@
 """Regenerate README's report picture from a SCRIPTED model (no GPU here), with the real eval and report code.
 
-    PYTHONPATH=. .venv/bin/python -m tests.infer.readme_report docs/images
+    .venv/bin/python -m tests.infer.readme_report /tmp/report    # then copy report.png over docs/images/
 
 What is real: the retrieval service (BM25 over the bundled Wikipedia subset in data/, on a loopback port), the
 30-question dev set, `searchrl eval` / `searchrl compare`, scoring, intervals and the chart. What is scripted:
@@ -151,4 +151,6 @@ def run(out_dir: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(run(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/images")))  # noqa: T201
+    # never the tracked docs/images by default: a run must not silently replace README's picture
+    default = Path(tempfile.gettempdir()) / "searchrl-report"
+    print(run(Path(sys.argv[1]) if len(sys.argv) > 1 else default))  # noqa: T201

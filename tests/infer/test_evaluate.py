@@ -212,5 +212,5 @@ def test_eval_errors_are_one_line_exit_2(
         ]
     )
     assert rc == 2
-    assert "check that sglang/vLLM is up" in capsys.readouterr().err
+    assert "start sglang/vLLM there or set --llm-url" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))

@@ -60,7 +60,17 @@ def test_handler_and_fastapi_route_answer_byte_for_byte_alike(client: TestClient
 def test_get_on_retrieve_is_still_fastapis_405(client: TestClient) -> None:
     r = client.get("/retrieve")
     assert r.status_code == 405 and "POST" in r.headers["allow"]
-    assert r.json() == {"detail": "Method Not Allowed"}
+    assert r.json() == {
+        "detail": 'GET /retrieve is not allowed; /retrieve answers POST with a JSON body such as {"queries": '
+        '["..."], "topk": 3}'
+    }
+    # a 404 names the routes instead of Starlette's bare "Not Found" (docs/operations.md: one sentence, a fix)
+    r = client.post("/retreive", json={"queries": ["x"]})
+    assert r.status_code == 404 and r.json()["detail"].startswith(
+        "no route /retreive: this service answers POST /retrieve"
+    )
+    r = client.post("/health")
+    assert r.status_code == 405 and r.json()["detail"] == "POST /health is not allowed; /health answers GET"
 
 
 def test_a_bug_in_the_handler_is_a_logged_500_not_a_dropped_connection(

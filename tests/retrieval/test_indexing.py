@@ -303,3 +303,30 @@ def test_cli_build_passes_only_given_flags(
         .err.strip()
         .endswith("error: --index-dir names one directory: use it with --backend dense or --backend bm25")
     )
+
+
+# --- an index type too big for the corpus (issue 27 item 7) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("index_type", "need"),
+    [("Flat", 0), ("HNSW32", 0), ("IVF4096,SQ8", 4096), ("IVF16,PQ8", 256), ("IVF1024,PQ64x4", 1024)],
+)
+def test_min_training_points(index_type: str, need: int) -> None:
+    assert indexing.min_training_points(index_type) == need
+
+
+def test_too_small_corpus_is_one_line_before_the_encoder_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchrl.cli import main
+
+    argv = ["index", "build", "--backend", "dense", "--corpus", str(TINY_CORPUS), "--data-dir", str(tmp_path)]
+    assert main([*argv, "--index-type", "IVF4096,SQ8"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: index_type 'IVF4096,SQ8' needs at least 4096 passages to train, this corpus has 20; "
+        "use Flat or HNSW32 for a corpus this small"
+    )
+    with pytest.raises(ConfigError, match="needs at least 256 passages"):
+        indexing.check_trainable("IVF4,PQ8", 20)
+    indexing.check_trainable("IVF4,SQ8", 20)  # 4 lists from 20 vectors trains (FAISS only warns)
