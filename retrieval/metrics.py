@@ -15,6 +15,7 @@ Each app gets its own `CollectorRegistry` (not the process-global default one) s
     searchrl_retrieval_cache_hits_total / _misses_total   result-cache lookups
     searchrl_retrieval_dedup_total                   queries answered by an identical in-flight query
     searchrl_retrieval_ready                         1 when /ready answers 200 (watchdog, every second)
+    searchrl_retrieval_web_page_failures_total{reason}  page-mode pages not used (retrieval/web_pages.py REASONS)
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ class RetrievalMetrics:
             f"{_PREFIX}_dedup", "queries answered by an identical query already in flight", registry=r
         )
         self.ready = Gauge(f"{_PREFIX}_ready", "1 when this replica passes its readiness checks", registry=r)
+        self.web_page_failures = Counter(
+            f"{_PREFIX}_web_page_failures",
+            "web page-mode pages not used (snippet kept), by reason",
+            ["reason"],
+            registry=r,
+        )
         self._by_status: dict[int, Any] = {}  # labelled children, looked up once per status (hot path)
 
     def set_ready(self, ready: bool) -> None:
@@ -106,6 +113,9 @@ class RetrievalMetrics:
 
     def count_dedup(self, n: int) -> None:
         self.dedup.inc(n)
+
+    def count_page_failure(self, reason: str) -> None:
+        self.web_page_failures.labels(reason=reason).inc()
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

@@ -99,7 +99,10 @@ def test_blocklist_drops_sites_hosting_benchmark_answers(fake: FakeSearchAPIs) -
 
 def test_page_mode_fetches_cleans_and_chunks_result_pages(fake: FakeSearchAPIs) -> None:
     fake.link_pages = True
-    settings = web_settings(fake, "serper", web_page_mode=True, web_page_words=40)
+    # the fake serves its pages on loopback, which page mode refuses unless private addresses are allowed
+    settings = web_settings(
+        fake, "serper", web_page_mode=True, web_page_words=40, web_page_allow_private=True
+    )
     hits = search(settings, "Bergman film knight chess Death", topk=2)
     top = hits[0].document
     title, text = top.contents.split("\n", 1)
@@ -114,7 +117,7 @@ def test_page_mode_fetches_cleans_and_chunks_result_pages(fake: FakeSearchAPIs) 
 
 def test_page_mode_keeps_the_snippet_when_a_page_fails(fake: FakeSearchAPIs) -> None:
     fake.prepend = [("Gone", f"{fake.url}/pages/No_Such_Page", "the snippet survives")]
-    settings = web_settings(fake, "serper", web_page_mode=True)
+    settings = web_settings(fake, "serper", web_page_mode=True, web_page_allow_private=True)
     hits = search(settings, "seventh seal", topk=1)
     assert hits[0].document.contents == '"Gone"\nthe snippet survives'
 
