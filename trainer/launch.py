@@ -60,6 +60,7 @@ RESUME_KEYS = (
     "kl_loss_type",
     "entropy_coeff",
     "temperature",
+    "top_p",
     "total_steps",
     "max_turns",
     "max_prompt_length",

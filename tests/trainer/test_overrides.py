@@ -216,3 +216,10 @@ def test_smoke_dumps_rollouts_into_the_run(compose, tmp_path):
     assert cfg.trainer.rollout_data_dir == str((settings.run_dir / "rollouts").resolve())
     assert (cfg.trainer.n_gpus_per_node, cfg.trainer.total_training_steps, cfg.trainer.save_freq) == (1, 4, 2)
     assert "trainer.rollout_data_dir" not in " ".join(render_overrides(TrainSettings(data_dir=tmp_path)))
+
+
+def test_sampling_and_entropy_defaults_are_search_r1s(compose, tmp_path):
+    """Search-R1's verl fork: rollout top_p 0.95, entropy_coeff 0.001 (verl 0.9's own defaults: 1.0 and 0)."""
+    cfg = compose(render_overrides(TrainSettings(_env_file=None, data_dir=tmp_path)))
+    assert cfg.actor_rollout_ref.rollout.top_p == pytest.approx(0.95)
+    assert cfg.actor_rollout_ref.actor.entropy_coeff == pytest.approx(0.001)
