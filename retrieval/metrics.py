@@ -16,6 +16,8 @@ Each app gets its own `CollectorRegistry` (not the process-global default one) s
     searchrl_retrieval_dedup_total                   queries answered by an identical in-flight query
     searchrl_retrieval_ready                         1 when /ready answers 200 (watchdog, every second)
     searchrl_retrieval_web_page_failures_total{reason}  page-mode pages not used (retrieval/web_pages.py REASONS)
+    searchrl_retrieval_web_upstream_requests_total{provider,attempt}  requests sent to a web search provider,
+                                                     attempt first|retry: each spends the daily budget
 """
 
 from __future__ import annotations
@@ -73,6 +75,12 @@ class RetrievalMetrics:
             ["reason"],
             registry=r,
         )
+        self.web_upstream_requests = Counter(
+            f"{_PREFIX}_web_upstream_requests",
+            "requests sent to the web search provider (each spends the daily budget), first try or retry",
+            ["provider", "attempt"],
+            registry=r,
+        )
         self._by_status: dict[int, Any] = {}  # labelled children, looked up once per status (hot path)
 
     def set_ready(self, ready: bool) -> None:
@@ -116,6 +124,9 @@ class RetrievalMetrics:
 
     def count_page_failure(self, reason: str) -> None:
         self.web_page_failures.labels(reason=reason).inc()
+
+    def count_upstream_request(self, provider: str, retry: bool) -> None:
+        self.web_upstream_requests.labels(provider=provider, attempt="retry" if retry else "first").inc()
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

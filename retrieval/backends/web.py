@@ -310,7 +310,8 @@ class WebBackend(Backend):
         await self._pages.aclose()
 
     def attach_metrics(self, metrics: Any) -> None:
-        """The app's metrics sink: page-mode failures are counted by reason (`count_page_failure`)."""
+        """The app's metrics sink: page-mode failures by reason (`count_page_failure`), provider requests by
+        first try or retry (`count_upstream_request`)."""
         self._metrics = metrics
 
     def info(self) -> dict[str, Any]:
@@ -405,6 +406,8 @@ class WebBackend(Backend):
         attempts = self.max_retries + 1
         for attempt in range(1, attempts + 1):
             self.budget.spend(self.name)
+            if self._metrics is not None:  # retries spend the budget too: /metrics shows how many
+                self._metrics.count_upstream_request(self.name, retry=attempt > 1)
             await self.rate_limiter.acquire()
             try:
                 async with self._sem:

@@ -105,6 +105,31 @@ def test_retries_429_and_5xx_then_succeeds(fake: FakeSearchAPIs, caplog: pytest.
 
 
 @pytest.mark.live
+def test_retries_spend_the_budget_and_show_in_metrics(fake: FakeSearchAPIs) -> None:
+    """Every request sent to the provider spends the daily budget, retries too, and /metrics counts them."""
+    from searchrl.retrieval.metrics import RetrievalMetrics
+
+    fake.plan.extend(["500", "503"])
+    metrics = RetrievalMetrics()
+
+    async def go() -> dict[str, Any]:
+        backend = build_backend(web_settings(fake, web_max_retries=3))
+        backend.attach_metrics(metrics)
+        await backend.start()
+        try:
+            await backend.search(["seventh seal"], 3)
+            return backend.info()
+        finally:
+            await backend.close()
+
+    info = asyncio.run(go())
+    assert info["requests_today"] == 3  # one search, two retries: three requests billed
+    text = metrics.render().decode()
+    assert 'searchrl_retrieval_web_upstream_requests_total{attempt="first",provider="google-cse"} 1.0' in text
+    assert 'searchrl_retrieval_web_upstream_requests_total{attempt="retry",provider="google-cse"} 2.0' in text
+
+
+@pytest.mark.live
 def test_retries_exhausted_raise_backend_error_with_upstream_message(fake: FakeSearchAPIs) -> None:
     fake.plan.extend(["500"] * 3)
     with pytest.raises(BackendError, match=r"HTTP 500: Backend Error \(after 3 attempts\)"):
