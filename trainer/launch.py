@@ -37,7 +37,7 @@ from searchrl.trainer.checkpoint import check_resume as check_checkpoint
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
 from searchrl.trainer.merge import TRACKER_FILE
-from searchrl.trainer.overrides import merge_overrides, render_overrides
+from searchrl.trainer.overrides import merge_overrides, render_overrides, verl_command
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
 from searchrl.trainer.toolconfig import write_tool_config
 
@@ -295,7 +295,7 @@ def prepare_launch(
     }
     record_dir = record_run(settings, overrides, record)
     return LaunchPlan(
-        command=[sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
+        command=verl_command(overrides, sys.executable),
         record_dir=record_dir,
         healthy_urls=healthy,
         state=state,

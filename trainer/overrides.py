@@ -158,7 +158,12 @@ def main_ppo_command(
     settings: TrainSettings, python: str = "python", train_rows: int | None = None
 ) -> list[str]:
     """argv for verl's trainer with our overrides (run without a shell: no quoting issues)."""
-    return [python, "-m", "verl.trainer.main_ppo", *render_overrides(settings, train_rows)]
+    return verl_command(render_overrides(settings, train_rows), python)
+
+
+def verl_command(overrides: Sequence[str], python: str = "python") -> list[str]:
+    """argv for verl's trainer entry point with these overrides (GPU run, CPU run and tests alike)."""
+    return [python, "-m", "verl.trainer.main_ppo", *overrides]
 
 
 __all__ = [
@@ -170,5 +175,6 @@ __all__ = [
     "hydra_value",
     "main_ppo_command",
     "merge_overrides",
+    "verl_command",
     "render_overrides",
 ]

@@ -152,7 +152,7 @@ def test_a_reward_that_raises_stops_the_run(tmp_path):
         write_qa,
     )
     from searchrl.trainer.data import prepare_data
-    from searchrl.trainer.overrides import render_overrides
+    from searchrl.trainer.overrides import render_overrides, verl_command
     from searchrl.trainer.tiny_model import write_tiny_model
     from searchrl.trainer.toolconfig import write_tool_config
     from tests.live import free_port
@@ -166,8 +166,7 @@ def test_a_reward_that_raises_stops_the_run(tmp_path):
     data = prepare_data(settings)
     write_tool_config(settings)
     overrides = merge_overrides(render_overrides(settings, data.train_rows), cpu_overrides())
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
-    code, text = run_main_ppo(command, tmp_path / "train.log", timeout_s=900)
+    code, text = run_main_ppo(verl_command(overrides, sys.executable), tmp_path / "train.log", timeout_s=900)
     assert code != 0
     assert first_error(text).startswith("SearchFailureRateError: 100.0% of the last 10 searches failed")
     assert "RolloutFailedError: rollout groups failed" in text
