@@ -26,7 +26,7 @@ OTHER_ENV_NAMES = frozenset(
     {
         "SEARCHRL_DEBUG",  # searchrl/cli: add tracebacks to `error:` lines
         "SEARCHRL_LOG_LEVEL",  # searchrl/logs.py
-        "SEARCHRL_SKY_PYTHON",  # searchrl/deploy.py: the interpreter that has SkyPilot
+        "SEARCHRL_SKY_PYTHON",  # searchrl/deploy/skypilot.py: the interpreter that has SkyPilot
         "SEARCHRL_INDEX_BUCKET",  # sky/retrieval.yaml, sky/index-build.yaml
         "SEARCHRL_INDEX_MOUNT",
         "SEARCHRL_INDEX_FINGERPRINT",

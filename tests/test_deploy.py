@@ -1,4 +1,4 @@
-"""searchrl/deploy.py and `searchrl sky train|endpoint`: endpoint wait, flags, secrets, the dry-run task.
+"""searchrl/deploy/ and `searchrl sky train|endpoint`: endpoint wait, flags, secrets, the dry-run task.
 
 The SkyServe controller and the cloud cannot run here: `wait_for_endpoint` gets a scripted status function that
 returns records shaped like `sky.get(sky.serve.status(name))`. Everything else is real: a live retrieval
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from searchrl import deploy
 from searchrl.cli.sky import _argv
+from searchrl.deploy import endpoint, launch, skypilot, tasks
 from searchrl.errors import ConfigError, DeployError
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import REPO, TINY_CORPUS
@@ -50,7 +50,7 @@ import json, logging, sys
 from sky.serve import serve_state
 from sky.serve.replica_managers import ReplicaInfo
 from sky.utils.common_utils import ProcessStatus as P
-from searchrl import deploy
+from searchrl.deploy import endpoint, skypilot
 from searchrl.errors import DeployError
 
 ENDPOINT = "http://34.1.2.3:30001"
@@ -106,7 +106,7 @@ handler.emit = lambda rec: lines.append(rec.getMessage())
 logging.getLogger("searchrl.deploy").addHandler(handler)
 logging.getLogger("searchrl.deploy").setLevel(logging.INFO)
 try:
-    result = {"endpoint": deploy.wait_for_endpoint("searchrl-retrieval", interval_s=10, status_fn=status,
+    result = {"endpoint": endpoint.wait_for_endpoint("searchrl-retrieval", interval_s=10, status_fn=status,
                                                    sleep=lambda s: None)}
 except DeployError as exc:
     result = {"error": str(exc)}
@@ -116,7 +116,7 @@ print(json.dumps({**result, "seen": seen, "log": lines}))
 
 def skyserve_wait(outcome: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [deploy.sky_python(), "-c", SKYSERVE_SEQUENCE, outcome],
+        [skypilot.sky_python(), "-c", SKYSERVE_SEQUENCE, outcome],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -176,7 +176,7 @@ def test_replicas_that_keep_failing_to_provision_end_the_wait() -> None:
     error = result["error"]
     assert "\n" not in error
     assert error.startswith(
-        f"service 'searchrl-retrieval': {deploy.MAX_REPLACED_REPLICAS} replicas failed, the last: replica 3 is "
+        f"service 'searchrl-retrieval': {endpoint.MAX_REPLACED_REPLICAS} replicas failed, the last: replica 3 is "
         "FAILED_PROVISION: no cloud could provision it"
     ), error
     assert "`sky serve logs searchrl-retrieval 3`" in error
@@ -184,15 +184,15 @@ def test_replicas_that_keep_failing_to_provision_end_the_wait() -> None:
 
 def test_wait_for_endpoint_adds_a_scheme_and_fails_fast() -> None:
     _, ready = scripted([{"status": "READY", "endpoint": "10.0.0.1:30001"}])
-    assert deploy.wait_for_endpoint("s", status_fn=ready) == "http://10.0.0.1:30001"  # type: ignore[arg-type]
+    assert endpoint.wait_for_endpoint("s", status_fn=ready) == "http://10.0.0.1:30001"  # type: ignore[arg-type]
     _, none = scripted([])
     with pytest.raises(
         DeployError, match=r"no service named 'gone'.*sky serve up -n gone sky/retrieval.yaml"
     ):
-        deploy.wait_for_endpoint("gone", status_fn=none)  # type: ignore[arg-type]
+        endpoint.wait_for_endpoint("gone", status_fn=none)  # type: ignore[arg-type]
     _, broken = scripted([{"status": "CONTROLLER_FAILED", "endpoint": None, "replica_info": []}])
     with pytest.raises(DeployError, match=r"is CONTROLLER_FAILED \(no replicas yet\).*--controller s"):
-        deploy.wait_for_endpoint("s", status_fn=broken)  # type: ignore[arg-type]
+        endpoint.wait_for_endpoint("s", status_fn=broken)  # type: ignore[arg-type]
 
 
 def test_wait_for_endpoint_times_out_with_the_replica_states() -> None:
@@ -209,26 +209,26 @@ def test_wait_for_endpoint_times_out_with_the_replica_states() -> None:
         DeployError,
         match=r"not READY after 30s \(last status NO_REPLICA; replicas: 1 PROVISIONING, 1 STARTING\)",
     ):
-        deploy.wait_for_endpoint(
+        endpoint.wait_for_endpoint(
             "s", timeout_s=30, interval_s=10, status_fn=status_fn, sleep=sleep, clock=lambda: now[0]
         )
 
 
 def test_env_flags_and_secret_names() -> None:
-    assert deploy.parse_env_flags(["A=1", "B=x=y", "A=2", "EMPTY="]) == {"A": "2", "B": "x=y", "EMPTY": ""}
+    assert tasks.parse_env_flags(["A=1", "B=x=y", "A=2", "EMPTY="]) == {"A": "2", "B": "x=y", "EMPTY": ""}
     with pytest.raises(ConfigError, match="--env expects NAME=VALUE"):
-        deploy.parse_env_flags(["NOEQUALS"])
+        tasks.parse_env_flags(["NOEQUALS"])
     with pytest.raises(ConfigError) as info:
-        deploy.secrets_from_env(["WANDB_API_KEY=hunter2"])
+        tasks.secrets_from_env(["WANDB_API_KEY=hunter2"])
     assert "takes a NAME only" in str(info.value) and "hunter2" not in str(info.value)
 
 
 def test_secrets_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RETRIEVAL_API_KEY", "abc")
-    assert deploy.secrets_from_env(["RETRIEVAL_API_KEY"]) == {"RETRIEVAL_API_KEY": "abc"}
+    assert tasks.secrets_from_env(["RETRIEVAL_API_KEY"]) == {"RETRIEVAL_API_KEY": "abc"}
     with pytest.raises(ConfigError, match=r"secret WANDB_API_KEY is not set: export WANDB_API_KEY=\.\.\."):
-        deploy.secrets_from_env(["WANDB_API_KEY"])
-    assert deploy.secrets_from_env(["WANDB_API_KEY"], required=False) == {}
+        tasks.secrets_from_env(["WANDB_API_KEY"])
+    assert tasks.secrets_from_env(["WANDB_API_KEY"], required=False) == {}
 
 
 def test_reexec_argv_carries_secret_names_only() -> None:
@@ -271,7 +271,7 @@ def test_reexec_argv_round_trips(argv: list[str], verb: str, positional: list[st
 
 
 def test_required_names_are_the_null_entries() -> None:
-    envs, secrets = deploy.required_names(deploy.SKY_DIR / "train.yaml")
+    envs, secrets = tasks.required_names(skypilot.SKY_DIR / "train.yaml")
     assert envs == ["RETRIEVAL_SERVICE_URL", "CHECKPOINT_BUCKET"]
     assert secrets == ["RETRIEVAL_API_KEY"]
 
@@ -295,7 +295,7 @@ def test_train_refuses_a_dead_service_before_touching_skypilot(monkeypatch: pyte
     monkeypatch.setenv("RETRIEVAL_API_KEY", TOKEN)
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(DeployError, match=rf"retrieval service {dead} failed its health check.*unreachable"):
-        deploy.plan_train(envs={"RETRIEVAL_SERVICE_URL": dead, "CHECKPOINT_BUCKET": "b"}, health_deadline_s=1)
+        launch.plan_train(envs={"RETRIEVAL_SERVICE_URL": dead, "CHECKPOINT_BUCKET": "b"}, health_deadline_s=1)
 
 
 @pytest.mark.live
@@ -304,14 +304,14 @@ def test_train_refuses_a_wrong_token_and_missing_inputs(
 ) -> None:
     envs = {"RETRIEVAL_SERVICE_URL": auth_url, "CHECKPOINT_BUCKET": "b"}
     with pytest.raises(ConfigError, match="secret RETRIEVAL_API_KEY is not set"):
-        deploy.plan_train(envs=envs)
+        launch.plan_train(envs=envs)
     monkeypatch.setenv("RETRIEVAL_API_KEY", "wrong-token")
     with pytest.raises(DeployError, match=r"failed its health check.*401") as info:
-        deploy.plan_train(envs=envs, health_deadline_s=5)
+        launch.plan_train(envs=envs, health_deadline_s=5)
     assert "wrong-token" not in str(info.value)
     monkeypatch.setenv("RETRIEVAL_API_KEY", TOKEN)
     with pytest.raises(ConfigError, match=r"train.yaml needs --env CHECKPOINT_BUCKET=\.\.\."):
-        deploy.plan_train(envs={"RETRIEVAL_SERVICE_URL": auth_url})
+        launch.plan_train(envs={"RETRIEVAL_SERVICE_URL": auth_url})
 
 
 @pytest.mark.live
@@ -358,7 +358,7 @@ def test_sky_train_refuses_search_r1_data_against_a_small_corpus(auth_url: str) 
 
 
 def test_module_imports_without_skypilot() -> None:
-    code = "import sys; import searchrl.deploy, searchrl.cli.sky, searchrl.cli.health; print('sky' in sys.modules)"
+    code = "import sys; import searchrl.deploy.launch, searchrl.cli.sky, searchrl.cli.health; print('sky' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=Path("/"), capture_output=True, text=True, timeout=60
     )
@@ -420,12 +420,12 @@ def test_serve_retrieval_sky_needs_only_the_sky_venv() -> None:
 
 
 def test_failed_replica_states_come_from_the_installed_skyserve() -> None:
-    code = "from searchrl import deploy; print(','.join(sorted(deploy.failed_replica_states())))"
-    proc = subprocess.run([deploy.sky_python(), "-c", code], cwd=REPO, capture_output=True, text=True,
+    code = "from searchrl.deploy import endpoint, skypilot; print(','.join(sorted(endpoint.failed_replica_states())))"
+    proc = subprocess.run([skypilot.sky_python(), "-c", code], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     from_sky = set(proc.stdout.strip().split(","))
-    assert from_sky == set(deploy._REPLICA_FAILED_0_14_1)  # the fallback matches SkyServe 0.14.1
+    assert from_sky == set(endpoint._REPLICA_FAILED_0_14_1)  # the fallback matches SkyServe 0.14.1
     assert {"FAILED_INITIAL_DELAY", "FAILED_PROVISION"} <= from_sky and "NOT_READY" not in from_sky
 
 

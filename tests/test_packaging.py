@@ -41,7 +41,12 @@ BOTTOM |= {"searchrl.rollout"}  # shared rollout settings, when present
 TOP_PREFIXES = (
     "searchrl.cli",
     "searchrl.__main__",
-    "searchrl.deploy",
+    # the SkyPilot side of searchrl/deploy/; its corpus_check, index_mount and replica_budget are libraries the
+    # trainer and a replica's setup use too, so they are not on top
+    "searchrl.deploy.skypilot",
+    "searchrl.deploy.tasks",
+    "searchrl.deploy.endpoint",
+    "searchrl.deploy.launch",
     "searchrl.smoke",
     "searchrl.bench",
 )

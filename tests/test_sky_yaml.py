@@ -2,7 +2,7 @@
 service started the way its `run:` starts it.
 
 SkyPilot lives in `.venv-sky` (its click pin clashes with verl's deps), so the SkyPilot half runs in a
-subprocess of `deploy.sky_python()`; `searchrl sky ...` from this interpreter re-runs itself there, as users see.
+subprocess of `skypilot.sky_python()`; `searchrl sky ...` from this interpreter re-runs itself there, as users see.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from searchrl import deploy, replica_budget
+from searchrl.deploy import endpoint, replica_budget, skypilot, tasks
 from searchrl.errors import DeployError
 from tests.conftest import REPO, TINY_CORPUS
 from tests.live import free_port
@@ -49,7 +49,7 @@ def searchrl(
 
 def in_sky_python(code: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
-        [deploy.sky_python(), "-c", code],
+        [skypilot.sky_python(), "-c", code],
         cwd=REPO,
         env={**os.environ, **(env or {})},
         capture_output=True,
@@ -64,7 +64,7 @@ def in_sky_python(code: str, env: dict[str, str] | None = None) -> str:
 
 
 def test_the_four_task_files_exist_and_sky_is_not_a_python_package() -> None:
-    assert [p.name for p in deploy.task_files()] == list(deploy.TASK_FILES)
+    assert [p.name for p in tasks.task_files()] == list(skypilot.TASK_FILES)
     assert not list(SKY.glob("*.py")), "sky/ holds YAML only: a sky/__init__.py would shadow SkyPilot"
 
 
@@ -185,10 +185,10 @@ def service_like_run(tmp_path: Path) -> Iterator[tuple[str, dict]]:
     }
     parsed = json.loads(
         in_sky_python(
-            "import json, os; from pathlib import Path; from searchrl import deploy\n"
+            "import json, os; from pathlib import Path; from searchrl.deploy import endpoint, tasks\n"
             f"envs = {overrides!r}\n"
-            "t = deploy.load_task(Path('sky/retrieval.yaml'), envs, {'RETRIEVAL_API_KEY': os.environ['TOKEN']})\n"
-            "p = deploy.readiness_probe(t)\n"
+            "t = tasks.load_task(Path('sky/retrieval.yaml'), envs, {'RETRIEVAL_API_KEY': os.environ['TOKEN']})\n"
+            "p = endpoint.readiness_probe(t)\n"
             "print(json.dumps({'run': t.run, 'envs': t.envs, 'method': p.method, 'path': p.path,\n"
             "                  'post_data': p.post_data, 'headers': p.headers, 'timeout': p.timeout_s}))",
             env={"TOKEN": TOKEN},
@@ -256,11 +256,11 @@ import json, sys
 from pathlib import Path
 from sky.backends.task_codegen import UNSET_RAY_ENV_VARS, TaskCodeGen
 from sky.skylet import log_lib
-from searchrl import deploy
+from searchrl.deploy import skypilot, tasks
 
 path, rank, nodes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-need_envs, need_secrets = deploy.required_names(path)
-task = deploy.load_task(path, {n: "placeholder" for n in need_envs}, {n: "secret" for n in need_secrets})
+need_envs, need_secrets = tasks.required_names(path)
+task = tasks.load_task(path, {n: "placeholder" for n in need_envs}, {n: "secret" for n in need_secrets})
 body = TaskCodeGen.build_task_bash_script(task.run, env_prefix=" && ".join(f"unset {v}" for v in UNSET_RAY_ENV_VARS))
 env = {**task.envs_and_secrets, "SKYPILOT_NODE_RANK": rank, "SKYPILOT_NUM_NODES": nodes,
        "SKYPILOT_NODE_IPS": "\n".join(f"10.0.0.{i + 1}" for i in range(nodes)), "SKYPILOT_NUM_GPUS_PER_NODE": 8}
@@ -350,7 +350,7 @@ def run_node(
 
 def in_sky_python_argv(code: str, *argv: str) -> str:
     proc = subprocess.run(
-        [deploy.sky_python(), "-c", code, *argv],
+        [skypilot.sky_python(), "-c", code, *argv],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -448,12 +448,12 @@ BUILD_SETUP = r"""
 import json, sys
 from pathlib import Path
 from sky.skylet import log_lib
-from searchrl import deploy
+from searchrl.deploy import tasks
 
 path, overrides = Path(sys.argv[1]), json.loads(sys.argv[2])
-need_envs, need_secrets = deploy.required_names(path)
+need_envs, need_secrets = tasks.required_names(path)
 envs = {**{n: "placeholder" for n in need_envs}, **overrides}
-task = deploy.load_task(path, envs, {n: "secret" for n in need_secrets})
+task = tasks.load_task(path, envs, {n: "secret" for n in need_secrets})
 mounts = {d: {"mode": s.mode.value, "name": s.name, "source": s.source,
               "read_only": bool(s.mount_config and s.mount_config.read_only)}
           for d, s in (task.storage_mounts or {}).items()}
@@ -604,7 +604,7 @@ def test_an_empty_bucket_mount_in_the_file_would_fail_at_launch(tmp_path: Path) 
     )
     (tmp_path / "retrieval.yaml").write_text(text)
     code = (
-        "import sys; from pathlib import Path; from searchrl.deploy import load_task\n"
+        "import sys; from pathlib import Path; from searchrl.deploy.tasks import load_task\n"
         "t = load_task(Path(sys.argv[1]), {}, {'RETRIEVAL_API_KEY': 'x'})\n"
         "(s,) = t.storage_mounts.values()\n"
         "try:\n    s._validate_storage_spec(s.name)\nexcept Exception as e:\n    print(type(e).__name__, e)"
@@ -715,4 +715,6 @@ def test_the_endpoint_wait_outlasts_the_probe_delay() -> None:
     delay = yaml.safe_load((SKY / "retrieval.yaml").read_text())["service"]["readiness_probe"][
         "initial_delay_seconds"
     ]
-    assert deploy.ENDPOINT_TIMEOUT_S >= delay + 300  # a replica may use all of its delay, after provisioning
+    assert (
+        endpoint.ENDPOINT_TIMEOUT_S >= delay + 300
+    )  # a replica may use all of its delay, after provisioning

@@ -28,7 +28,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from searchrl.config import StrictSettings
-from searchrl.corpus_check import SEARCH_R1_DATASET
+from searchrl.deploy.corpus_check import SEARCH_R1_DATASET
 from searchrl.errors import ConfigError
 from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
 

@@ -110,7 +110,7 @@ def probe_body() -> tuple[str, dict[str, Any]]:
     """sky/retrieval.yaml's readiness probe path and body, read from the file (what SkyServe sends)."""
     import yaml
 
-    from searchrl.deploy import SKY_DIR
+    from searchrl.deploy.skypilot import SKY_DIR
 
     probe = yaml.safe_load((SKY_DIR / "retrieval.yaml").read_text())["service"]["readiness_probe"]
     return str(probe["path"]), dict(probe["post_data"])

@@ -1,4 +1,4 @@
-"""`searchrl sky ...`: the SkyPilot control layer (library code in searchrl/deploy.py).
+"""`searchrl sky ...`: the SkyPilot control layer (library code in searchrl/deploy/).
 
     searchrl sky validate [PATH ...] [--env K=V ...] [--secret NAME ...]
     searchrl sky endpoint searchrl-retrieval [--timeout S]
@@ -9,7 +9,7 @@
 
 A `--secret` flag takes a NAME; its value is read from the environment, so no secret ever reaches argv or `ps`.
 When this interpreter has no SkyPilot, the command re-runs itself with `.venv-sky/bin/python` (SkyPilot's pins
-clash with verl's; see searchrl/deploy.py).
+clash with verl's; see searchrl/deploy/skypilot.py).
 """
 
 from __future__ import annotations
@@ -182,25 +182,26 @@ def _argv(args: argparse.Namespace, verb: str, positional: list[str]) -> list[st
 def _check_env_keys(args: argparse.Namespace) -> None:
     """A misspelt SEARCHRL_* name in --env would reach the task and be ignored there: refuse it here, before
     SkyPilot is even imported."""
-    from searchrl import config, deploy
+    from searchrl import config
+    from searchrl.deploy import tasks
     from searchrl.infer.settings import InferSettings
     from searchrl.retrieval.settings import RetrievalSettings
     from searchrl.trainer.settings import TrainSettings
 
     classes = (RetrievalSettings, InferSettings, TrainSettings)
-    unknown = config.unknown_env_keys(deploy.parse_env_flags(getattr(args, "env", [])), classes)
+    unknown = config.unknown_env_keys(tasks.parse_env_flags(getattr(args, "env", [])), classes)
     if unknown:
         valid = set(config.OTHER_ENV_NAMES).union(*(config.env_names(cls) for cls in classes))
         raise config.unknown_name_error(unknown, valid, "passed with --env")
 
 
 def _maybe_reexec(args: argparse.Namespace, verb: str, positional: list[str]) -> int | None:
-    from searchrl import deploy
+    from searchrl.deploy import skypilot
 
     _check_env_keys(args)
-    if deploy.sky_importable():
+    if skypilot.sky_importable():
         return None
-    return deploy.run_in_sky_venv(_argv(args, verb, positional))
+    return skypilot.run_in_sky_venv(_argv(args, verb, positional))
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -208,13 +209,13 @@ def _validate(args: argparse.Namespace) -> int:
     rc = _maybe_reexec(args, "validate", paths)
     if rc is not None:
         return rc
-    from searchrl import deploy
+    from searchrl.deploy import tasks
     from searchrl.errors import DeployError
 
-    envs = deploy.parse_env_flags(getattr(args, "env", []))
-    secrets = deploy.secrets_from_env(getattr(args, "secret", []), required=False)
-    files = [Path(p) for p in paths] or deploy.task_files()
-    reports = deploy.validate_files(files, envs, secrets)
+    envs = tasks.parse_env_flags(getattr(args, "env", []))
+    secrets = tasks.secrets_from_env(getattr(args, "secret", []), required=False)
+    files = [Path(p) for p in paths] or tasks.task_files()
+    reports = tasks.validate_files(files, envs, secrets)
     for rep in reports:
         if rep.ok:
             needs = f"  (launch needs {' '.join(rep.needs)})" if rep.needs else ""
@@ -234,16 +235,16 @@ def _endpoint(args: argparse.Namespace) -> int:
     rc = _maybe_reexec(args, "endpoint", [args.service_name])
     if rc is not None:
         return rc
-    from searchrl import deploy
+    from searchrl.deploy import endpoint
 
     _setup_logging()
-    timeout = getattr(args, "timeout", deploy.ENDPOINT_TIMEOUT_S)
-    print(deploy.wait_for_endpoint(args.service_name, timeout_s=timeout))  # noqa: T201
+    timeout = getattr(args, "timeout", endpoint.ENDPOINT_TIMEOUT_S)
+    print(endpoint.wait_for_endpoint(args.service_name, timeout_s=timeout))  # noqa: T201
     return 0
 
 
 def _start_budget(args: argparse.Namespace) -> int:
-    from searchrl.replica_budget import start_budget
+    from searchrl.deploy.replica_budget import start_budget
 
     # Runs on a replica, whose venv has no SkyPilot: never re-executes itself in .venv-sky.
     line = start_budget(
@@ -261,11 +262,11 @@ def _serve(args: argparse.Namespace) -> int:
     rc = _maybe_reexec(args, "serve", [])
     if rc is not None:
         return rc
-    from searchrl import deploy
+    from searchrl.deploy import endpoint, launch, tasks
 
     _setup_logging()
-    plan = deploy.plan_serve(
-        envs=deploy.parse_env_flags(getattr(args, "env", [])),
+    plan = launch.plan_serve(
+        envs=tasks.parse_env_flags(getattr(args, "env", [])),
         secret_names=getattr(args, "secret", []),
         yaml_path=Path(args.yaml) if hasattr(args, "yaml") else None,
         resources={k: getattr(args, k, None) for k in ("cpus", "memory", "disk_size", "image_id")},
@@ -275,7 +276,7 @@ def _serve(args: argparse.Namespace) -> int:
     if getattr(args, "dry_run", False):
         print(plan.text, end="")  # noqa: T201
         return 0
-    name = deploy.launch_serve(plan, service_name=getattr(args, "name", deploy.DEFAULT_SERVICE))
+    name = launch.launch_serve(plan, service_name=getattr(args, "name", endpoint.DEFAULT_SERVICE))
     print(f"service {name} is starting (searchrl sky endpoint {name})")  # noqa: T201
     return 0
 
@@ -284,21 +285,21 @@ def _probe(args: argparse.Namespace) -> int:
     rc = _maybe_reexec(args, "probe", [args.url])
     if rc is not None:
         return rc
-    from searchrl import deploy
+    from searchrl.deploy import endpoint, skypilot, tasks
     from searchrl.errors import DeployError
 
-    envs = deploy.parse_env_flags(getattr(args, "env", []))
-    secrets = deploy.secrets_from_env(getattr(args, "secret", []))
-    path = Path(getattr(args, "yaml", deploy.SKY_DIR / "retrieval.yaml"))
-    task = deploy.load_task(path, envs, secrets)
-    left = deploy.leftover_vars(task)
+    envs = tasks.parse_env_flags(getattr(args, "env", []))
+    secrets = tasks.secrets_from_env(getattr(args, "secret", []))
+    path = Path(getattr(args, "yaml", skypilot.SKY_DIR / "retrieval.yaml"))
+    task = tasks.load_task(path, envs, secrets)
+    left = tasks.leftover_vars(task)
     if left:
         name = left[0].rsplit("$", 1)[1]
         raise DeployError(
             f"{path}: the probe would send a literal {left[0]}: pass --secret {name} (or --env)"
         )
-    probe = deploy.readiness_probe(task)
-    status, body = deploy.send_probe(args.url, probe)
+    probe = endpoint.readiness_probe(task)
+    status, body = endpoint.send_probe(args.url, probe)
     line = f"{probe.method} {probe.path} -> {status}"
     if status != 200:
         raise DeployError(f"readiness probe failed: {line}: {' '.join(body.split())[:200]}")
@@ -310,13 +311,13 @@ def _train(args: argparse.Namespace) -> int:
     rc = _maybe_reexec(args, "train", [])
     if rc is not None:
         return rc
-    from searchrl import deploy
+    from searchrl.deploy import endpoint, launch, tasks
 
     _setup_logging()
-    plan = deploy.plan_train(
-        envs=deploy.parse_env_flags(getattr(args, "env", [])),
+    plan = launch.plan_train(
+        envs=tasks.parse_env_flags(getattr(args, "env", [])),
         secret_names=getattr(args, "secret", []),
-        service=getattr(args, "service", deploy.DEFAULT_SERVICE),
+        service=getattr(args, "service", endpoint.DEFAULT_SERVICE),
         yaml_path=Path(args.yaml) if hasattr(args, "yaml") else None,
         health_deadline_s=getattr(args, "health_deadline", 120.0),
         num_nodes=getattr(args, "num_nodes", None),
@@ -324,6 +325,6 @@ def _train(args: argparse.Namespace) -> int:
     if getattr(args, "dry_run", False):
         print(plan.text, end="")  # noqa: T201
         return 0
-    job = deploy.launch_train(plan, job_name=getattr(args, "name", deploy.DEFAULT_JOB))
+    job = launch.launch_train(plan, job_name=getattr(args, "name", launch.DEFAULT_JOB))
     print(f"launched managed job {job} (sky jobs logs {job})")  # noqa: T201
     return 0

@@ -1,0 +1,215 @@
+"""Is the retrieval service up: its readiness probe as SkyServe sends it, and the wait for its endpoint."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from searchrl.deploy.skypilot import _sky
+from searchrl.errors import DeployError
+
+if TYPE_CHECKING:
+    import sky
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICE = "searchrl-retrieval"
+# How long `searchrl sky endpoint` waits for READY by default: sky/retrieval.yaml's initial_delay_seconds (2000,
+# the slowest supported replica start; searchrl/deploy/replica_budget.py) plus ~10 min for the controller and provisioning.
+ENDPOINT_TIMEOUT_S = 2600.0
+
+
+# --- readiness probe --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A readiness probe as SkyServe sends it (sky/serve/replica_managers.py `ReplicaInfo.probe`)."""
+
+    path: str
+    post_data: dict[str, Any] | None
+    headers: dict[str, str] | None
+    timeout_s: float
+    initial_delay_s: float
+
+    @property
+    def method(self) -> str:
+        return "GET" if self.post_data is None else "POST"
+
+
+def readiness_probe(task: sky.Task) -> Probe:
+    spec = task.service
+    if spec is None:
+        raise DeployError("task has no service: section, so no readiness probe")
+    return Probe(
+        path=spec.readiness_path,
+        post_data=spec.post_data,
+        headers=spec.readiness_headers,
+        timeout_s=float(spec.readiness_timeout_seconds),
+        initial_delay_s=float(spec.initial_delay_seconds),
+    )
+
+
+def send_probe(base_url: str, probe: Probe) -> tuple[int, str]:
+    """Send `probe` to `base_url` the way SkyServe does: `requests` with json=post_data, the headers, a timeout."""
+    import requests
+
+    url = base_url.rstrip("/") + probe.path
+    try:
+        if probe.post_data is not None:
+            resp = requests.post(url, json=probe.post_data, headers=probe.headers, timeout=probe.timeout_s)
+        else:
+            resp = requests.get(url, headers=probe.headers, timeout=probe.timeout_s)
+    except requests.RequestException as exc:
+        raise DeployError(f"probe {probe.method} {url}: unreachable ({type(exc).__name__})") from None
+    return resp.status_code, resp.text[:300]
+
+
+# --- endpoint ---------------------------------------------------------------------------------------------------
+# SkyServe 0.14.1 (sky/serve/serve_state.py, serve_utils.set_service_status_and_active_versions_from_replica)
+# derives the service status from the READY replicas only: until one replica is READY it reads NO_REPLICA
+# (REPLICA_INIT is never set, and failed replicas never make it FAILED). So NO_REPLICA means "starting" and a
+# failure is read from each replica's own status in `replica_info`.
+_SERVICE_PENDING = frozenset({"CONTROLLER_INIT", "REPLICA_INIT", "NO_REPLICA"})
+_SERVICE_TERMINAL = frozenset({"CONTROLLER_FAILED", "FAILED_CLEANUP", "SHUTTING_DOWN", "FAILED"})
+# SkyServe 0.14.1's `ReplicaStatus.failed_statuses()`, used when SkyPilot is not importable (tests of the pure
+# logic); with SkyPilot the installed package's own list is used. PREEMPTED and NOT_READY are not failures:
+# SkyServe replaces a preempted replica, and a NOT_READY one may recover.
+_REPLICA_FAILED_0_14_1 = frozenset(
+    {"FAILED", "FAILED_CLEANUP", "FAILED_INITIAL_DELAY", "FAILED_PROBING", "FAILED_PROVISION", "UNKNOWN"}
+)
+# Of those, the ones after which SkyServe's autoscaler stops launching replicas (`ReplicaStatusProperty.
+# unrecoverable_failure`: the app failed, or the initial delay ran out, before any replica was READY) and
+# FAILED_CLEANUP (a possible leak, never relaunched). The others (FAILED_PROVISION, FAILED_PROBING, UNKNOWN) are
+# replaced by a new replica, so the wait goes on until MAX_REPLACED_REPLICAS of them have failed.
+_REPLICA_FATAL = frozenset({"FAILED", "FAILED_INITIAL_DELAY", "FAILED_CLEANUP"})
+MAX_REPLACED_REPLICAS = 3
+_REPLICA_HINT = {
+    "FAILED": "its setup or run exited non-zero",
+    "FAILED_CLEANUP": "its setup or run failed and the teardown failed too (check the cloud console for leaks)",
+    "FAILED_INITIAL_DELAY": "it did not pass the readiness probe within initial_delay_seconds (setup + index "
+    "load took longer: raise service.readiness_probe.initial_delay_seconds, docs/deploy.md)",
+    "FAILED_PROBING": "it stopped answering the readiness probe",
+    "FAILED_PROVISION": "no cloud could provision it (quota, capacity or resources)",
+    "UNKNOWN": "SkyServe lost track of it",
+}
+
+
+def service_records(name: str) -> list[dict[str, Any]]:
+    """`sky.get(sky.serve.status(name))`: one dict per service with `status`, `endpoint` and `replica_info`."""
+    sky = _sky()
+    try:
+        return list(sky.get(sky.serve.status(name)))
+    except Exception as exc:  # the API server may be down or the name unknown; both end the wait
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DeployError(
+            f"cannot read the status of service {name!r}: {first} (check `sky api status` and `sky check`)"
+        ) from None
+
+
+def _status_name(status: Any) -> str:
+    return str(getattr(status, "value", status)).upper()
+
+
+def failed_replica_states() -> frozenset[str]:
+    """Replica states SkyServe counts as failed: from the installed SkyPilot when there is one."""
+    try:
+        from sky.serve.serve_state import ReplicaStatus
+    except ImportError:
+        return _REPLICA_FAILED_0_14_1
+    return frozenset(s.value for s in ReplicaStatus.failed_statuses())
+
+
+def _replica_states(record: Mapping[str, Any]) -> list[tuple[Any, str]]:
+    """(replica_id, STATUS) for every replica SkyServe reports (launched, starting, ready, failed...)."""
+    return [
+        (info.get("replica_id", "?"), _status_name(info.get("status")))
+        for info in record.get("replica_info") or []
+    ]
+
+
+def _summary(replicas: Sequence[tuple[Any, str]]) -> str:
+    if not replicas:
+        return "no replicas yet"
+    counts: dict[str, int] = {}
+    for _, status in replicas:
+        counts[status] = counts.get(status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+def wait_for_endpoint(
+    name: str,
+    *,
+    timeout_s: float = ENDPOINT_TIMEOUT_S,
+    interval_s: float = 10.0,
+    status_fn: Callable[[str], list[dict[str, Any]]] = service_records,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """Poll SkyServe until service `name` is READY with an endpoint, and return it as http://IP:PORT.
+
+    Pending while the service reads CONTROLLER_INIT/NO_REPLICA/REPLICA_INIT. A replica in a state after which
+    SkyServe stops scaling (FAILED, FAILED_INITIAL_DELAY, FAILED_CLEANUP) ends the wait with one line naming it,
+    its state and the command that shows its log; one SkyServe replaces (FAILED_PROVISION, ...) is logged, and
+    MAX_REPLACED_REPLICAS of those end it too.
+    """
+    start = clock()
+    deadline = start + timeout_s
+    failed_states = failed_replica_states()
+    replaced: dict[Any, str] = {}  # replica id -> failed state, for replicas SkyServe replaces
+    while True:
+        records = status_fn(name)
+        if not records:
+            raise DeployError(
+                f"no service named {name!r}: start it with "
+                f"`sky serve up -n {name} sky/retrieval.yaml --secret RETRIEVAL_API_KEY`"
+            )
+        record = records[0]
+        status = _status_name(record.get("status"))
+        replicas = _replica_states(record)
+        endpoint = record.get("endpoint")
+        if status == "READY" and endpoint:
+            endpoint = str(endpoint)
+            return endpoint if "://" in endpoint else f"http://{endpoint}"
+        failed = [(rid, st) for rid, st in replicas if st in failed_states]
+        new = [(rid, st) for rid, st in failed if rid not in replaced]
+        replaced.update(failed)
+        fatal = [(rid, st) for rid, st in failed if st in _REPLICA_FATAL]
+        if fatal or len(replaced) >= MAX_REPLACED_REPLICAS:
+            rid, st = fatal[0] if fatal else list(replaced.items())[-1]
+            count = "" if fatal else f"{len(replaced)} replicas failed, the last: "
+            raise DeployError(
+                f"service {name!r}: {count}replica {rid} is {st}: {_REPLICA_HINT.get(st, 'it failed')}; its log: "
+                f"`sky serve logs {name} {rid}` (controller: `sky serve logs --controller {name}`)"
+            )
+        for rid, st in new:
+            log.warning(
+                "service %s: replica %s is %s (%s); SkyServe launches a replacement",
+                name,
+                rid,
+                st,
+                _REPLICA_HINT.get(st, "it failed"),
+            )
+        if status in _SERVICE_TERMINAL or status not in _SERVICE_PENDING | {"READY"}:
+            raise DeployError(
+                f"service {name!r} is {status} ({_summary(replicas)}): see `sky serve status {name}` and "
+                f"`sky serve logs --controller {name}`"
+            )
+        waited = clock() - start
+        if clock() + interval_s > deadline:
+            raise DeployError(
+                f"service {name!r} not READY after {timeout_s:.0f}s (last status {status}; "
+                f"replicas: {_summary(replicas)}); see `sky serve status {name}`"
+            )
+        log.info(
+            "service %s is %s; replicas: %s; waited %.0fs of %.0fs",
+            name,
+            status,
+            _summary(replicas),
+            waited,
+            timeout_s,
+        )
+        sleep(interval_s)

@@ -1,0 +1,145 @@
+"""Plan and launch: the retrieval service (`sky serve up`) and the trainer (`sky jobs launch`).
+
+A plan is everything checked before anything is billed: the endpoint found and health-checked, the corpus fits the
+data, required envs and secrets given, the task loaded and checked; the printed task has its secrets redacted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from searchrl.deploy.endpoint import DEFAULT_SERVICE, ENDPOINT_TIMEOUT_S, wait_for_endpoint
+from searchrl.deploy.skypilot import SKY_DIR, _sky
+from searchrl.deploy.tasks import check_task, load_task, render_task, required_names, secrets_from_env
+from searchrl.errors import ConfigError, DeployError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_JOB = "searchrl-train"
+
+
+@dataclass
+class TrainPlan:
+    task: Any  # sky.Task
+    text: str  # rendered, redacted
+    url: str
+
+
+def plan_train(
+    *,
+    envs: Mapping[str, str],
+    secret_names: Iterable[str] = (),
+    service: str = DEFAULT_SERVICE,
+    yaml_path: Path | None = None,
+    health_deadline_s: float = 120.0,
+    endpoint_timeout_s: float = ENDPOINT_TIMEOUT_S,
+    num_nodes: int | None = None,
+) -> TrainPlan:
+    """Resolve the endpoint, health-check it, and build the task with the overrides and secrets."""
+    from searchrl.retrieval.client import check_health
+
+    path = Path(yaml_path or SKY_DIR / "train.yaml")
+    envs = dict(envs)
+    need_envs, need_secrets = required_names(path)
+    secrets = secrets_from_env(sorted(set(need_secrets) | set(secret_names)))
+    if not envs.get("RETRIEVAL_SERVICE_URL"):
+        envs["RETRIEVAL_SERVICE_URL"] = wait_for_endpoint(service, timeout_s=endpoint_timeout_s)
+    missing = [n for n in need_envs if n not in envs]
+    if missing:
+        raise ConfigError(f"{path.name} needs {' '.join(f'--env {n}=...' for n in missing)}")
+    url = envs["RETRIEVAL_SERVICE_URL"]
+    for one in [u.strip() for u in url.split(",") if u.strip()]:
+        result = check_health(one, secrets.get("RETRIEVAL_API_KEY"), deadline_s=health_deadline_s)
+        if not result.ok:
+            raise DeployError(
+                f"retrieval service {one} failed its health check, not launching: {result.reason}"
+            )
+        log.info("retrieval service %s: %s", one, result.reason)
+    if num_nodes is None and envs.get("NUM_NODES"):
+        # `run:` sets NUM_NODES from SKYPILOT_NUM_NODES, so an --env NUM_NODES=4 alone would be overwritten: it
+        # means the node count, and the node count is the task's num_nodes (as `sky jobs launch --num-nodes`).
+        try:
+            num_nodes = int(envs.pop("NUM_NODES"))
+        except ValueError:
+            raise ConfigError("NUM_NODES must be a whole number of nodes, e.g. --num-nodes 4") from None
+    task = load_task(path, envs, secrets)
+    # Search-R1 data against a corpus other than wiki-18 trains "search does not help": refuse before launching.
+    from searchrl.deploy.corpus_check import check_task_corpus
+
+    first_url = [u.strip() for u in url.split(",") if u.strip()][0]
+    corpus = check_task_corpus(dict(task.envs), first_url, secrets.get("RETRIEVAL_API_KEY"))
+    log.info("retrieval corpus: %s", corpus.describe())
+    if num_nodes is not None:
+        if num_nodes < 1:
+            raise ConfigError(f"--num-nodes must be at least 1, got {num_nodes}")
+        task.num_nodes = num_nodes  # as `sky jobs launch --num-nodes`; the trainer reads SKYPILOT_NUM_NODES
+    problems = check_task(task)
+    if problems:
+        raise DeployError(
+            f"{path}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
+    return TrainPlan(task=task, text=render_task(task, secrets), url=url)
+
+
+@dataclass
+class ServePlan:
+    task: Any  # sky.Task
+    text: str  # rendered, redacted
+    index_mount: str | None  # where the index bucket is mounted, if any
+
+
+def plan_serve(
+    *,
+    envs: Mapping[str, str],
+    secret_names: Iterable[str] = (),
+    yaml_path: Path | None = None,
+    resources: Mapping[str, Any] | None = None,
+) -> ServePlan:
+    """sky/retrieval.yaml as `searchrl sky serve` launches it: overrides, secrets, the optional index bucket mount.
+
+    `resources` are `sky serve up`'s resource flags (cpus, memory, disk_size, image_id), applied as SkyPilot's
+    CLI applies them (`Task.set_resources_override`). Refuses (one line) anything `searchrl sky validate` would
+    flag, before a controller or replica starts.
+    """
+    from searchrl.deploy.index_mount import BUCKET_ENV, DEFAULT_MOUNT, MOUNT_ENV
+
+    path = Path(yaml_path or SKY_DIR / "retrieval.yaml")
+    _need_envs, need_secrets = required_names(path)
+    secrets = secrets_from_env(sorted(set(need_secrets) | set(secret_names)))
+    task = load_task(path, envs, secrets)
+    if task.service is None:
+        raise ConfigError(f"{path} has no service: section; `searchrl sky serve` launches SkyServe services")
+    overrides = {k: v for k, v in (resources or {}).items() if v is not None}
+    if overrides:
+        try:
+            task.set_resources_override(overrides)
+        except (ValueError, TypeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"resources {overrides}: SkyPilot rejected them: {first}") from None
+    problems = check_task(task)
+    if problems:
+        raise DeployError(
+            f"{path}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
+    mount = None
+    if (task.envs or {}).get(BUCKET_ENV, "").strip():
+        mount = task.envs.get(MOUNT_ENV) or DEFAULT_MOUNT
+    return ServePlan(task=task, text=render_task(task, secrets), index_mount=mount)
+
+
+def launch_serve(plan: ServePlan, *, service_name: str = DEFAULT_SERVICE) -> str:
+    """`sky serve up` of the planned task; returns the service name SkyServe gave it."""
+    sky = _sky()
+    name, _endpoint = sky.stream_and_get(sky.serve.up(plan.task, service_name=service_name))
+    return str(name)
+
+
+def launch_train(plan: TrainPlan, *, job_name: str = DEFAULT_JOB) -> str:
+    """Launch the planned task as a managed job (recovers from preemption) and stream its launch log."""
+    sky = _sky()
+    job_ids, _handle = sky.stream_and_get(sky.jobs.launch(plan.task, name=job_name))
+    return ",".join(str(j) for j in (job_ids or []))
