@@ -13,8 +13,11 @@ As in training, a turn whose only tool calls are malformed ends the episode (ver
 
 Failures are counted, never hidden: each failed search adds to `failure_kinds` (the client's kinds: timeout,
 connect, http_503, malformed, ...), an LLM 4xx is recorded as `llm_error`, a length-cut turn as
-`length_truncated_turns`. A quota error (429), a rejected token (401/403) or a replay-cache miss (404) cannot get
-better by going on: the agent raises `FatalSearchError` and the run stops at once.
+`length_truncated_turns`. What the model causes (a call without a usable query, an empty Search-R1 query, a query
+the service's schema refuses: `searchrl.prompt.POLICY_FAILURES`) goes to `model_errors` instead: it is the
+model's behaviour, not the service's. A quota error (429), a rejected token (401/403) or a replay-cache miss
+(404) cannot get better by going on, nor can `max_consecutive_failures` service failures in a row (a dead
+backend): the agent raises `FatalSearchError` and the run stops at once.
 
 With `search=False` (the no-search baseline) the prompt has no tool and asks for an answer directly.
 """
@@ -37,6 +40,7 @@ from searchrl.errors import RetrievalUnavailableError
 from searchrl.infer.llm import ChatRenderer, RequestRejectedError, Sampling, ServerLLM, TextGenerator
 from searchrl.infer.settings import InferSettings
 from searchrl.prompt import (
+    POLICY_FAILURES,
     SEARCH_R1_INVALID,
     SEARCH_R1_STOP,
     TOOL_NAME,
@@ -87,8 +91,9 @@ class Episode:
     turns: int = 0  # assistant turns generated
     searches: int = 0  # search calls run (each may hold several queries)
     queries: list[str] = field(default_factory=list)
-    search_failures: int = 0
+    search_failures: int = 0  # failed searches the service caused (model-caused ones are in model_errors)
     failure_kinds: dict[str, int] = field(default_factory=dict)  # search failures by kind
+    model_errors: dict[str, int] = field(default_factory=dict)  # POLICY_FAILURES kinds, unknown_tool
     malformed_calls: int = 0
     dropped_calls: int = 0  # tool calls past max_parallel_calls, not run (as in training)
     length_truncated_turns: int = 0  # turns the token budget cut off (finish_reason "length")
@@ -104,8 +109,14 @@ class Episode:
         return asdict(self)
 
     def count_failure(self, kind: str) -> None:
+        if kind in POLICY_FAILURES:
+            self.count_model_error(kind)
+            return
         self.search_failures += 1
         self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
+
+    def count_model_error(self, kind: str) -> None:
+        self.model_errors[kind] = self.model_errors.get(kind, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,8 @@ class AgentConfig:
     search: bool = True
     rollout: RolloutSpec = RolloutSpec()
     max_observation_chars: int | None = None  # None = the trainer's budget (rollout.observation_chars)
+    max_observation_tokens: int | None = None  # search-r1: observation cut to this many tokens
+    max_consecutive_failures: int = 0  # service search failures in a row that stop the run; 0 = never
     malformed_feedback: bool = False
     stop_after_tool_call: bool = False
     api: str = "completions"
@@ -130,6 +143,8 @@ class AgentConfig:
             search=s.search,
             rollout=s.rollout,
             max_observation_chars=s.observation_budget,
+            max_observation_tokens=s.max_observation_tokens,
+            max_consecutive_failures=s.max_consecutive_failures,
             malformed_feedback=s.malformed_feedback,
             stop_after_tool_call=s.stop_after_tool_call,
             api=s.api,
@@ -172,6 +187,7 @@ class SearchAgent:
         self.tools = (
             training_tool_schemas() if config.search and config.rollout.prompt_format == "searchrl" else None
         )
+        self._failures_in_a_row = 0  # service search failures since the last search that worked
 
     async def run(self, question: str) -> Episode:
         """One episode. Raises FatalSearchError (stop the run) and InferenceError (LLM gone after retries)."""
@@ -194,12 +210,13 @@ class SearchAgent:
     async def _execute(self, call: ToolCall, ep: Episode) -> tuple[str, list[str]]:
         """Run one tool call; every failure becomes an observation the model reads (as the trainer's tool)."""
         if call.name != TOOL_NAME:  # verl's ToolAgentLoop answers an unknown name with this text
+            ep.count_model_error("unknown_tool")
             return f"Unknown function '{call.name}'. Available tools: ['{TOOL_NAME}']", []
         ep.searches += 1
         try:
             queries = queries_from_arguments(call.arguments)
         except ValueError as exc:  # the trainer's tool words it this way
-            ep.count_failure("bad_arguments")
+            ep.count_model_error("bad_arguments")
             return f"{FAILURE_PREFIX}bad arguments: {exc}", []
         ep.queries.extend(queries)
         hits = await self._search(queries, ep)
@@ -272,7 +289,7 @@ class SearchAgent:
                 break
             out = await self.llm.complete(prompt, sampling)
             text = out.text
-            if self.config.stop_after_tool_call and text.rfind("<tool_call>") > text.rfind("</tool_call>"):
+            if self.config.stop_after_tool_call and out.stopped_at("</tool_call>"):
                 text += "</tool_call>"  # the stop string itself is not returned
             ep.turns += 1
             ep.completion_tokens += out.completion_tokens
@@ -286,7 +303,9 @@ class SearchAgent:
             if self._should_stop(parsed, out.finish_reason, ep):
                 break
             observations = await self._tool_turn(parsed, ep)
-            tool_text = renderer.tool_turn(observations, self.tools)
+            tool_text = renderer.tool_turn(
+                observations, self.tools, after_close=out.finish_reason != "length"
+            )
             after = renderer.count(prompt + tool_text)
             if after - ep.prompt_tokens >= self.spec.max_response_tokens:
                 ep.stop_reason = STOP_RESPONSE_BUDGET  # verl drops the observation that crosses the budget
@@ -299,7 +318,7 @@ class SearchAgent:
         """The hits, or the failure kind (counted in `ep`); a fatal kind (quota, 401/403, replay miss) raises."""
         assert self.retrieval is not None
         try:
-            return await self.retrieval.search(queries, self.spec.topk)
+            hits = await self.retrieval.search(queries, self.spec.topk)
         except RetrievalUnavailableError as exc:
             ep.count_failure(exc.kind)
             if exc.kind in FATAL_KINDS:
@@ -307,18 +326,40 @@ class SearchAgent:
                     f"{FATAL_KINDS[exc.kind]} ({exc})", kind=exc.kind, status=exc.status
                 ) from exc
             log.warning("search failed (%s) for %r", exc.kind, queries)
+            if exc.kind not in POLICY_FAILURES:
+                self._failures_in_a_row += 1
+                limit = self.config.max_consecutive_failures
+                if limit and self._failures_in_a_row >= limit:
+                    raise FatalSearchError(
+                        f"{self._failures_in_a_row} searches in a row failed (last: {exc.kind}); the "
+                        "retrieval backend looks down (--max-consecutive-failures)",
+                        kind="backend_down",
+                        status=exc.status,
+                    ) from exc
             return exc.kind
+        self._failures_in_a_row = 0
+        return hits
 
     # --- Search-R1's format: <search> actions, <information> spliced into the same assistant turn ------------------
     async def _search_r1_observation(self, query: str, ep: Episode) -> str:
         ep.searches += 1
+        if not query:
+            # Search-R1 sends an empty query to its retriever and shows whatever comes back; a service that
+            # refuses it (422) is not an outage. No search is spent: the model reads an empty result.
+            ep.count_model_error("empty_query")
+            return format_search_r1_observation([])
         ep.queries.append(query)
         hits = await self._search([query], ep)
         if isinstance(hits, str):
-            return format_search_r1_observation([f"\n{FAILURE_PREFIX}{hits}"])
-        return format_search_r1_observation(
-            [h.contents for h in hits[0]], max_chars=self.config.observation_chars
-        )
+            obs = format_search_r1_observation([f"\n{FAILURE_PREFIX}{hits}"])
+        else:
+            obs = format_search_r1_observation(
+                [h.contents for h in hits[0]], max_chars=self.config.observation_chars
+            )
+        if self.config.max_observation_tokens is not None and self.renderer is not None:
+            # Search-R1 `_process_next_obs`: the observation's token ids are cut to max_obs_length.
+            obs = self.renderer.truncate(obs, self.config.max_observation_tokens)
+        return obs
 
     async def _run_search_r1(self, ep: Episode) -> None:
         """Search-R1's rollout (search_r1/llm_agent/generation.py): up to max_turns actions, then a last turn.
@@ -343,8 +384,10 @@ class SearchAgent:
             stop = () if last else (SEARCH_R1_STOP,)
             out = await self.llm.complete(prompt, replace(sampling, stop=stop))
             text = out.text
-            if stop and out.finish_reason == "stop" and "<search>" in text and SEARCH_R1_STOP not in text:
-                text += SEARCH_R1_STOP  # the stop string itself is not returned
+            # The stop string itself is not returned: put it back only when generation stopped at it, not at
+            # EOS after an unclosed "<search> q" (the server's matched_stop / stop_reason tells them apart).
+            if stop and SEARCH_R1_STOP not in text and out.stopped_at(SEARCH_R1_STOP):
+                text += SEARCH_R1_STOP
             text = cut_search_r1_turn(text)
             ep.turns += 1
             ep.completion_tokens += out.completion_tokens

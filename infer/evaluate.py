@@ -17,7 +17,11 @@ decoding, prompt format, question-set checksum, ...), `summary`, `per_dataset` a
 and F1 come from `searchrl.scoring`, the scorer the training reward uses; intervals from `searchrl.stats`.
 
 Failures are counted and bounded: a run whose share of questions with a search failure or LLM error passes
-`max_failure_rate` (2%) is marked invalid, and `searchrl compare` refuses it unless told otherwise.
+`max_failure_rate` (2%), over all questions or within any one dataset, is marked invalid, and `searchrl compare`
+refuses it unless told otherwise. What the model causes (malformed calls, calls without a usable query, empty
+Search-R1 queries) is reported as model behaviour and never counts against validity. Once failures make the run
+invalid whatever the remaining questions give, or the backend fails `max_consecutive_failures` searches in a
+row, the run stops and keeps what is done; after the outage `--retry-failed` re-runs only the failed questions.
 """
 
 from __future__ import annotations
@@ -49,11 +53,11 @@ from searchrl.infer.agent import (
     SearchAgent,
     run_questions,
 )
-from searchrl.infer.llm import ChatRenderer, ServerLLM, TextGenerator
+from searchrl.infer.llm import PINNED_DECODING, ChatRenderer, ServerLLM, TextGenerator
 from searchrl.infer.settings import InferSettings
-from searchrl.prompt import prompt_version
+from searchrl.prompt import POLICY_FAILURES, prompt_version
 from searchrl.scoring import score_response
-from searchrl.stats import bootstrap_ci
+from searchrl.stats import bootstrap_ci, proportion_ci
 
 if TYPE_CHECKING:
     from searchrl.retrieval.client import RetrievalClient
@@ -70,6 +74,10 @@ _DEV_CANDIDATES = [_REPO / "qa" / "dev_qa.jsonl", _REPO / "tests" / "fixtures" /
 
 class InvalidRunError(SearchRLError):
     """The run finished, but too many of its questions failed for its numbers to be quoted."""
+
+
+class RunCannotBeValidError(SearchRLError):
+    """Raised while running once failures make the run invalid whatever the remaining questions give."""
 
 
 @dataclass(frozen=True)
@@ -187,9 +195,10 @@ def load_qa(
         by_source: dict[str, list[int]] = defaultdict(list)
         for idx, it in enumerate(items):
             by_source[it.data_source].append(idx)
-        rng = random.Random(seed)
         keep: set[int] = set()
-        for idxs in by_source.values():
+        for source, idxs in by_source.items():
+            # One generator per dataset, seeded by its name: a run split by dataset draws the same questions.
+            rng = random.Random(f"{seed}:{source}")
             keep.update(idxs if len(idxs) <= limit else rng.sample(idxs, limit))
         items = [it for idx, it in enumerate(items) if idx in keep]
     if not items:
@@ -228,7 +237,9 @@ def score_episode(item: QAItem, ep: Episode) -> dict[str, Any]:
         "queries": ep.queries,
         "search_failures": ep.search_failures,
         "failure_kinds": ep.failure_kinds,
+        "model_errors": ep.model_errors,
         "malformed_calls": ep.malformed_calls,
+        "answer_in_observation": answer_in_observation(ep.transcript, item.golden_answers),
         "dropped_calls": ep.dropped_calls,
         "length_truncated_turns": ep.length_truncated_turns,
         "turns": ep.turns,
@@ -247,18 +258,56 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+def answer_in_observation(transcript: Sequence[dict[str, Any]], golden: Sequence[str]) -> bool:
+    """Whether a tool observation holds a gold answer verbatim (case-insensitive): a leak, or a good search.
+
+    Web results can quote the dataset itself (mirrors, Q&A sites); the share of such questions, beside the
+    question's EM, shows how much of a web run is lookup. Search-R1 observations sit in the assistant turns.
+    """
+    texts = [str(m.get("content") or "").lower() for m in transcript if m.get("role") == "tool"]
+    answers = [g.strip().lower() for g in golden if g and g.strip()]
+    return any(a in t for t in texts for a in answers)
+
+
+def service_failures(record: dict[str, Any]) -> int:
+    """Failed searches the service caused (older files counted the model's own in `failure_kinds` too)."""
+    kinds = record.get("failure_kinds") or {}
+    if not kinds:
+        return int(record.get("search_failures", 0))
+    return sum(int(n) for k, n in kinds.items() if k not in POLICY_FAILURES)
+
+
+def model_error_counts(record: dict[str, Any]) -> Counter[str]:
+    """What the model did wrong in one question, by kind: malformed calls plus POLICY_FAILURES kinds."""
+    out: Counter[str] = Counter({k: int(n) for k, n in (record.get("model_errors") or {}).items()})
+    for k, n in (record.get("failure_kinds") or {}).items():  # files written before model_errors existed
+        if k in POLICY_FAILURES:
+            out[k] += int(n)
+    if record.get("malformed_calls"):
+        out["malformed_call"] += int(record["malformed_calls"])
+    return out
+
+
 def failed(record: dict[str, Any]) -> bool:
-    """A question whose number cannot be trusted: a search failed, or the LLM rejected a request."""
-    return bool(record.get("search_failures")) or record.get("stop_reason") == STOP_LLM_ERROR
+    """A question whose number cannot be trusted: the service failed a search, or the LLM rejected a request.
+
+    What the model causes (POLICY_FAILURES, malformed calls) is its behaviour, scored as it comes.
+    """
+    return service_failures(record) > 0 or record.get("stop_reason") == STOP_LLM_ERROR
 
 
 def _stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     em = [float(r["em"]) for r in rows]
     f1 = [float(r["f1"]) for r in rows]
+    bad = [failed(r) for r in rows]
+    ok_em = [e for e, b in zip(em, bad, strict=True) if not b]
+    model_errors: Counter[str] = Counter()
+    for r in rows:
+        model_errors.update(model_error_counts(r))
     return {
         "n": len(rows),
         "em": _mean(em),
-        "em_ci": list(bootstrap_ci(em)),
+        "em_ci": list(proportion_ci(em)),  # Wilson: EM is 0/1, and the bootstrap collapses at 30/30
         "f1": _mean(f1),
         "f1_ci": list(bootstrap_ci(f1)),
         "reward": _mean([float(r.get("reward", r["em"])) for r in rows]),
@@ -266,7 +315,16 @@ def _stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "turns": _mean([r["turns"] for r in rows]),
         "format_valid": _mean([float(r["format_valid"]) for r in rows]),
         "latency_s": _mean([r["latency_s"] for r in rows]),
-        "failure_rate": _mean([float(failed(r)) for r in rows]),
+        "failure_rate": _mean([float(b) for b in bad]),
+        # failed/n, and EM both ways: failed questions scored 0, and over the questions that did not fail
+        "failed": sum(bad),
+        "em_failed_as_zero": _mean([0.0 if b else e for e, b in zip(em, bad, strict=True)]),
+        "n_ok": len(ok_em),
+        "em_ok": _mean(ok_em) if ok_em else None,
+        # the model's own mistakes (never against validity): kinds summed, questions with any
+        "model_errors": dict(model_errors),
+        "questions_with_model_errors": sum(1 for r in rows if model_error_counts(r)),
+        "answer_in_observation": sum(1 for r in rows if r.get("answer_in_observation")),
     }
 
 
@@ -294,10 +352,10 @@ def summarize(
     summary["stop_reasons"] = dict(Counter(q["stop_reason"] for q in questions))
     summary["llm_errors"] = sum(1 for q in questions if q["stop_reason"] == STOP_LLM_ERROR)
     summary["errors"] = summary["llm_errors"]
-    summary["search_failures"] = sum(int(q.get("search_failures", 0)) for q in questions)
+    summary["search_failures"] = sum(service_failures(q) for q in questions)
     kinds: Counter[str] = Counter()
     for q in questions:
-        kinds.update(q.get("failure_kinds") or {})
+        kinds.update({k: n for k, n in (q.get("failure_kinds") or {}).items() if k not in POLICY_FAILURES})
     summary["failure_kinds"] = dict(kinds)
     summary["questions_failed"] = sum(1 for q in questions if failed(q))
     summary["length_truncated_turns"] = sum(int(q.get("length_truncated_turns", 0)) for q in questions)
@@ -312,9 +370,37 @@ def summarize(
             f"{summary['questions_failed']}/{summary['n']} questions ({summary['failure_rate']:.1%}) had a search "
             f"failure or LLM error, above the {max_failure_rate:.1%} limit"
         )
+    # An outage hits the questions running at the time, which run in file order: one dataset. The gate applies
+    # to each dataset too, so 26 failed of 125 do not hide among 1,325.
+    invalid_datasets = [ds for ds, v in per_dataset.items() if v["failure_rate"] > max_failure_rate]
+    for ds in invalid_datasets if len(per_dataset) > 1 else []:
+        v = per_dataset[ds]
+        problems.append(
+            f"{ds}: {v['failed']}/{v['n']} questions ({v['failure_rate']:.1%}) failed, above the "
+            f"{max_failure_rate:.1%} limit"
+        )
+    summary["invalid_datasets"] = invalid_datasets
     summary["valid"] = not problems
     summary["invalid_reason"] = "; ".join(problems) or None
     return summary, per_dataset
+
+
+def cannot_be_valid(
+    records: Sequence[dict[str, Any]], planned: dict[str, int], max_failure_rate: float
+) -> str | None:
+    """Why the run is invalid whatever its remaining questions give, or None while it still can be valid.
+
+    `planned` is the number of questions per dataset the run will have; the gate is `summarize`'s, applied
+    to the failures so far over the final counts.
+    """
+    by_source: Counter[str] = Counter(r["data_source"] for r in records if failed(r))
+    total, n = sum(by_source.values()), sum(planned.values())
+    if n and total / n > max_failure_rate:
+        return f"{total} of {n} questions failed already, above the {max_failure_rate:.1%} limit"
+    for ds, k in by_source.items():
+        if planned.get(ds) and k / planned[ds] > max_failure_rate:
+            return f"{ds}: {k} of its {planned[ds]} questions failed already, above the {max_failure_rate:.1%} limit"
+    return None
 
 
 def _ci(v: dict[str, Any], key: str = "em") -> str:
@@ -322,6 +408,14 @@ def _ci(v: dict[str, Any], key: str = "em") -> str:
     if lo is None or lo != lo:  # missing or nan
         return f"{v[key]:.3f}"
     return f"{v[key]:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
+def model_error_cell(summary: dict[str, Any]) -> str:
+    """`4 (bad_arguments 3, malformed_call 1)`-style count of the model's own mistakes (not failures)."""
+    kinds = summary.get("model_errors") or {}
+    if not kinds:
+        return "0"
+    return f"{sum(kinds.values())} (" + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + ")"
 
 
 def failure_cell(summary: dict[str, Any]) -> str:
@@ -345,6 +439,7 @@ def paper_table(runs: Sequence[dict[str, Any]]) -> str:
         "searches/q",
         "format ok",
         "search failures",
+        "model errors",
         "LLM errors",
         "length-cut turns",
         "stop reasons",
@@ -356,7 +451,8 @@ def paper_table(runs: Sequence[dict[str, Any]]) -> str:
         cells = [run_label(r).replace("|", "\\|")]
         for ds in sources:
             v = r["per_dataset"].get(ds)
-            cells.append(f"{_ci(v)} ({v['n']})" if v else "")
+            failed_here = f", {v['failed']} failed" if v and v.get("failed") else ""
+            cells.append(f"{_ci(v)} ({v['n']}{failed_here})" if v else "")
         cells += [
             f"{s['em_avg']:.3f}",
             _ci(s, "f1") if "f1_ci" in s else f"{s['f1']:.3f}",
@@ -364,6 +460,7 @@ def paper_table(runs: Sequence[dict[str, Any]]) -> str:
             f"{s['searches']:.2f}",
             f"{s['format_valid']:.0%}",
             failure_cell(s),
+            model_error_cell(s),
             str(s.get("llm_errors", s.get("errors", 0))),
             str(s.get("length_truncated_turns", 0)),
             ", ".join(f"{k} {v}" for k, v in sorted((s.get("stop_reasons") or {}).items())),
@@ -428,6 +525,28 @@ async def fetch_retrieval_info(
     )
 
 
+# GET / counters of a web backend that the report turns into per-run figures (after minus the protocol's before)
+SERVICE_COUNTERS = ("page_fetch_failures", "blocked_results")
+
+
+async def _service_counters_after(settings: InferSettings) -> dict[str, Any]:
+    """The service's page-fetch fallbacks and blocked results once the run is over (GET / again).
+
+    They are per replica and since its start: the report subtracts the protocol's GET / from before the run, which
+    is exact for one replica (or a list of URLs, both read from the first that answers) and only a sample behind a
+    load balancer, where the two reads may reach different replicas (a negative difference is then shown as
+    unknown). A service that no longer answers leaves the figures unknown, never the run invalid.
+    """
+    try:
+        after = await fetch_retrieval_info(
+            settings.retrieval_urls, settings.retrieval_api_key_value(), settings.retrieval_timeout_s
+        )
+    except RetrievalUnavailableError as exc:
+        log.warning("GET / after the run failed (%s): page-fetch fallbacks and blocked results unknown", exc)
+        return {}
+    return {k: after[k] for k in ("url", *SERVICE_COUNTERS) if k in after}
+
+
 async def preflight_search(retrieval: RetrievalClient, topk: int) -> None:
     """One real query through the backend under test: GET / answers even when the web API key is spent."""
     from searchrl.retrieval.client import HEALTH_QUERY
@@ -459,6 +578,43 @@ def _checksums(info: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# GET / fields that decide what a search returns (web: provider, page mode, locale, blocklist; index: corpus
+# and index checksums, encoder; hybrid: RRF settings and each part, nested). Counters and URLs are left out.
+_IDENTITY_KEYS = (
+    "backend",
+    "provider",
+    "engine",
+    "page_mode",
+    "gl",
+    "hl",
+    "blocklist_sha256",
+    "corpus",
+    "corpus_checksum",
+    "corpus_sha256",
+    "index_type",
+    "index_fingerprint",
+    "index_checksum",
+    "encoder",
+    "rrf_k",
+    "weights",
+    "depth",
+)
+
+
+def retrieval_identity(info: Any) -> dict[str, Any]:
+    """What identifies the results a retrieval service returns, from its GET /, with hybrid parts nested.
+
+    Part of the protocol hash: changing the web provider, page mode or locale, or a hybrid part's index,
+    gives another hash and another result file, never a resume into the old one.
+    """
+    if not isinstance(info, dict):
+        return {}
+    out: dict[str, Any] = {k: info[k] for k in _IDENTITY_KEYS if info.get(k) is not None}
+    if isinstance(info.get("parts"), list):
+        out["parts"] = [retrieval_identity(p) for p in info["parts"]]
+    return out
+
+
 # Fields of the protocol that do not change what is measured: where things ran, when, and the run's name.
 _UNHASHED = {
     "label",
@@ -468,6 +624,7 @@ _UNHASHED = {
     "searchrl_version",
     "protocol_hash",
     "max_failure_rate",
+    "decoding_dropped_by_server",  # learnt while running; the same server drops the same fields again
 }
 
 
@@ -492,6 +649,7 @@ def build_protocol(
     qa_path: Path,
     n_questions: int,
     chat_template: str | None,
+    model_identity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     info = retrieval_info or {}
     backend = str(info.get("backend", "unknown")) if settings.search else "none"
@@ -506,12 +664,15 @@ def build_protocol(
             settings.engine, f"local:{settings.device}"
         ),
         "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
+        # what the server (model path, weight version) or the local files say identifies the weights
+        "model_identity": model_identity or {},
         "search": settings.search,
         "retrieval": {
             "urls": settings.retrieval_urls if settings.search else [],
             "backend": backend,
             "corpus": info.get("corpus"),
             "checksums": _checksums(info),
+            "identity": retrieval_identity(info) if settings.search else {},
             "info": info,
         },
         "rollout": spec.model_dump(),
@@ -521,9 +682,18 @@ def build_protocol(
         "max_response_tokens": spec.max_response_tokens,
         "passage_max_chars": spec.passage_max_chars,
         "max_observation_chars": settings.observation_budget,
+        "max_observation_tokens": settings.max_observation_tokens,
         "temperature": settings.temperature,
         "top_p": settings.top_p,
         "seed": settings.seed,
+        # every field each generation request carries (infer/llm.py PINNED_DECODING: no server default leaks in)
+        "decoding": {
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "seed": settings.seed,
+            **PINNED_DECODING,
+            "deterministic_inference": settings.engine == "sglang" and settings.deterministic,
+        },
         "stop_after_tool_call": settings.stop_after_tool_call,
         "malformed_feedback": settings.malformed_feedback,
         "prompt_format": spec.prompt_format,
@@ -569,6 +739,8 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
             extra_args=settings.sglang_args,
             startup_timeout_s=settings.sglang_startup_timeout_s,
             log_dir=settings.output_dir,
+            deterministic=settings.deterministic,
+            tool_call_parser=settings.api == "chat",
             **client_kwargs,
         )
     else:
@@ -577,6 +749,7 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
         )
     try:
         await server.check_model(wait_s=settings.wait_for_llm_s)
+        server.identity = await server.model_identity()
         renderer = None
         if settings.api == "completions":
             renderer = await asyncio.to_thread(
@@ -594,8 +767,42 @@ def result_paths(protocol: dict[str, Any], output_dir: Path) -> tuple[Path, Path
     return output_dir / f"{stem}.json", output_dir / f"{stem}.jsonl"
 
 
+def _engine_identity(llm: TextGenerator | ServerLLM) -> dict[str, Any]:
+    """What identifies the weights: the server's answer (`_open_engine`) or the local files' hash."""
+    if isinstance(llm, ServerLLM):
+        return dict(getattr(llm, "identity", None) or {})
+    ident = getattr(llm, "weights_identity", None)
+    return ident() if callable(ident) else {}
+
+
+def drop_failed(path: Path, done: dict[str, dict[str, Any]]) -> list[str]:
+    """`--retry-failed`: remove the failed records from `done` and their lines from `path` (atomically).
+
+    The re-run questions append new lines; until they do, they are simply not done, so a retry killed
+    half-way resumes like any run.
+    """
+    retry = [k for k, rec in done.items() if failed(rec)]
+    if not retry:
+        return []
+    lines = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "protocol_hash" in row or question_key(row) not in retry:
+                lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(lines), encoding="utf-8")
+    tmp.replace(path)
+    for k in retry:
+        del done[k]
+    return retry
+
+
 def read_progress(path: Path, protocol: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Records already written by an interrupted run of the same protocol, by question key."""
+    """Records already written by an interrupted run of the same protocol, by question key (last line wins)."""
     if not path.exists():
         return {}
     done: dict[str, dict[str, Any]] = {}
@@ -627,9 +834,11 @@ async def evaluate(
 ) -> dict[str, Any]:
     """Run the QA set, appending each question's record as it finishes, and return the result document.
 
-    Re-running the same command resumes: questions already in `<label>-<hash>.jsonl` are skipped. A fatal
-    search failure (quota, 401/403, replay miss) stops the run at once; the result file is still written,
-    marked aborted and invalid, and the error is raised.
+    Re-running the same command resumes: questions already in `<label>-<hash>.jsonl` are skipped (with
+    `retry_failed`, failed ones run again). A fatal search failure (quota, 401/403, replay miss, a backend down
+    for `max_consecutive_failures` searches) or, with `stop_when_invalid`, failures that make the run invalid
+    whatever follows, stop the run; the result file is still written, marked aborted and invalid, and the
+    error is raised.
     """
     from searchrl.retrieval.client import RetrievalClient, summarize_client_stats
 
@@ -670,12 +879,17 @@ async def evaluate(
                 qa_path=qa_path,
                 n_questions=len(items),
                 chat_template=getattr(renderer.tokenizer, "chat_template", None) if renderer else None,
+                model_identity=await asyncio.to_thread(_engine_identity, llm),
             )
             json_path, jsonl_path = result_paths(protocol, settings.output_dir)
             done = read_progress(jsonl_path, protocol)
+            if settings.retry_failed and done:
+                retried = drop_failed(jsonl_path, done)
+                log.info("--retry-failed: %d failed question(s) run again", len(retried))
             todo = [(k, it) for k, it in zip(keys, items, strict=True) if k not in done]
             if done:
                 log.info("resuming %s: %d of %d questions already done", jsonl_path, len(done), len(items))
+            planned = Counter(it.data_source for it in items)
             settings.output_dir.mkdir(parents=True, exist_ok=True)
             agent = SearchAgent(llm, retrieval, AgentConfig.from_settings(settings), renderer)
             torn = jsonl_path.exists() and not jsonl_path.read_bytes().endswith(b"\n")
@@ -695,6 +909,10 @@ async def evaluate(
                     done[key] = rec
                     sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     sink.flush()
+                    if settings.stop_when_invalid and failed(rec):
+                        why = cannot_be_valid(list(done.values()), planned, settings.max_failure_rate)
+                        if why:
+                            raise RunCannotBeValidError(why)
 
                 try:
                     await run_questions(
@@ -706,7 +924,10 @@ async def evaluate(
                     )
                 except FatalSearchError as exc:
                     aborted, fatal = f"{exc.kind}: {exc}", exc
+                except RunCannotBeValidError as exc:
+                    aborted, fatal = f"stopped early: {exc}", exc
         finally:
+            dropped = sorted(getattr(llm, "dropped_fields", ()))
             await llm.aclose()
     finally:
         client_stats = retrieval.stats() if retrieval is not None else None
@@ -714,6 +935,10 @@ async def evaluate(
             await retrieval.aclose()
     questions = [done[k] for k in keys if k in done]
     summary, per_dataset = summarize(questions, max_failure_rate=settings.max_failure_rate, aborted=aborted)
+    if info is not None:
+        summary["retrieval_after"] = await _service_counters_after(settings)
+    if dropped:  # the server refused these pinned fields by name; its defaults applied to them
+        protocol["decoding_dropped_by_server"] = dropped
     protocol["started_at"] = started.isoformat(timespec="seconds")
     protocol["wall_s"] = round(time.perf_counter() - t0, 3)
     result = {"protocol": protocol, "summary": summary, "per_dataset": per_dataset, "questions": questions}
@@ -735,10 +960,16 @@ async def evaluate(
         "valid" if summary["valid"] else f"INVALID ({summary['invalid_reason']})",
         protocol["wall_s"],
     )
+    if isinstance(fatal, RunCannotBeValidError):
+        raise InvalidRunError(
+            f"run stopped early, it can no longer be valid: {fatal}; {len(questions)} of {len(items)} questions "
+            f"are in {json_path}; once the backend is healthy re-run the same command with --retry-failed"
+        ) from fatal
     if fatal is not None:
         raise RetrievalUnavailableError(
             f"run stopped: {fatal}; {len(questions)} of {len(items)} questions are in {json_path} (marked "
-            "invalid); fix the cause and re-run the same command to resume",
+            "invalid); fix the cause and re-run the same command to resume (add --retry-failed to re-run "
+            "the failed ones)",
             kind=getattr(fatal, "kind", "fatal"),
         ) from fatal
     return result
@@ -770,12 +1001,17 @@ __all__ = [
     "PAPER_ORDER",
     "InvalidRunError",
     "QAItem",
+    "RunCannotBeValidError",
+    "answer_in_observation",
+    "cannot_be_valid",
+    "retrieval_identity",
     "build_protocol",
     "dataset_order",
     "evaluate",
     "failed",
     "failure_cell",
     "load_qa",
+    "model_error_cell",
     "paper_table",
     "preflight_search",
     "protocol_hash",

@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +51,19 @@ class RequestRejectedError(InferenceError):
     The agent records it on that question and goes on; other failures abort the run.
     """
 
+    def __init__(self, message: str, *, status: int = 400, detail: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+
+
+# Sampling fields every generation request carries, whatever the server's defaults. vLLM (`--generation-config
+# auto`, its default) and sglang (`--sampling-defaults model`, its default) fill every field a request leaves out
+# from the model's generation_config.json; Qwen2.5 instruct ships repetition_penalty 1.05, top_k 20, top_p 0.8,
+# so a request without them decodes over penalised, truncated logits. Training (verl's agent loop) sends
+# repetition_penalty 1.0; these values are the neutral ones (no penalty, no top-k, no min-p).
+PINNED_DECODING: dict[str, float | int] = {"repetition_penalty": 1.0, "top_k": -1, "min_p": 0.0}
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -59,6 +73,23 @@ class Completion:
     finish_reason: str  # "stop" (EOS or a stop string) | "length" (max_tokens reached)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Which stop string ended the turn (None: EOS, length, or a stop token id), when the server says so
+    # (sglang `matched_stop`, vLLM `stop_reason`); `stop_reported` False = the server does not tell.
+    matched_stop: str | None = None
+    stop_reported: bool = False
+
+    def stopped_at(self, stop: str) -> bool:
+        """Whether generation ended at the stop string `stop` (which servers do not return in the text).
+
+        A server that does not report its stop falls back to the text: a turn with an unclosed opening tag that
+        finished with "stop" is taken as cut at `stop`. Only then can an EOS be mistaken for the stop string.
+        """
+        if self.finish_reason != "stop":
+            return False
+        if self.stop_reported:
+            return self.matched_stop == stop
+        opening = stop.replace("</", "<", 1)
+        return self.text.rfind(opening) > self.text.rfind(stop)
 
 
 @dataclass(frozen=True)
@@ -82,6 +113,9 @@ class Sampling:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    repetition_penalty: float = float(PINNED_DECODING["repetition_penalty"])  # pinned, see PINNED_DECODING
+    top_k: int = int(PINNED_DECODING["top_k"])
+    min_p: float = float(PINNED_DECODING["min_p"])
 
 
 class TextGenerator(Protocol):
@@ -164,11 +198,15 @@ class ChatRenderer:
             return text
         return str(self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=False))
 
-    def tool_turn(self, observations: list[str], tools: list[dict[str, Any]] | None) -> str:
+    def tool_turn(
+        self, observations: list[str], tools: list[dict[str, Any]] | None, *, after_close: bool = True
+    ) -> str:
         """The text a chat template adds for `tool` messages plus the next assistant header.
 
         Rendered as the difference between a synthetic conversation with and without the tool messages,
         which is how verl's ContinuousTokenBuilder derives it, so any template (Qwen, Llama, ...) works.
+        The turn separator ("\\n" for Qwen) comes first only `after_close`: verl's QwenContinuousTokenBuilder
+        inserts it only when the context ends with `<|im_end|>`, so a length-cut turn is followed directly.
         """
         prefix = self._render(_SYNTHETIC_PREFIX, tools=tools, gen=False)
         full = self._render(
@@ -176,7 +214,7 @@ class ChatRenderer:
         )
         if not full.startswith(prefix):
             raise InferenceError("the chat template re-renders earlier turns when a tool message is added")
-        return self._separator + full[len(prefix) :]
+        return (self._separator if after_close else "") + full[len(prefix) :]
 
 
 def _retry_delay(
@@ -194,6 +232,19 @@ def _retry_delay(
             pass
     cap = min(max_s, base_s * 2**attempt)
     return random.uniform(cap / 2, cap)
+
+
+def _matched_stop(choice: dict[str, Any]) -> tuple[bool, str | None]:
+    """(reported, stop string) from a completion choice: sglang's `matched_stop`, vLLM's `stop_reason`.
+
+    Both hold the stop string that ended generation, an int for a stop token id (EOS included in sglang), or
+    None (EOS in vLLM, length); a choice with neither key comes from a server that does not say.
+    """
+    for key in ("matched_stop", "stop_reason"):
+        if key in choice:
+            value = choice[key]
+            return True, value if isinstance(value, str) else None
+    return False, None
 
 
 class ServerLLM:
@@ -217,6 +268,8 @@ class ServerLLM:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.dropped_fields: set[str] = set()  # pinned sampling fields this server rejected (_generate)
+        self.identity: dict[str, Any] = {}  # model_identity(), once the evaluator asked
         self.max_retries = max_retries
         self.retry_base_s = retry_base_s
         self.retry_max_wait_s = retry_max_wait_s
@@ -257,7 +310,9 @@ class ServerLLM:
                 detail = resp.text[:300].replace("\n", " ")
                 if resp.status_code != 429 and resp.status_code < 500:
                     raise RequestRejectedError(
-                        f"{url} rejected the request: HTTP {resp.status_code}: {detail}"
+                        f"{url} rejected the request: HTTP {resp.status_code}: {detail}",
+                        status=resp.status_code,
+                        detail=detail,
                     )
                 last = f"HTTP {resp.status_code}: {detail}"
                 retry_after = resp.headers.get("Retry-After")
@@ -342,23 +397,90 @@ class ServerLLM:
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "seed": sampling.seed,
+            "repetition_penalty": sampling.repetition_penalty,
+            "top_k": sampling.top_k,
+            "min_p": sampling.min_p,
         }
         if sampling.stop:
             body["stop"] = list(sampling.stop)
+        for name in self.dropped_fields:
+            body.pop(name, None)
         return body
 
+    async def _generate(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a generation request; a server that rejects a pinned field by name gets it no more.
+
+        Servers that do not know `repetition_penalty`/`top_k`/`min_p` usually ignore them; one that answers
+        400/422 naming a field (OpenAI: "Unrecognized request argument supplied: top_k") loses only that
+        field, for this client, with a warning, and `dropped_fields` records it in the result's protocol.
+        """
+        while True:
+            try:
+                return await self._request("POST", path, body)
+            except RequestRejectedError as exc:
+                named = [
+                    f
+                    for f in PINNED_DECODING
+                    if f in body and exc.status in (400, 422) and re.search(rf"\b{f}\b", exc.detail)
+                ]
+                if not named:
+                    raise
+                for f in named:
+                    if f not in self.dropped_fields:
+                        log.warning(
+                            "%s rejects the sampling field %r (%s); it is left out for this server, so the "
+                            "server's default applies to it (recorded in the protocol)",
+                            self.base_url,
+                            f,
+                            exc.detail[:120],
+                        )
+                    self.dropped_fields.add(f)
+                body = {k: v for k, v in body.items() if k not in named}
+
+    async def model_identity(self) -> dict[str, Any]:
+        """What the server says identifies the weights it serves (empty when it says nothing).
+
+        vLLM and sglang put the model path in `/v1/models` (`root`); sglang also answers `GET /get_model_info`
+        (`model_path`, and `weight_version` after in-place weight updates). A new checkpoint served under the
+        same `--served-model-name` from another path thus gets another protocol hash. The same path with new
+        files in it is not told apart (docs/inference.md).
+        """
+        out: dict[str, Any] = {}
+        try:
+            resp = await self._client.get(f"{self.base_url}/models", timeout=httpx.Timeout(10.0, connect=5.0))
+            data = resp.json().get("data", []) if resp.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            data = []
+        for m in data if isinstance(data, list) else []:
+            if isinstance(m, dict) and str(m.get("id")) == self.model:
+                for key in ("root", "parent"):
+                    if m.get(key):
+                        out[key] = str(m[key])
+        root = self.base_url.removesuffix("/v1")
+        try:
+            resp = await self._client.get(f"{root}/get_model_info", timeout=httpx.Timeout(10.0, connect=5.0))
+            info = resp.json() if resp.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            info = {}
+        if isinstance(info, dict):
+            for key in ("model_path", "weight_version"):
+                if info.get(key) is not None:
+                    out[key] = str(info[key])
+        return out
+
     async def complete(self, prompt: str, sampling: Sampling) -> Completion:
-        payload = await self._request(
-            "POST", "/completions", {**self._sampling_body(sampling), "prompt": prompt}
-        )
+        payload = await self._generate("/completions", {**self._sampling_body(sampling), "prompt": prompt})
         try:
             choice = payload["choices"][0]
             usage = payload.get("usage") or {}
+            reported, matched = _matched_stop(choice)
             return Completion(
                 text=str(choice["text"]),
                 finish_reason=str(choice.get("finish_reason") or "stop"),
                 prompt_tokens=int(usage.get("prompt_tokens") or 0),
                 completion_tokens=int(usage.get("completion_tokens") or 0),
+                matched_stop=matched,
+                stop_reported=reported,
             )
         except (KeyError, IndexError, TypeError) as exc:
             raise InferenceError(f"{self.base_url}/completions answered without choices[0].text") from exc
@@ -369,7 +491,7 @@ class ServerLLM:
         body = {**self._sampling_body(sampling), "messages": messages}
         if tools:
             body["tools"] = tools
-        payload = await self._request("POST", "/chat/completions", body)
+        payload = await self._generate("/chat/completions", body)
         try:
             choice = payload["choices"][0]
             message = choice["message"]
@@ -401,6 +523,7 @@ class ServerLLM:
 
 
 __all__ = [
+    "PINNED_DECODING",
     "ChatRenderer",
     "ChatReply",
     "Completion",

@@ -11,7 +11,9 @@ device gains little from interleaving), so the event loop stays free for retriev
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+from pathlib import Path
 from typing import Any
 
 from searchrl.errors import InferenceError
@@ -26,6 +28,53 @@ def _pick_device(device: str) -> str:
     if device != "auto":
         return device
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_SAMPLE_BYTES = 1 << 20
+
+
+def _model_dir(name_or_path: str) -> Path | None:
+    """The folder holding the weights: the path itself, or the HF cache snapshot of a model id."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name_or_path, local_files_only=True, allow_patterns=["*.json"]))
+    except Exception:  # not cached, not an id: nothing to identify it by
+        return None
+
+
+def weights_identity(name_or_path: str) -> dict[str, Any]:
+    """sha256 of the safetensors index plus, per weights file, its size and first/last MiB of tensor data.
+
+    Hashing whole checkpoints (GBs) at every start is too slow; the index alone (tensor names, dtypes,
+    offsets) is the same for two checkpoints of one architecture. The sampled bytes are weights, so a new
+    checkpoint in the same folder gets another value; two checkpoints that differ only inside the unsampled
+    middle of every file do not (docs/inference.md). A HF cache snapshot also names its commit.
+    """
+    folder = _model_dir(name_or_path)
+    if folder is None:
+        return {}
+    h = hashlib.sha256()
+    files = sorted(folder.glob("*.safetensors"))
+    for name in ("model.safetensors.index.json", "config.json"):
+        if (folder / name).is_file():
+            h.update(name.encode() + b"\0" + (folder / name).read_bytes())
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            header = int.from_bytes(fh.read(8), "little") if size >= 8 else 0
+            fh.seek(min(8 + header, size))
+            h.update(fh.read(_SAMPLE_BYTES))
+            fh.seek(max(size - _SAMPLE_BYTES, 0))
+            h.update(fh.read(_SAMPLE_BYTES))
+    out: dict[str, Any] = {"weights_sample_sha256": h.hexdigest()[:16], "weights_files": len(files)}
+    if "snapshots" in folder.parts:
+        out["hf_commit"] = folder.name
+    return out
 
 
 class LocalLLM:
@@ -83,9 +132,18 @@ class LocalLLM:
             if self.tokenizer.pad_token_id is not None
             else self._eos_ids[0],
         }
+        # Every knob explicit: generate() otherwise takes the model's generation_config.json (Qwen2.5 instruct:
+        # repetition_penalty 1.05, top_k 20), as servers do for fields a request leaves out (infer/llm.py).
+        kwargs["repetition_penalty"] = sampling.repetition_penalty
+        kwargs["min_p"] = sampling.min_p or None
         if sampling.temperature > 0:
             torch.manual_seed(sampling.seed)
-            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
+            kwargs.update(
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else None,
+            )
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.inference_mode():
@@ -95,13 +153,23 @@ class LocalLLM:
         if new_ids and new_ids[-1] in self._eos_ids:
             new_ids, finish = new_ids[:-1], "stop"
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True)  # as vLLM and sglang do
+        matched = None
         for stop in sampling.stop:  # stop strings are cut after the fact, as the server would not return them
             idx = text.find(stop)
             if idx >= 0:
-                text, finish = text[:idx], "stop"
+                text, finish, matched = text[:idx], "stop", stop
         return Completion(
-            text=text, finish_reason=finish, prompt_tokens=n_prompt, completion_tokens=len(new_ids)
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=n_prompt,
+            completion_tokens=len(new_ids),
+            matched_stop=matched,
+            stop_reported=True,
         )
+
+    def weights_identity(self) -> dict[str, Any]:
+        """What identifies the loaded weights (infer/weights.py), for the protocol hash."""
+        return weights_identity(str(getattr(self.model, "name_or_path", "") or ""))
 
     async def complete(self, prompt: str, sampling: Sampling) -> Completion:
         async with self._lock:

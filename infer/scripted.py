@@ -18,7 +18,10 @@ Two policies decide what it says:
 - `Replay` (tests): fixed turns per model, picked by a key found in the question's turn.
 
 Every request body is kept in `app.state.requests`; `app.state.fail_after = N` makes every generation request
-after the first N answer 503, as a server that died mid-run.
+after the first N answer 503, as a server that died mid-run. `app.state.model_roots = {model: path}` makes
+`/v1/models` report the path as `root` (vLLM/sglang name the weights' path there); `app.state.reject_fields`
+makes a request carrying one of those fields answer 400 naming it, as OpenAI's API does for `top_k`. A
+completion cut at a stop string reports it in `stop_reason`, as vLLM does (None for EOS or length).
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def _last_observation(prompt: str) -> str | None:
     start = prompt.find(question) + len(question) if question in prompt else 0
     prompt = prompt[start:]
     blocks = _TOOL_RESPONSE_RE.findall(prompt) or re.findall(
-        r"<information>(.*?)</information>", prompt, re.DOTALL
+        r"\n\n<information>(.*?)(?:</information>|\Z)", prompt, re.DOTALL
     )
     return blocks[-1] if blocks else None
 
@@ -158,6 +161,8 @@ def create_scripted_app(policy: Policy) -> FastAPI:
     app = FastAPI(title="scripted model (pipeline check)")
     app.state.requests = []
     app.state.fail_after = None
+    app.state.model_roots = {}
+    app.state.reject_fields = set()
 
     def _down() -> bool:
         return app.state.fail_after is not None and len(app.state.requests) > app.state.fail_after
@@ -168,8 +173,18 @@ def create_scripted_app(policy: Policy) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "scripted"} for m in policy.models]
+        data: list[dict[str, Any]] = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "scripted"} for m in policy.models
+        ]
+        for d in data:
+            if d["id"] in app.state.model_roots:
+                d["root"] = app.state.model_roots[d["id"]]
         return {"object": "list", "data": data}
+
+    def _rejected(body: dict[str, Any]) -> JSONResponse | None:
+        for name in sorted(app.state.reject_fields & body.keys()):
+            return _error(400, f"Unrecognized request argument supplied: {name}")
+        return None
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> JSONResponse:
@@ -177,35 +192,38 @@ def create_scripted_app(policy: Policy) -> FastAPI:
         app.state.requests.append(body)
         if _down():
             return _error(503, "server is shutting down")
+        if (rejection := _rejected(body)) is not None:
+            return rejection
         model, prompt = body.get("model"), body.get("prompt")
         if model not in policy.models:
             return _error(404, f"The model `{model}` does not exist.")
         if not isinstance(prompt, str):
             return _error(400, "prompt must be a string")
         # assistant turns so far; Search-R1's format continues one assistant turn after each <information>
+        # (counted by its opening: an observation cut to max_obs_length tokens may have lost its closing tag)
         turn = (
             prompt.count(ASSISTANT_HEADER)
             - 1
-            + prompt.count("</information>\n\n")
+            + prompt.count("\n\n<information>")
             + prompt.count("try again.\n")
         )
         text = policy.reply(model, Turn(_first_user_turn(prompt), turn, _last_observation(prompt)))
         if text is None:
             return _error(400, "no scripted completion for this prompt")
-        finish = "stop"
+        finish, matched = "stop", None
         for s in body.get("stop") or []:
             if s in text:
-                text = text[: text.index(s)]
+                text, matched = text[: text.index(s)], s
         max_tokens = int(body.get("max_tokens") or 16)
         words = text.split(" ")
         if len(words) > max_tokens:
-            text, finish = " ".join(words[:max_tokens]), "length"
+            text, finish, matched = " ".join(words[:max_tokens]), "length", None
         choice = {
             "index": 0,
             "text": text,
             "logprobs": None,
             "finish_reason": finish,
-            "stop_reason": None,
+            "stop_reason": matched,
             "prompt_logprobs": None,
         }
         return JSONResponse(
@@ -225,6 +243,8 @@ def create_scripted_app(policy: Policy) -> FastAPI:
         app.state.requests.append(body)
         if _down():
             return _error(503, "server is shutting down")
+        if (rejection := _rejected(body)) is not None:
+            return rejection
         model, messages = body.get("model"), body.get("messages") or []
         if model not in policy.models:
             return _error(404, f"The model `{model}` does not exist.")

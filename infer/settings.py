@@ -20,6 +20,9 @@ from searchrl.prompt import observation_budget
 from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
 
 Engine = Literal["server", "local", "sglang"]
+# What prompt_format=search-r1 sets unless given: Search-R1's eval (max_response_length and max_obs_length of
+# PeterGriffinJin/Search-R1 `train_ppo.sh` / `infer.py`: 500 tokens each).
+SEARCH_R1_PRESET = {"max_tokens_per_turn": 500, "max_observation_tokens": 500}
 Api = Literal["completions", "chat"]
 
 
@@ -50,7 +53,10 @@ class InferSettings(StrictSettings):
     # 0 = a refused connection fails at once
     wait_for_llm_s: float = Field(default=0.0, ge=0)
     device: str = "auto"  # local engine only: auto | cpu | cuda
-    sglang_command: str = "python -m sglang.launch_server"  # engine=sglang: what starts the server
+    sglang_command: str | None = None  # engine=sglang: what starts the server; None = this Python's sglang
+    # engine=sglang: pass --enable-deterministic-inference (greedy and seeded runs give the same tokens whatever
+    # the batch; slower). Off: batch composition changes results, so no two runs are token-identical.
+    deterministic: bool = True
     sglang_args: str = ""  # engine=sglang: extra launch_server flags, e.g. "--mem-fraction-static 0.6 --tp 2"
     sglang_startup_timeout_s: float = Field(default=1800.0, gt=0)  # model download + load + CUDA graphs
     label: str | None = None  # run name in reports; default "<model>, <backend>, search|no-search"
@@ -68,6 +74,8 @@ class InferSettings(StrictSettings):
         default=ROLLOUT_DEFAULTS.max_response_tokens, ge=64
     )  # whole trajectory after the prompt, observations included, as training's max_response_length
     stop_after_tool_call: bool = False  # also stop on </tool_call> (helps base models that ramble on)
+    # search-r1 format: observation cut to this many tokens (Search-R1's max_obs_length); preset 500
+    max_observation_tokens: int | None = Field(default=None, ge=1)
 
     # --- the agent loop ------------------------------------------------------------------------------------
     search: bool = True  # False = the no-search baseline (no tool in the prompt, one turn)
@@ -89,7 +97,13 @@ class InferSettings(StrictSettings):
     concurrency: int = Field(default=16, ge=1)  # questions in flight
     max_failure_rate: float = Field(
         default=0.02, ge=0, le=1
-    )  # share of questions with a search failure or LLM error above which the run is invalid
+    )  # share of questions with a search failure or LLM error above which the run is invalid (per dataset too)
+    retry_failed: bool = (
+        False  # re-run the questions whose record failed (outage over), replacing their lines
+    )
+    stop_when_invalid: bool = True  # stop once failures make the run invalid whatever the rest gives
+    # stop after this many service-side search failures in a row (a dead backend); 0 = never
+    max_consecutive_failures: int = Field(default=20, ge=0)
 
     # --- retrieval --------------------------------------------------------------------------------------------
     retrieval_url: str = Field(  # one URL, or several separated by commas (failover in order)
@@ -124,6 +138,17 @@ class InferSettings(StrictSettings):
         if self.api == "chat" and self.engine == "local":
             raise ValueError(
                 "api=chat needs engine=server; the local engine renders the chat template itself"
+            )
+        if self.prompt_format == "search-r1":
+            # Search-R1's evaluation: 500 new tokens per turn, observations cut at 500 tokens. A preset of the
+            # format, so a released checkpoint is measured as it was trained without flags to remember.
+            for name, value in SEARCH_R1_PRESET.items():
+                if name not in self.model_fields_set:
+                    setattr(self, name, value)
+        elif self.max_observation_tokens is not None:
+            raise ValueError(
+                "max_observation_tokens applies to prompt_format=search-r1; searchrl caps observations in "
+                "characters (max_observation_chars), as the trainer's tool does"
             )
         return self
 
@@ -165,4 +190,4 @@ class InferSettings(StrictSettings):
         return self.retrieval_api_key.get_secret_value() if self.retrieval_api_key else None
 
 
-__all__ = ["Api", "Engine", "InferSettings"]
+__all__ = ["SEARCH_R1_PRESET", "Api", "Engine", "InferSettings"]

@@ -11,6 +11,13 @@ either way; and the server's log goes to a file the error message points at. The
 and `GET /v1/models`, and fails at once, with the log's last lines, if the process exits first (a CUDA OOM,
 a wrong model path), instead of waiting out the start-up timeout.
 
+Flags added unless `--sglang-args` sets them already: `--sampling-defaults openai` (sglang otherwise fills every
+sampling field a request leaves out from the model's generation_config.json; our requests pin them anyway, see
+infer/llm.py PINNED_DECODING, so this is a second guard), `--enable-deterministic-inference` (settings
+`deterministic`, on by default: greedy and seeded runs give the same tokens whatever the batch), and for
+`--api chat` with a Qwen2.5/Qwen3 model `--tool-call-parser qwen` (the server parses `<tool_call>` itself). The
+default command is this interpreter's `-m sglang.launch_server`, so the venv that runs searchrl runs sglang.
+
 Needs a GPU and `sglang` installed (sky/infer.yaml installs `sglang[all]==0.5.12`); tests run the same code with
 the command pointed at tests/infer/fake_sglang.py, which serves the scripted OpenAI endpoints.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -162,21 +170,45 @@ class ManagedServerLLM(ServerLLM):
             await asyncio.to_thread(self.server.stop)
 
 
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def launch_flags(
+    model: str, extra_args: Sequence[str], *, deterministic: bool = True, tool_call_parser: bool = False
+) -> list[str]:
+    """`extra_args` plus the flags the eval needs that the user did not set (module docstring)."""
+    args = list(extra_args)
+    if not _has_flag(args, "--sampling-defaults"):
+        args += ["--sampling-defaults", "openai"]
+    if deterministic and not _has_flag(args, "--enable-deterministic-inference"):
+        args.append("--enable-deterministic-inference")
+    name = model.rstrip("/").split("/")[-1].lower()
+    is_qwen_chat = re.search(r"qwen(2\.5|3)", name) is not None and "coder" not in name
+    if tool_call_parser and is_qwen_chat and not _has_flag(args, "--tool-call-parser"):
+        args += ["--tool-call-parser", "qwen"]  # sglang's Qwen25Detector (hermes <tool_call> JSON)
+    return args
+
+
 async def start_sglang(
     model: str,
     *,
-    command: str = DEFAULT_COMMAND,
+    command: str | None = None,
     extra_args: str = "",
     startup_timeout_s: float = 1800.0,
     log_dir: Path = Path("."),
+    deterministic: bool = True,
+    tool_call_parser: bool = False,
     **client_kwargs: object,
 ) -> ManagedServerLLM:
     """Start sglang for `model`, wait until it serves, and return a client whose aclose() stops it."""
     port = free_port()
     server = ManagedSGLang(
         model,
-        command=command,
-        extra_args=shlex.split(extra_args),
+        command=command or DEFAULT_COMMAND,
+        extra_args=launch_flags(
+            model, shlex.split(extra_args), deterministic=deterministic, tool_call_parser=tool_call_parser
+        ),
         port=port,
         startup_timeout_s=startup_timeout_s,
         log_path=log_dir / f"sglang-{port}.log",
@@ -190,4 +222,11 @@ async def start_sglang(
     return ManagedServerLLM(server, **client_kwargs)
 
 
-__all__ = ["DEFAULT_COMMAND", "ManagedSGLang", "ManagedServerLLM", "free_port", "start_sglang"]
+__all__ = [
+    "DEFAULT_COMMAND",
+    "ManagedSGLang",
+    "ManagedServerLLM",
+    "free_port",
+    "launch_flags",
+    "start_sglang",
+]

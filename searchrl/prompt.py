@@ -28,8 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROMPT_VERSION = "searchrl-v1"
-SEARCH_R1_PROMPT_VERSION = "search-r1@a14dc3a"
+# "+q": questions not ending in "?" get one, as Search-R1's make_prefix does (before: only those without ".!?")
+SEARCH_R1_PROMPT_VERSION = "search-r1@a14dc3a+q"
 TOOL_NAME = "search"
+
+# Search failure kinds the model causes, not the service: a call whose arguments hold no usable query
+# (`bad_arguments`), an empty Search-R1 `<search> </search>` (`empty_query`), a body the service refuses by its
+# schema (`http_422`: a query over the length limit, too many queries; the pre-flight search already proved the
+# client's own requests pass). Training does not count them against the service (trainer/reward.py) and
+# evaluation reports them as model behaviour, never against a run's validity (infer/evaluate.py).
+POLICY_FAILURES = frozenset({"bad_arguments", "empty_query", "http_422"})
 
 SEARCH_TOOL_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -94,7 +102,9 @@ def prompt_version(prompt_format: str = "searchrl") -> str:
 def build_user_prompt(question: str, *, search: bool = True, prompt_format: str = "searchrl") -> str:
     """The user turn for a question; `search=False` gives the no-search baseline's instructions."""
     question = question.strip()
-    if question and question[-1] not in "?.!":
+    # Search-R1 (make_prefix) appends "?" to every question that does not end in one; ours spares "." and "!".
+    keep = "?" if prompt_format == "search-r1" and search else "?.!"
+    if question and question[-1] not in keep:
         question += "?"
     if not search:
         template = _NO_SEARCH_INSTRUCTIONS
@@ -148,7 +158,9 @@ class ToolCall:
     """One parsed hermes tool call."""
 
     name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
+    # verl passes whatever JSON the model wrote (an object, a string, a list) to the tool, which answers
+    # "bad arguments" for anything but an object; so do we (queries_from_arguments).
+    arguments: Any = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -163,8 +175,10 @@ class ParsedTurn:
 def parse_tool_calls(text: str) -> ParsedTurn:
     """Parse `<tool_call>{json}</tool_call>` spans the way verl's HermesToolParser does.
 
-    A span that is not a JSON object with a string `name` and object `arguments` becomes an error message
-    instead of a call, so the caller can tell the model what was wrong instead of silently doing nothing.
+    verl keeps a span that is a JSON object with a string `name` and an `arguments` key, whatever the
+    arguments' JSON type (a string holding JSON stays a string: the tool then answers "bad arguments"), and
+    drops the rest ("Failed to decode tool call"). A dropped span becomes an error message instead of a call,
+    so the caller can tell the model what was wrong instead of silently doing nothing.
     """
     calls: list[ToolCall] = []
     errors: list[str] = []
@@ -174,19 +188,10 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         except json.JSONDecodeError as exc:
             errors.append(f"tool call is not valid JSON ({exc.msg}): {raw.strip()[:200]}")
             continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
             errors.append(f'tool call needs {{"name": ..., "arguments": {{...}}}}: {raw.strip()[:200]}')
             continue
-        args = obj.get("arguments", {})
-        if isinstance(args, str):  # some models emit arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                args = None
-        if not isinstance(args, dict):
-            errors.append(f"tool call arguments must be a JSON object: {raw.strip()[:200]}")
-            continue
-        calls.append(ToolCall(name=obj["name"], arguments=args))
+        calls.append(ToolCall(name=obj["name"], arguments=obj["arguments"]))
     content = _TOOL_CALL_RE.sub("", text).strip()
     return ParsedTurn(calls=calls, errors=errors, content=content)
 
@@ -269,6 +274,7 @@ def format_observation(
 
 __all__ = [
     "DOC_OVERHEAD_CHARS",
+    "POLICY_FAILURES",
     "PROMPT_VERSION",
     "SEARCH_R1_INVALID",
     "SEARCH_R1_PROMPT_VERSION",

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from searchrl.errors import SearchFailureRateError
+from searchrl.prompt import POLICY_FAILURES as _POLICY_FAILURES
 from searchrl.scoring import score_response
 from searchrl.trainer.metrics import FAILURE_KINDS
 
@@ -42,9 +43,8 @@ TOOL_COUNTERS = ("search_calls", "search_failures", "search_latency_s")
 # Comma-separated failure kinds of one trajectory ("timeout,connect"); a string, because verl stacks every
 # extra field into a numpy object array and lists of equal length would broadcast into a 2-D array.
 FAILURE_KINDS_FIELD = FAILURE_KINDS
-POLICY_FAILURES = frozenset(
-    {"bad_arguments"}
-)  # failure kinds the model causes; not counted against the service
+# failure kinds the model causes; not counted against the service (one definition, shared with eval)
+POLICY_FAILURES = _POLICY_FAILURES
 
 
 class FailureWindow:

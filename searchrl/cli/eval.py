@@ -4,6 +4,7 @@
         --retrieval-url http://127.0.0.1:8000 --qa dev
     searchrl eval --no-search --qa searchr1-test --datasets nq,hotpotqa --limit 500
     searchrl compare results/ --out reports/            # refuses mismatched questions/protocols, invalid runs
+    searchrl compare results/ --baseline "base-3b, wiki18, search" --allow-question-diff
     searchrl compare --models base@http://h:30000/v1,trained@http://h:30001/v1 \\
         --backends wiki=http://h:8000,google=http://h:8001 --tools on,off --qa dev --out reports/
 
@@ -38,6 +39,11 @@ _SHARED = [
     "max_parallel_calls",
     "prompt_format",
     "max_failure_rate",
+    "retry_failed",
+    "stop_when_invalid",
+    "max_consecutive_failures",
+    "max_observation_tokens",
+    "deterministic",
     "stop_after_tool_call",
     "max_turns",
     "topk",
@@ -64,12 +70,20 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sglang-command",
         dest="sglang_command",
-        help="engine sglang: default 'python -m sglang.launch_server'",
+        help="engine sglang: default '<this python> -m sglang.launch_server'",
     )
     p.add_argument(
         "--sglang-args",
         dest="sglang_args",
-        help="engine sglang: extra flags, e.g. '--mem-fraction-static 0.6'",
+        help="engine sglang: extra flags, e.g. '--mem-fraction-static 0.6' (--sampling-defaults openai and "
+        "--enable-deterministic-inference are added unless given)",
+    )
+    p.add_argument(
+        "--no-deterministic",
+        dest="deterministic",
+        action="store_false",
+        help="engine sglang: leave out --enable-deterministic-inference (faster; runs are then not "
+        "token-reproducible, greedy or seeded)",
     )
     p.add_argument("--api", help="completions (exact training template, default) | chat (server renders)")
     p.add_argument(
@@ -114,13 +128,40 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prompt-format",
         dest="prompt_format",
-        help="searchrl (hermes tool calls, default) | search-r1 (<search> tags, for released checkpoints)",
+        help="searchrl (hermes tool calls, default) | search-r1 (<search> tags, for Search-R1's released "
+        "checkpoints, evaluated as Search-R1 did: 500 tokens per turn, observations cut at 500 tokens)",
+    )
+    p.add_argument(
+        "--max-observation-tokens",
+        dest="max_observation_tokens",
+        type=int,
+        help="search-r1 format: observation cut to this many tokens (default 500, Search-R1's max_obs_length)",
     )
     p.add_argument(
         "--max-failure-rate",
         dest="max_failure_rate",
         type=float,
-        help="share of questions with a search failure or LLM error that marks the run invalid (default 0.02)",
+        help="share of questions with a search failure or LLM error, over the run or in any one dataset, that "
+        "marks the run invalid (default 0.02); the model's own malformed calls never count",
+    )
+    p.add_argument(
+        "--retry-failed",
+        dest="retry_failed",
+        action="store_true",
+        help="re-run the questions whose search failed or whose request the LLM refused, replacing their "
+        "records (after an outage)",
+    )
+    p.add_argument(
+        "--keep-going",
+        dest="stop_when_invalid",
+        action="store_false",
+        help="finish the run even once failures make it invalid (default: stop there, keeping what is done)",
+    )
+    p.add_argument(
+        "--max-consecutive-failures",
+        dest="max_consecutive_failures",
+        type=int,
+        help="stop after this many failed searches in a row, a backend that is down (default 20; 0 = never)",
     )
     p.add_argument(
         "--stop-after-tool-call",
@@ -153,7 +194,12 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, help="questions in flight (default 16)")
     p.add_argument("--qa", help="dev | searchr1-test | path to .jsonl/.parquet (default dev)")
     p.add_argument("--datasets", help="comma-separated data_source filter, e.g. nq,hotpotqa")
-    p.add_argument("--limit", type=int, help="questions per dataset (sampled with --seed)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        help="questions per dataset, sampled with --sample-seed per dataset (a run split by dataset draws "
+        "the same ones)",
+    )
     p.add_argument("--output-dir", dest="output_dir", help="where result JSON files go (default ./results)")
 
 
@@ -185,10 +231,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("--out", help="report directory (default ./reports)")
     c.add_argument("--title", help="report title")
     c.add_argument(
-        "--force",
-        action="store_true",
-        help="compare runs over different questions or protocols (the report lists the differences)",
+        "--baseline",
+        metavar="RUN",
+        help="compare every run with this one (its label, or a unique part of it); default: the contrasts a "
+        "paper reports (model vs model within a retrieval, retrieval vs retrieval and search vs no search within "
+        "a model)",
     )
+    c.add_argument(
+        "--allow-protocol-diff",
+        dest="allow_protocol_diff",
+        action="store_true",
+        help="compare runs whose rules or decoding differ; the differences head the report as a banner",
+    )
+    c.add_argument(
+        "--allow-question-diff",
+        dest="allow_question_diff",
+        action="store_true",
+        help="compare runs over different question sets (paired tests use the shared questions); the "
+        "differences head the report as a banner",
+    )
+    c.add_argument("--force", action="store_true", help=argparse.SUPPRESS)  # removed: says what replaced it
     c.add_argument(
         "--allow-invalid",
         dest="allow_invalid",
@@ -211,8 +273,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--queries-per-call",
         dest="queries_per_call",
         type=int,
+        help="queries per search call, each one upstream request (default 3 for the searchrl format, whose "
+        "query_list may hold several; 1 for search-r1)",
+    )
+    b.add_argument(
+        "--prompt-format",
+        dest="prompt_format",
+        help="as for eval: search-r1 sends one query per search",
+    )
+    b.add_argument(
+        "--health-queries",
+        dest="health_queries",
+        type=int,
         default=1,
-        help="queries per search (default 1)",
+        help="real searches the deployment makes itself, e.g. `searchrl health` on the service (default 1)",
+    )
+    b.add_argument(
+        "--retry-share",
+        dest="retry_share",
+        type=float,
+        default=0.1,
+        help="room for upstream retries, which the service's budget counts too (default 0.1 = 10%%)",
     )
     b.add_argument(
         "--price-per-1k",
@@ -245,7 +326,8 @@ def _eval(args: argparse.Namespace) -> int:
     if not result["summary"]["valid"]:
         raise InvalidRunError(
             f"run INVALID, do not quote it: {result['summary']['invalid_reason']} (search failures by kind: "
-            f"{failure_cell(result['summary'])}; details in {path})"
+            f"{failure_cell(result['summary'])}; details in {path}); once the backend is healthy, re-run the "
+            "same command with --retry-failed to re-run only the failed questions"
         )
     return 0
 
@@ -259,17 +341,22 @@ def _eval_budget(args: argparse.Namespace) -> int:
 
     s = load_settings(
         InferSettings,
-        **given(args, "qa", "datasets", "limit", "sample_seed", "max_turns", "max_parallel_calls"),
+        **given(
+            args, "qa", "datasets", "limit", "sample_seed", "max_turns", "max_parallel_calls", "prompt_format"
+        ),
     )
     items, _ = load_qa(s.qa, datasets=s.dataset_filter, limit=s.limit, seed=s.sample_seed)
+    per_call = getattr(args, "queries_per_call", 1 if s.prompt_format == "search-r1" else 3)
     try:
         budget = plan_search_budget(
             len(items),
             runs=args.runs,
             max_turns=s.max_turns,
             max_parallel_calls=s.max_parallel_calls,
-            queries_per_call=args.queries_per_call,
+            queries_per_call=per_call,
             price_per_1k=args.price_per_1k,
+            health_queries=args.health_queries,
+            retry_share=args.retry_share,
         )
     except ValueError as exc:
         raise ConfigError(f"eval-budget: {exc}") from None
@@ -281,10 +368,10 @@ def _eval_budget(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
-    from searchrl.infer.evaluate import paper_table
     from searchrl.infer.report import (
         build_report,
         check_comparable,
+        compare_table,
         load_runs,
         parse_backends,
         parse_models,
@@ -295,6 +382,11 @@ def _compare(args: argparse.Namespace) -> int:
     from searchrl.logs import setup_logging
 
     setup_logging()
+    if getattr(args, "force", False):
+        raise ConfigError(
+            "--force is gone: pass --allow-protocol-diff (rules/decoding differ) and/or --allow-question-diff "
+            "(question sets differ); the report then lists the differences in a banner"
+        )
     paths = [Path(p) for p in getattr(args, "results", [])]
     if hasattr(args, "models"):
         tools = parse_tools(getattr(args, "tools", "on,off"))
@@ -306,12 +398,17 @@ def _compare(args: argparse.Namespace) -> int:
     elif not paths:
         raise ConfigError("give result files/directories, or --models and --backends to run the matrix")
     runs = load_runs(paths)
-    check_comparable(
-        runs, force=getattr(args, "force", False), allow_invalid=getattr(args, "allow_invalid", False)
+    banner = check_comparable(
+        runs,
+        allow_protocol_diff=getattr(args, "allow_protocol_diff", False),
+        allow_question_diff=getattr(args, "allow_question_diff", False),
+        allow_invalid=getattr(args, "allow_invalid", False),
     )
     out = Path(getattr(args, "out", "reports"))
-    report = build_report(runs, out, **given(args, "title"))  # type: ignore[arg-type]
-    print(paper_table(runs))  # noqa: T201
+    report = build_report(runs, out, banner=banner, **given(args, "title", "baseline"))  # type: ignore[arg-type]
+    for line in banner:
+        print(f"warning: {line}", file=sys.stderr)  # noqa: T201
+    print(compare_table(runs))  # noqa: T201
     print(f"wrote {report['markdown']} and {report['html']}", file=sys.stderr)  # noqa: T201
     return 0
 

@@ -1,13 +1,18 @@
-"""Regenerate README's report picture from a SCRIPTED model (no GPU here), with the real eval and report code.
+"""Regenerate the report picture and excerpt in docs/ from a SCRIPTED model (no GPU here), with the real eval and
+report code.
 
-    .venv/bin/python -m tests.infer.readme_report /tmp/report    # then copy report.png over docs/images/
+    .venv/bin/python -m tests.infer.readme_report /tmp/report    # then copy report.png and report-excerpt.md
+                                                                  # over docs/images/
 
 What is real: the retrieval service (BM25 over the bundled Wikipedia subset in data/, on a loopback port), the
-30-question dev set, `searchrl eval` / `searchrl compare`, scoring, intervals and the chart. What is scripted:
-the model. "trained" searches the question once and answers with a golden answer only if that answer appears in
-the passages it got back (else "unknown"); "base" answers from memory, right on a fixed 40% of questions. The
-third run is "trained" behind a proxy that fails every search for one question in six (HTTP 503), so the
-picture shows what failure columns and an invalid run look like. The numbers say nothing about any real model.
+30-question dev set (split by hops into two "datasets", single-hop and multi-hop, so the report has an Avg.),
+`searchrl eval` / `searchrl compare`, scoring, intervals, tests and the chart. What is scripted: the model.
+"trained" searches the question once and answers with a golden answer only if that answer appears in the passages
+it got back (else "unknown"); "base" answers from memory, right on a fixed 40% of questions. "flaky" is "trained"
+behind a proxy that fails every search for one question in six (HTTP 503), so the picture shows what failure
+columns and an invalid run look like; "top-5" is "trained" with 5 passages a search instead of 3, a protocol
+difference let through with --allow-protocol-diff, so the report opens with its banner. The numbers say nothing
+about any real model.
 """
 
 from __future__ import annotations
@@ -94,11 +99,19 @@ def flaky_proxy(upstream: str) -> FastAPI:
     return app
 
 
+def split_by_hops(path: Path) -> Path:
+    """The dev set with data_source single-hop / multi-hop, so the report has two datasets and an Avg."""
+    rows = [{**r, "data_source": "single-hop" if r["hops"] == 1 else "multi-hop"} for r in ROWS]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
 def run(out_dir: Path) -> Path:
     work = Path(tempfile.mkdtemp(prefix="readme-report-"))
     tok_dir = work / "tokenizer"
     tok_dir.mkdir()
     build_tokenizer(tok_dir, DEV)
+    qa = split_by_hops(work / "dev_by_hops.jsonl")
     settings = RetrievalSettings(backend="bm25", data_dir=REPO / "data")
     with serve_in_thread(create_app(settings)) as wiki, serve_in_thread(flaky_proxy(wiki)) as flaky:
         with serve_in_thread(scripted_model()) as llm:
@@ -110,35 +123,17 @@ def run(out_dir: Path) -> Path:
                 "--output-dir",
                 str(work / "results"),
             ]
-            common += ["--qa", str(DEV), "--concurrency", "4"]
+            common += ["--qa", str(qa), "--concurrency", "4"]
+            trained = ["--model", "trained-3b", "--retrieval-url"]
             main(["eval", "--model", "base-3b", "--no-search", "--label", "base-3b, no search", *common])
-            main(
-                [
-                    "eval",
-                    "--model",
-                    "trained-3b",
-                    "--retrieval-url",
-                    wiki,
-                    "--label",
-                    "trained-3b, wiki bm25",
-                    *common,
-                ]
-            )
-            main(
-                [
-                    "eval",
-                    "--model",
-                    "trained-3b",
-                    "--retrieval-url",
-                    flaky,
-                    "--label",
-                    "trained-3b, flaky",
-                    *common,
-                ]
-            )
+            main(["eval", *trained, wiki, "--label", "trained-3b, wiki bm25", *common])
+            # --keep-going: finish all 30 (the run stops early once it cannot be valid, by default)
+            main(["eval", *trained, flaky, "--keep-going", "--label", "trained-3b, flaky", *common])
+            main(["eval", *trained, wiki, "--topk", "5", "--label", "trained-3b, wiki bm25, top-5", *common])
     rc = main(
         [
-            "compare", str(work / "results"), "--allow-invalid", "--out", str(work / "report"),
+            "compare", str(work / "results"), "--allow-invalid", "--allow-protocol-diff",
+            "--baseline", "trained-3b, wiki bm25", "--out", str(work / "report"),
             "--title", "scripted model (not a real LLM): n, 95% intervals, failures",
         ]
     )  # fmt: skip
@@ -146,7 +141,12 @@ def run(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / "report.png"
     shutil.copy(work / "report" / "report.png", target)
-    print((work / "report" / "report.md").read_text())  # noqa: T201  (the tables, for the README)
+    md = (work / "report" / "report.md").read_text(encoding="utf-8")
+    # the excerpt docs/ shows: everything above the per-run protocol tables
+    (out_dir / "report-excerpt.md").write_text(
+        md[: md.index("## Protocols")].rstrip() + "\n", encoding="utf-8"
+    )
+    print(md)  # noqa: T201  (the tables, for the docs)
     return target
 
 

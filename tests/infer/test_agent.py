@@ -240,7 +240,10 @@ def test_unknown_tool_and_retrieval_failure_become_observations(
         tool[1] == 'search failed: bad arguments: search needs at least one non-empty string in "query_list"'
     )
     assert tool[2] == "search failed: connect"
-    assert (ep.search_failures, ep.searches, ep.turns, ep.stop_reason) == (2, 2, 4, STOP_NO_TOOL_CALL)
+    assert (ep.search_failures, ep.searches, ep.turns, ep.stop_reason) == (1, 2, 4, STOP_NO_TOOL_CALL)
+    # the unknown name and the empty query are the model's doing: model behaviour, not service failures
+    assert ep.failure_kinds == {"connect": 1}
+    assert ep.model_errors == {"unknown_tool": 1, "bad_arguments": 1}
 
 
 def test_observations_match_the_trainers_tool(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,20 @@ def test_worst_case_budget_and_cost() -> None:
 
 
 def test_cli_prints_the_number_on_stdout_and_the_cost_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        main(["eval-budget", "--qa", str(TINY_QA), "--runs", "2", "--max-turns", "2", "--price-per-1k", "5"])
-        == 0
-    )
+    argv = ["eval-budget", "--qa", str(TINY_QA), "--runs", "2", "--max-turns", "2", "--price-per-1k", "5"]
+    assert main([*argv, "--queries-per-call", "1", "--health-queries", "0", "--retry-share", "0"]) == 0
     out, err = capsys.readouterr()
     assert out.strip() == str(2 * (5 * 2 + 1))
     assert "at most 0.11" in err
+    # the defaults count a query_list of 3 per call, the recipe's own health query and 10% for retries,
+    # which the service's budget counts too
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(math.ceil((2 * (5 * 2 * 3 + 1) + 1) * 1.1)) == "70"
+    assert "3 query(ies) per call" in err and "+1 health queries, +10% for retries" in err
+    # search-r1 writes one query per <search>
+    assert main([*argv, "--prompt-format", "search-r1"]) == 0
+    assert capsys.readouterr().out.strip() == str(math.ceil((2 * (5 * 2 + 1) + 1) * 1.1))
     assert main(["eval-budget", "--qa", str(TINY_QA), "--runs", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: eval-budget:")
 

@@ -17,6 +17,7 @@ import pytest
 from searchrl.cli import main
 from searchrl.infer.report import load_runs
 from searchrl.retrieval.app import create_app
+from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import MODEL, TRAINED
 from tests.infer.test_resume import eval_argv
@@ -78,10 +79,11 @@ def test_dead_upstream_is_counted_by_kind_and_marks_the_run_invalid(
         # the pre-flight search is answered; then the provider is down for good (HTTP 503 on every request)
         fake.plan = deque([None] + ["503"] * 1000)
         for llm_url, _ in serve_scripts({MODEL: TRAINED}):
-            rc = main(_eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, tmp_path / "results"))
+            argv = _eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, tmp_path / "results")
+            rc = main([*argv, "--keep-going"])  # no early stop: every failure gets counted
     assert rc == 2
     captured = capsys.readouterr()
-    assert "error: run INVALID, do not quote it" in captured.err
+    assert "error: run INVALID, do not quote it" in captured.err and "--retry-failed" in captured.err
     (path,) = (tmp_path / "results").glob("*.json")
     doc = json.loads(path.read_text())
     s = doc["summary"]
@@ -91,7 +93,7 @@ def test_dead_upstream_is_counted_by_kind_and_marks_the_run_invalid(
     assert s["valid"] is False and "above the 2.0% limit" in s["invalid_reason"]
     # the table on stdout shows the failure columns, and the run is marked invalid in it
     assert (
-        "| 5 (http_502 5) | 0 | 0 | malformed_tool_call 1, max_turns 1, no_tool_call 3 | **NO**:"
+        "| 5 (http_502 5) | 1 (malformed_call 1) | 0 | 0 | malformed_tool_call 1, max_turns 1, no_tool_call 3 | **NO**:"
         in captured.out
     )
     (run,) = load_runs([path])
@@ -116,3 +118,116 @@ def test_replay_miss_fails_the_preflight_before_any_generation(
     err = _error_line(capsys.readouterr().err)
     assert err.startswith("error: pre-flight search") and "replay-cache miss" in err
     assert not list((tmp_path / "results").glob("*.json")) if (tmp_path / "results").exists() else True
+
+
+def _first_turns(requests: list[dict]) -> list[str]:
+    """The question ids whose first turn was generated, from the scripted server's request log."""
+    rows = [json.loads(line) for line in TINY_QA.read_text().splitlines() if line.strip()]
+    first = [r["prompt"] for r in requests if r["prompt"].count("<|im_start|>assistant") == 1]
+    return sorted(row["id"] for row in rows for p in first if row["question"] in p)
+
+
+def test_retry_failed_reruns_only_the_failed_questions_after_an_outage(
+    fake: FakeSearchAPIs, chat_tokenizer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = web_settings(
+        fake, backend="serper", web_daily_budget=0, web_max_retries=0, data_dir=tmp_path / "s"
+    )
+    out = tmp_path / "results"
+    with serve_in_thread(create_app(settings)) as retrieval_url:
+        # pre-flight and q003's search answered, then an outage: q008 and q023 fail (q013, q018 never search)
+        fake.plan = deque([None, None] + ["503"] * 1000)
+        for llm_url, app in serve_scripts({MODEL: TRAINED}):
+            argv = _eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, out)
+            assert main([*argv, "--keep-going"]) == 2
+            assert "re-run the same command with --retry-failed" in capsys.readouterr().err
+            (path,) = out.glob("*.json")
+            assert json.loads(path.read_text())["summary"]["questions_failed"] == 2
+            # the outage is over: --retry-failed runs q008 and q023 again, and nothing else
+            fake.plan.clear()
+            app.state.requests.clear()
+            assert main([*argv, "--retry-failed"]) == 0
+            assert _first_turns(app.state.requests) == ["q008", "q023"]
+            # a plain re-run now has nothing left to do
+            app.state.requests.clear()
+            assert main(argv) == 0 and app.state.requests == []
+    doc = json.loads(path.read_text())
+    s = doc["summary"]
+    assert s["valid"] and s["questions_failed"] == 0 and s["em"] == pytest.approx(0.6)
+    assert [q["id"] for q in doc["questions"]] == ["q003", "q008", "q013", "q018", "q023"]
+    lines = [json.loads(x) for x in path.with_suffix(".jsonl").read_text().splitlines()[1:]]
+    assert sorted(r["id"] for r in lines) == ["q003", "q008", "q013", "q018", "q023"]  # failed lines replaced
+
+
+def test_a_run_that_can_no_longer_be_valid_stops_early_keeping_what_is_done(
+    fake: FakeSearchAPIs, chat_tokenizer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = web_settings(
+        fake, backend="serper", web_daily_budget=0, web_max_retries=0, data_dir=tmp_path / "s"
+    )
+    out = tmp_path / "results"
+    with serve_in_thread(create_app(settings)) as retrieval_url:
+        fake.plan = deque([None] + ["503"] * 1000)
+        for llm_url, app in serve_scripts({MODEL: TRAINED}):
+            argv = _eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, out)
+            # 1 failed question of 5 is past 2% whatever the other four give: stop there
+            assert main(argv) == 2
+            err = _error_line(capsys.readouterr().err)
+            assert err.startswith("error: run stopped early, it can no longer be valid: 1 of 5 questions")
+            assert err.endswith("re-run the same command with --retry-failed")
+            (path,) = out.glob("*.json")
+            doc = json.loads(path.read_text())
+            assert [q["id"] for q in doc["questions"]] == ["q003"] and not doc["summary"]["valid"]
+            assert doc["summary"]["aborted"].startswith("stopped early")
+            # a dead backend also stops a run that keeps going, after N failed searches in a row
+            app.state.requests.clear()
+            fake.plan = deque([None] + ["503"] * 1000)
+            assert main([*argv, "--keep-going", "--max-consecutive-failures", "2", "--label", "k"]) == 2
+            err = _error_line(capsys.readouterr().err)
+            assert (
+                "2 searches in a row failed (last: http_502)" in err and "--max-consecutive-failures" in err
+            )
+            assert _first_turns(app.state.requests) == ["q003", "q008"]
+
+
+def test_a_model_that_only_writes_bad_calls_gives_a_valid_run(
+    live_bm25_url: str, chat_tokenizer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = '<tool_call>\n{"name": "search", "arguments": {"query_list": []}}\n</tool_call>'
+    scripts = {
+        MODEL: {k: [bad] for k in ("game of chess", "Ming and Qing", "Shlomo", "fractal", "Charles Babbage")}
+    }
+    for llm_url, _ in serve_scripts(scripts):
+        assert main(_eval_argv(llm_url, live_bm25_url, chat_tokenizer_dir, tmp_path)) == 0
+    (path,) = tmp_path.glob("*.json")
+    s = json.loads(path.read_text())["summary"]
+    # 5 questions x 2 searching turns of calls without a query: the model's doing, reported, run valid
+    assert s["valid"] and s["questions_failed"] == 0 and s["search_failures"] == 0
+    assert s["model_errors"] == {"bad_arguments": 10} and s["questions_with_model_errors"] == 5
+    assert "failure_kinds" in s and s["failure_kinds"] == {}
+    assert "| 0 | 10 (bad_arguments 10) | 0 |" in capsys.readouterr().out  # the table's model errors column
+
+
+def test_changing_the_web_provider_does_not_resume_into_the_old_results(
+    fake: FakeSearchAPIs, chat_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "results"
+    hashes = []
+    # backend `google` both times (what GET / calls `backend`); only the provider behind it changes
+    for provider in ("serper", "serpapi", "serper"):
+        settings = web_settings(
+            fake, backend="google", google_provider=provider, web_daily_budget=0, data_dir=tmp_path / provider
+        )
+        with serve_in_thread(create_app(settings)) as retrieval_url:
+            for llm_url, app in serve_scripts({MODEL: TRAINED}):
+                argv = _eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, out)
+                assert main([*argv, "--label", "web"]) == 0
+                ran = len(app.state.requests)
+        docs = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
+        hashes.append((sorted(docs), ran))
+    # serper, then serpapi: a second file, every question run again; serper again: resumed, nothing run
+    assert len(hashes[0][0]) == 1 and len(hashes[1][0]) == 2 and hashes[1][1] > 0
+    assert hashes[2] == (hashes[1][0], 0)
+    idents = [json.loads((out / n).read_text())["protocol"]["retrieval"]["identity"] for n in hashes[1][0]]
+    assert sorted(i["provider"] for i in idents) == ["serpapi", "serper"]
+    assert {i["backend"] for i in idents} == {"google"}

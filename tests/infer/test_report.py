@@ -12,6 +12,7 @@ import pytest
 from searchrl.cli import main
 from searchrl.errors import ConfigError, DataError
 from searchrl.infer.report import disagreements, load_runs, parse_backends, parse_models, parse_tools
+from searchrl.stats import wilson_ci
 from tests.conftest import TINY_CORPUS, TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import TRAINED
@@ -115,16 +116,19 @@ def test_compare_matrix_report(
     table = _SummaryTable()
     table.feed(html_text)
     assert set(table.rows) == set(labels)
-    for r in runs:  # every number in the HTML table is the one in the JSON result
+    for r in runs:  # every number in the HTML table is the one in the JSON result, with its Wilson interval
         row = table.rows[r["protocol"]["label"]]
         dev = r["per_dataset"]["dev"]
-        assert row["dev"] == f"{dev['em']:.3f} [{dev['em_ci'][0]:.2f}, {dev['em_ci'][1]:.2f}]"
-        assert dev["n"] == 5 and dev["em_ci"][0] <= dev["em"] <= dev["em_ci"][1]
-        assert row["avg"] == f"{r['summary']['em_avg']:.3f}"
+        lo, hi = wilson_ci(round(dev["em"] * 5), 5)
+        assert row["dev"] == f"{dev['em']:.3f} [{lo:.2f}, {hi:.2f}]failed 0/5"  # failed/n in every cell
+        assert dev["n"] == 5 and lo <= dev["em"] <= hi
+        assert "avg" not in row  # one dataset: no Avg. column
         assert row["searches"] == f"{r['summary']['searches']:.3f}"
-        assert row["n"] == "5"
+        assert row["n"] == "5" and row["valid"] == "yes"
         assert row["failed"] == "0" and row["llm_errors"] == "0"
-    em = {label: float(row["avg"]) for label, row in table.rows.items()}
+        # the model's own mistakes are shown apart from failures (the trained script writes one bad call)
+        assert row["model_behaviour"].split()[0] == str(sum(r["summary"]["model_errors"].values()))
+    em = {label: float(row["dev"].split()[0]) for label, row in table.rows.items()}
     # four runs tie at 0.600 (n=5): none is bolded, as no run is significantly better than all others
     assert "num best" not in html_text
     assert em["trained-3b, bm25, search"] == 0.6 and em["base-3b, none, no-search"] == 0.6
@@ -143,11 +147,14 @@ def test_compare_matrix_report(
 
     md = (out / "report.md").read_text()
     assert md.startswith("# base vs trained")
-    assert "| trained-3b, bm25, search | 0.600 [0.20, 1.00] (5) | 0.600 |" in md
-    assert "| run | dev EM (n) | avg EM | F1 | reward | searches/q | format ok | search failures |" in md
-    assert "## Paired comparisons" in md and "McNemar p" in md
+    assert "| trained-3b, bm25, search | 0.600 [0.23, 0.88] · failed 0/5 |" in md
+    assert "| run | dev EM | F1 | searches/q | format ok | search failures | model behaviour |" in md
+    assert "## Paired comparisons" in md and "McNemar's exact test" in md and "Not like for like" not in md
+    # the contrasts a paper needs, not every run against the alphabetically first: trained - base per retrieval
+    assert "| trained-3b, bm25, search − base-3b, bm25, search | model |" in md
+    assert "| trained-3b, dense, search − trained-3b, none, no-search | search |" in md
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| run | dev EM (n) | avg EM |" in capsys.readouterr().out
+    assert "| run | dev EM | F1 |" in capsys.readouterr().out
 
 
 def test_compare_over_existing_files_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -89,12 +89,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     # the resumed file was completed on a fresh line, so every line of it parses
     assert all(json.loads(line) for line in b.with_suffix(".jsonl").read_text().splitlines()[3:])
 
-    # compare refuses these two: different rules (max_turns), named; --force builds the report anyway
+    # compare refuses these two: different rules (max_turns), named; --allow-protocol-diff builds the report anyway
     capsys.readouterr()
     assert main(["compare", str(whole), "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err
-    assert "protocols differ in rollout" in err and '"max_turns": 1' in err and "--force" in err
-    assert main(["compare", str(whole), "--force", "--out", str(tmp_path / "rep")]) == 0
+    assert (
+        "protocols differ in rollout.max_turns: " in err and " vs " in err and "--allow-protocol-diff" in err
+    )
+    assert main(["compare", str(whole), "--allow-protocol-diff", "--out", str(tmp_path / "rep")]) == 0
 
 
 def _doc(ids: list[str], *, max_turns: int = 4, label: str = "run") -> dict:
@@ -116,9 +118,11 @@ def _doc(ids: list[str], *, max_turns: int = 4, label: str = "run") -> dict:
 
 def test_compare_refuses_different_question_sets() -> None:
     a, b = _doc(["1", "2", "3"], label="a"), _doc(["1", "2", "4", "5"], label="b")
-    with pytest.raises(ConfigError, match=r"'b' has 2 questions 'a' lacks and lacks 1 of its 3.*--force"):
+    with pytest.raises(
+        ConfigError, match=r"'b' has 2 questions 'a' lacks and lacks 1 of its 3.*--allow-question-diff"
+    ):
         check_comparable([a, b])
-    check_comparable([a, b], force=True)
+    assert "question sets differ" in check_comparable([a, b], allow_question_diff=True)[0]
     check_comparable([a, _doc(["3", "2", "1"], label="c")])  # order does not matter
 
 

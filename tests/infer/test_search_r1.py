@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.cli import main
+from searchrl.infer.llm import ChatRenderer
 from searchrl.prompt import (
     SEARCH_R1_INVALID,
     SEARCH_R1_PROMPT_VERSION,
@@ -28,8 +29,10 @@ SCRIPTS = {
         "<think>It is The Seventh Seal by Ingmar Bergman.</think>\n<answer> Ingmar Bergman </answer> trailing",
     ],
     "Shlomo Yitzchaki": ["<think>no tags here, an invalid action</think>", "<answer> Rashi </answer>"],
-    "Ming and Qing": ["<answer> 24 </answer>"],
-    "fractal": ["<answer> Mandelbrot </answer>"],
+    # an empty query: Search-R1 searches it and shows what comes back; never a search failure
+    "Ming and Qing": ["<think>search</think><search> </search>", "<answer> 24 </answer>"],
+    # an unclosed <search> that ends at EOS (the server reports no stop string): not a search, an invalid action
+    "fractal": ["<search> Mandelbrot set", "<answer> Mandelbrot </answer>"],
     "Charles Babbage": ["<answer> Analytical Engine </answer>"],
 }
 
@@ -41,6 +44,12 @@ def test_search_r1_text_pieces() -> None:
         "you can call a search engine by <search> query </search>" in p and "as many times as your want" in p
     )
     assert p.endswith("For example, <answer> Beijing </answer>. Question: who wrote hamlet?\n")
+    # Search-R1's make_prefix appends "?" to any question not ending in one; our own format spares "." and "!"
+    assert build_user_prompt("Name the river.", prompt_format="search-r1").endswith(
+        "Question: Name the river.?\n"
+    )
+    assert build_user_prompt("Name the river!", prompt_format="search-r1").endswith("river!?\n")
+    assert build_user_prompt("Name the river.").endswith("Question: Name the river.\n")
     assert parse_search_r1_action("x <search> a b </search> <answer>c</answer>") == ("search", "a b")
     assert parse_search_r1_action("<answer> 24 </answer>") == ("answer", "24")
     assert parse_search_r1_action("nothing") == (None, "")
@@ -75,13 +84,26 @@ def test_eval_a_search_r1_checkpoint_as_it_is(
     assert (q["q003"]["em"], q["q003"]["searches"], q["q003"]["turns"]) == (1.0, 1, 2)
     assert q["q003"]["queries"] == ["1957 film knight plays chess with Death"]
     assert (q["q013"]["em"], q["q013"]["malformed_calls"]) == (1.0, 1)
+    # the empty query is model behaviour: no failure, an empty <information>, the run stays valid
+    assert q["q008"]["model_errors"] == {"empty_query": 1} and q["q008"]["search_failures"] == 0
+    assert q["q008"]["transcript"][2]["content"] == "\n\n<information></information>\n\n"
+    assert doc["summary"]["valid"] and doc["summary"]["model_errors"]["empty_query"] == 1
+    # EOS after "<search> Mandelbrot set" is not a stop at </search>: no search, Search-R1's invalid action
+    assert (q["q018"]["searches"], q["q018"]["malformed_calls"], q["q018"]["em"]) == (0, 1, 1.0)
     first = next(
-        r for r in requests if "game of chess" in r["prompt"] and "</information>\n\n" not in r["prompt"]
+        r for r in requests if "game of chess" in r["prompt"] and "\n\n<information>" not in r["prompt"]
     )
     assert "<tools>" not in first["prompt"] and first["stop"] == ["</search>"]
+    # Search-R1's evaluation preset: 500 new tokens per turn; pinned decoding on every request
+    assert first["max_tokens"] == 500 and doc["protocol"]["max_tokens_per_turn"] == 500
+    assert all((r["repetition_penalty"], r["top_k"], r["min_p"]) == (1.0, -1, 0.0) for r in requests)
+    assert doc["protocol"]["max_observation_tokens"] == 500
+    renderer = ChatRenderer.from_pretrained(str(chat_tokenizer_dir))
+    obs = q["q003"]["transcript"][2]["content"]
+    assert obs.startswith("\n\n<information>Doc 1") and 490 <= renderer.count(obs) <= 500  # cut at 500 tokens
     assert build_user_prompt(q["q003"]["question"], prompt_format="search-r1") in first["prompt"]
     second = next(
-        r for r in requests if "game of chess" in r["prompt"] and "</information>\n\n" in r["prompt"]
+        r for r in requests if "game of chess" in r["prompt"] and "\n\n<information>" in r["prompt"]
     )
     # one assistant turn: the action, then the results spliced in, Search-R1's way
     assert (

@@ -41,6 +41,9 @@ def test_managed_sglang_serves_the_eval_and_is_stopped(
     (log,) = tmp_path.glob("sglang-*.log")
     first = log.read_text().splitlines()[0]
     assert f"model {MODEL}" in first and "'--mem-fraction-static', '0.5'" in first
+    # OpenAI sampling defaults (no generation_config.json defaults) and token-reproducible decoding
+    assert "'--sampling-defaults', 'openai', '--enable-deterministic-inference'" in first
+    assert doc["protocol"]["decoding"]["deterministic_inference"] is True
     port = int(log.stem.split("-")[1])
     with pytest.raises(httpx.ConnectError):  # the server is gone once the eval is done
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
