@@ -274,7 +274,10 @@ class WebBackend(Backend):
         # page fetching ends within this many seconds of the request's start (the service's request deadline)
         self.request_timeout_s = request_timeout_s
         self._pages = PageFetcher(
-            timeout_s=page_timeout_s, max_bytes=page_max_bytes, allow_private=page_allow_private
+            timeout_s=page_timeout_s,
+            max_bytes=page_max_bytes,
+            allow_private=page_allow_private,
+            host_blocked=self._host_blocked,  # every redirect hop, not only the result's own URL
         )
         self._metrics: Any = None
         self.blocked_results = 0
@@ -334,7 +337,9 @@ class WebBackend(Backend):
     extra_results = 5
 
     def _blocked(self, url: str) -> bool:
-        host = (urlsplit(url).hostname or "").lower()
+        return self._host_blocked((urlsplit(url).hostname or "").lower())
+
+    def _host_blocked(self, host: str) -> bool:
         return any(host == d or host.endswith("." + d) for d in self.blocklist)
 
     # --- search ------------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@
 
 Starts real `searchrl serve` replicas on loopback ports, runs the scenarios in `searchrl.bench.reliability`
 (soak, 10x overload, SIGKILL/SIGSTOP of a replica behind the verl tool, SIGSTOP of 1 of 2 replicas mid-run with
-the client's defaults (issue 26: p50/p99/max and hedges), SIGTERM drain, 200 MB body, 400 slow connections) and
-prints a markdown table on stdout; JSON rows go to `--out`/reliability.json.
+the client's defaults (issue 26: p50/p99/max and hedges), SIGTERM drain, 200 MB body, 400 slow connections,
+8 hostile pages in flight in page mode (issue 26: /health p99, RSS growth, page failures by reason)) and prints
+a markdown table on stdout; JSON rows go to `--out`/reliability.json. Exit code 1 when a row that carries its own
+bounds (`hostile`) broke one; the rows that broke them are logged.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "reliability",
-        help="reliability benchmark: soak, overload, dying/hung replicas, drain, big bodies, slow clients",
+        help="reliability benchmark: soak, overload, dying/hung replicas, drain, big bodies, slow clients, hostile pages",
         description="Run the issue-13 fault scenarios against real service processes on loopback.",
         argument_default=argparse.SUPPRESS,
     )
     p.add_argument("--seconds", type=float, help="soak length; other scenarios use up to 30 s (default 600)")
     p.add_argument(
-        "--only", help="comma-separated: soak,overload,kill,hang,freeze,drain,big-body,slow (default all)"
+        "--only",
+        help="comma-separated: soak,overload,kill,hang,freeze,drain,big-body,slow,hostile (default all)",
     )
     p.add_argument("--corpus", help="corpus to serve (default bundled)")
     p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
@@ -74,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # else one INFO line per /health probe and page call
     only = [s.strip() for s in getattr(args, "only", ",".join(SCENARIOS)).split(",") if s.strip()]
     unknown = sorted(set(only) - set(SCENARIOS))
     if unknown:
@@ -90,4 +94,7 @@ def _run(args: argparse.Namespace) -> int:
     (out_dir / "reliability.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     print(render_table(rows))  # noqa: T201
     log.info("wrote %s", out_dir / "reliability.json")
-    return 0
+    broken = [row for row in rows if row.get("passed") is False]
+    for row in broken:
+        log.error("%s: bounds broken: %s", row["scenario"], "; ".join(row["failed"]))
+    return 1 if broken else 0

@@ -3,7 +3,7 @@
 The long versions are `make bench-reliability` (searchrl/bench/reliability.py); these use the same scenarios with
 small sizes and assert what the issue asks: no 5xx/finding under fuzzing, big bodies refused while reading,
 slow connections closed, every answer correct with none lost under load, overload, dying and hung replicas,
-and SIGTERM.
+and SIGTERM; and issue 26's hostile pages in page mode with /health and RSS bounded.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from searchrl.bench.reliability import (
     client_call,
     corpus_queries,
     drain,
+    hostile_pages,
+    judge_hostile,
     overload,
     reference,
     replica_freeze,
@@ -176,3 +178,34 @@ def test_sigterm_drain_loses_no_accepted_request(settings: RetrievalSettings, tm
     assert row["server_answered"] > 0 and row["in_flight_at_exit"] == 0, row
     assert row["lost"] == 0 and row["wrong"] == 0, row
     assert row["exit_signal"] == 15, row  # uvicorn re-raises SIGTERM after its graceful shutdown
+
+
+def test_hostile_pages_in_flight_keep_health_and_memory_bounded(tmp_path: Path) -> None:
+    """Issue 26, bounded: the real service in page mode with 8 /retrieve calls in flight for 6 s, each with a
+    hostile page first (400 MiB of HTML, a gzip bomb inflating to 1 GiB, 1 byte/s, an endless redirect chain)
+    and an ordinary article second. The row carries its verdict; a row that broke a bound must say so."""
+    row = hostile_pages(tmp_path, seconds=6.0, page_timeout_s=2.0)
+    assert row["passed"] and row["failed"] == [], row
+    kinds = row["calls_by_kind"]
+    assert set(kinds) == {"big", "bomb", "drip", "redirects"}, row
+    assert row["sent"] == row["answered"] == sum(kinds.values()) and row["wrong"] == row["lost"] == 0, row
+    # every hostile page was refused for its own reason, counted once in /metrics; the article was used
+    assert row["page_failures"] == {
+        "too_large": kinds["big"] + kinds["bomb"],
+        "timeout": kinds["drip"],
+        "redirects": kinds["redirects"],
+    }, row
+    assert row["ordinary_pages"] == {"ordinary": row["sent"]}, row
+    assert row["health_probes"] >= 60 and row["health_errors"] == 0, row
+    assert row["health_p99_ms"] < row["health_limit_ms"] == 250.0, row
+    assert 0 < row["rss_base_mb"] and row["rss_growth_mb"] < row["rss_bound_mb"] == 158.5, row
+    assert 1.9 < row["max_s"] < row["retrieve_limit_s"], row  # a dripping page is cut at its 2 s budget
+
+    assert judge_hostile(row) == []
+    assert judge_hostile(row, health_p99_ms=0.01) == [f"/health p99 {row['health_p99_ms']} ms >= 0.01 ms"]
+    assert judge_hostile(row, rss_bound_mb=0.0) == [f"RSS grew {row['rss_growth_mb']} MB >= 0 MB"]
+    assert judge_hostile({**row, "http_5xx": 2}) == ["2 5xx answers from /retrieve"]
+    assert judge_hostile({**row, "wrong": 1}) == [
+        "0 calls lost, 1 with hostile page text instead of the snippet"
+    ]
+    assert judge_hostile(row, retrieve_max_s=1.0) == [f"slowest /retrieve {row['max_s']} s >= 1 s"]

