@@ -70,7 +70,7 @@ serve-retrieval: $(VENV)/.retrieval  ## serve the bundled Wikipedia subset on HO
 # --- benchmarks (issues 4, 14; code in searchrl/bench/; not tests: minutes, loopback only, outputs/bench/) ----
 bench: bench-service bench-index  ## service load benchmark + index-type eval on the bundled corpus
 
-bench-service: $(VENV)/.retrieval  ## fp32 in-process ceiling vs the auto-tuned HTTP service (1/32/128 clients, 5x repeats), workers, sizing
+bench-service: $(VENV)/.retrieval  ## fp32 in-process ceiling vs the auto-tuned HTTP service (1/32/128 clients, 5x repeats) vs a reference-like server, RSS, workers, sizing
 	$(BIN)/searchrl bench $(BENCH_ARGS)
 
 bench-quality: $(VENV)/.retrieval  ## recall@3 by supporting title of dense, bm25 and hybrid on the dev QA set
@@ -86,7 +86,7 @@ bench-index: $(VENV)/.retrieval  ## recall@k vs Flat, memory, disk, build/load t
 
 # issue 13; e.g. make bench-reliability RELIABILITY_ARGS="--seconds 60 --only soak,kill" (~20 min at defaults)
 RELIABILITY_ARGS ?=
-bench-reliability: $(VENV)/.dev  ## soak, 10x overload, SIGKILL/SIGSTOP replicas, SIGTERM drain, big body, slow clients
+bench-reliability: $(VENV)/.dev  ## soak, 10x overload, SIGKILL/SIGSTOP replicas, SIGTERM drain, big body, slow clients, hostile pages
 	$(BIN)/searchrl reliability $(RELIABILITY_ARGS)
 
 # issue 15: replica start from an index bucket stand-in (docs/deploy.md section 6); e.g. START_ARGS="--no-standin"
@@ -97,17 +97,25 @@ bench-start: $(VENV)/.retrieval  ## replica start: index copy + serve to the fir
 # --- deployment (issue 5) -------------------------------------------------------------------------------------
 # make serve-retrieval-sky ENV="SEARCHRL_RETRIEVAL_BACKEND=bm25"   (export RETRIEVAL_API_KEY first)
 # make serve-retrieval-sky ENV="SEARCHRL_INDEX_BUCKET=my-searchrl-index"   (after sky/index-build.yaml filled it)
+# make serve-retrieval-sky ENV="SEARCHRL_RETRIEVAL_CORPUS=wiki18 ..." CPUS=16+ MEMORY=96+ DISK_SIZE=256   (wiki-18 Flat)
 # make train NODES=4 ENV="DATASET_SIZE=small" SECRETS="WANDB_API_KEY"   (DRY_RUN=1: print the task, launch nothing)
+# make train NETWORK_TIER=best INFRA=aws/us-east-1 ...   (EFA; the job and its recoveries stay by the bucket)
+# Both run in $(SKY_VENV) alone: nothing here needs the dev venv (torch, verl).
 SERVICE ?= searchrl-retrieval
 SECRETS ?=
 NODES   ?=
 DRY_RUN ?=
-serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkyServe (ENV="SEARCHRL_INDEX_BUCKET=..." mounts the index bucket) and print its endpoint
-	$(SKY_VENV)/bin/python -m searchrl sky serve --name $(SERVICE) --secret RETRIEVAL_API_KEY $(addprefix --env ,$(ENV))
-	$(SKY_VENV)/bin/python -m searchrl sky endpoint $(SERVICE)
+CPUS      ?=
+MEMORY    ?=
+DISK_SIZE ?=
+NETWORK_TIER ?= standard
+INFRA ?=
+serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkyServe (ENV="SEARCHRL_INDEX_BUCKET=..." mounts the index bucket; CPUS/MEMORY/DISK_SIZE size the replica) and print its endpoint
+	$(SKY_VENV)/bin/python -m searchrl sky serve --name $(SERVICE) --secret RETRIEVAL_API_KEY $(if $(DRY_RUN),--dry-run) $(if $(CPUS),--cpus $(CPUS)) $(if $(MEMORY),--memory $(MEMORY)) $(if $(DISK_SIZE),--disk-size $(DISK_SIZE)) $(addprefix --env ,$(ENV))
+	$(if $(DRY_RUN),@echo "dry run: not waiting for $(SERVICE)",$(SKY_VENV)/bin/python -m searchrl sky endpoint $(SERVICE))
 
-train: $(VENV)/.dev $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed job on NODES nodes
-	$(BIN)/searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
+train: $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed job on NODES nodes (NETWORK_TIER=standard|best)
+	$(SKY_VENV)/bin/python -m searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) --network-tier $(NETWORK_TIER) $(if $(INFRA),--infra $(INFRA)) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
 
 # The trainer's GPU environment: exactly one lock (requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt), then this package
 # with --no-deps. ROLLOUT=vllm (default: resolves as published) | sglang (transformers override; docs/training.md).

@@ -291,6 +291,9 @@ STUBS = {
 }
 
 
+NODE_HELPERS = ("refusal.py", "pins.sh")  # trainer/ scripts the train tasks' setup and run call on a node
+
+
 def run_node(
     yaml_name: str,
     home: Path,
@@ -323,6 +326,9 @@ def run_node(
     stop.write_text('#!/bin/bash\necho "stop_cluster" >> "$HOME/calls.log"\n')
     stop.chmod(0o755)
     (home / "sky_workdir/.venv/bin/activate").write_text("")
+    (home / "sky_workdir/trainer").mkdir(exist_ok=True)
+    for helper in NODE_HELPERS:  # what the run sections call from the synced workdir
+        shutil.copy(REPO / "trainer" / helper, home / "sky_workdir" / "trainer" / helper)
     (home / "sky_workdir/.venv/searchrl-pins.txt").write_text("click==8.5.1\nray==2.60.0\n")
     # A real-sized rclone log (≈200 KB, more than a pipe buffer): `tac | grep -m 1` then really gets SIGPIPE.
     lines = [
@@ -494,7 +500,8 @@ def run_setup(
     # What SkyPilot syncs from the workdir that setup reads before anything is installed: the driver check and
     # the locks (a fake nvidia-smi reports a driver new enough for them).
     (home / "sky_workdir" / "trainer").mkdir()
-    shutil.copy(REPO / "trainer" / "driver.py", home / "sky_workdir" / "trainer" / "driver.py")
+    for helper in ("driver.py", *NODE_HELPERS):
+        shutil.copy(REPO / "trainer" / helper, home / "sky_workdir" / "trainer" / helper)
     shutil.copytree(REPO / "requirements", home / "sky_workdir" / "requirements")
     searchrl_stub = '#!/bin/bash\necho "searchrl $*" >> "$HOME/calls.log"\n'
     stubs = {

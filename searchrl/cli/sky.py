@@ -5,7 +5,8 @@
     searchrl sky probe http://127.0.0.1:8000 [--env K=V ...] [--secret NAME ...]
     searchrl sky serve [--dry-run] [--name NAME] [--env K=V ...] [--secret NAME ...]  # retrieval.yaml on SkyServe
     searchrl sky start-budget --corpus wiki18 --backend dense --delay 2000 --index-bucket B   # in its setup
-    searchrl sky train [--dry-run] [--num-nodes N] [--env K=V ...] [--secret NAME ...] [--service NAME]
+    searchrl sky train [--dry-run] [--num-nodes N] [--network-tier standard|best] [--infra CLOUD/REGION]
+                       [--env K=V ...] [--secret NAME ...] [--service NAME]
 
 A `--secret` flag takes a NAME; its value is read from the environment, so no secret ever reaches argv or `ps`.
 When this interpreter has no SkyPilot, the command re-runs itself with `.venv-sky/bin/python` (SkyPilot's pins
@@ -33,6 +34,8 @@ _FLAGS = {
     "memory": "--memory",
     "disk_size": "--disk-size",
     "image_id": "--image-id",
+    "network_tier": "--network-tier",
+    "infra": "--infra",
 }
 
 
@@ -135,12 +138,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="resolve the endpoint, health-check it, launch sky/train.yaml as a managed job",
         argument_default=argparse.SUPPRESS,
     )
-    t.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the task; launch nothing")
+    t.add_argument(
+        "--dry-run",
+        dest="dry_run",
+        action="store_true",
+        help="print the task; launch nothing (without RETRIEVAL_SERVICE_URL: waits for no service, checks none)",
+    )
     t.add_argument("--service", help="retrieval service name (default searchrl-retrieval)")
     t.add_argument("--name", help="managed job name (default searchrl-train)")
     t.add_argument("--num-nodes", dest="num_nodes", type=int, help="nodes of 8 GPUs (default: the YAML's 2)")
     t.add_argument("--yaml", help="task file (default sky/train.yaml)")
     t.add_argument("--health-deadline", dest="health_deadline", type=float, help="seconds (default 120)")
+    t.add_argument(
+        "--network-tier",
+        dest="network_tier",
+        choices=["standard", "best"],
+        help="standard (default): any cloud; best: EFA/GPUDirect/InfiniBand, AWS, GCP and Nebius only "
+        "(docs/deploy.md)",
+    )
+    t.add_argument(
+        "--infra",
+        help="as sky jobs launch --infra, e.g. aws/us-east-1: the job and its recoveries stay by the checkpoint bucket",
+    )
     _add_overrides(t)
     t.set_defaults(handler=_train)
 
@@ -314,16 +333,27 @@ def _train(args: argparse.Namespace) -> int:
     from searchrl.deploy import endpoint, launch, tasks
 
     _setup_logging()
+    plan_service = getattr(args, "service", endpoint.DEFAULT_SERVICE)
     plan = launch.plan_train(
         envs=tasks.parse_env_flags(getattr(args, "env", [])),
         secret_names=getattr(args, "secret", []),
-        service=getattr(args, "service", endpoint.DEFAULT_SERVICE),
+        service=plan_service,
         yaml_path=Path(args.yaml) if hasattr(args, "yaml") else None,
         health_deadline_s=getattr(args, "health_deadline", 120.0),
         num_nodes=getattr(args, "num_nodes", None),
+        network_tier=getattr(args, "network_tier", "standard"),
+        infra=getattr(args, "infra", None),
+        dry_run=getattr(args, "dry_run", False),
     )
     if getattr(args, "dry_run", False):
         print(plan.text, end="")  # noqa: T201
+        if not plan.resolved:
+            print(  # noqa: T201
+                f"dry run: RETRIEVAL_SERVICE_URL above is a placeholder ({launch.UNRESOLVED_URL}); nothing waited "
+                f"for or checked the service (a launch waits for {plan_service} to be READY, health-checks it and "
+                "checks its corpus)",
+                file=sys.stderr,
+            )
         return 0
     job = launch.launch_train(plan, job_name=getattr(args, "name", launch.DEFAULT_JOB))
     print(f"launched managed job {job} (sky jobs logs {job})")  # noqa: T201

@@ -1,0 +1,224 @@
+"""Managed-job recovery of the train tasks (issue 21 items 2, 4, 5, 7, 12), with SkyPilot 0.14.1's own code.
+
+- Recovery: the task's `job_recovery` goes through `StrategyExecutor.make` (what the jobs controller calls) and
+  its restart decision is `should_restart_on_failure(exit_codes)`, the controller's own call after a failed run.
+  SkyPilot has no "never restart this exit code" setting (its `recover_on_exit_codes` restarts without limit), so
+  trainer/refusal.py turns the same refusal twice into a clean stop; the loop below is the controller's decision
+  fed with the real guard's exit codes.
+- Each node's run script is built by SkyPilot's codegen and run in a fake node (tests/test_sky_yaml.py `run_node`).
+- GPU_STACK=image pins come from a real `--system-site-packages` venv over this machine's python3 (its Debian
+  packages stand in for the image's), frozen with the real pip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from searchrl.deploy import skypilot
+from tests import test_sky_yaml as harness
+from tests.conftest import REPO
+
+GUARD = REPO / "trainer" / "refusal.py"
+
+EXECUTOR = r"""
+import asyncio, json, sys
+from pathlib import Path
+from sky.backends import CloudVmRayBackend
+from sky.jobs import recovery_strategy
+from searchrl.deploy import tasks
+
+path = Path(sys.argv[1])
+need_envs, need_secrets = tasks.required_names(path)
+task = tasks.load_task(path, {n: "placeholder" for n in need_envs}, {n: "s" for n in need_secrets})
+ex = recovery_strategy.StrategyExecutor.make("c", CloudVmRayBackend(), task, 1, 0, None, set(), asyncio.Lock(),
+                                             asyncio.Condition())
+decisions = []
+for line in sys.stdin:  # one attempt's exit codes per line: does the controller restart the job?
+    decisions.append(ex.should_restart_on_failure(exit_codes=json.loads(line)))
+print(json.dumps({"strategy": type(ex).__name__, "max": ex.max_restarts_on_errors,
+                  "recover_codes": ex.recover_on_exit_codes, "decisions": decisions}))
+"""
+
+
+def controller(yaml_name: str, attempts: list[list[int]]) -> dict:
+    proc = subprocess.run(
+        [skypilot.sky_python(), "-c", EXECUTOR, str(REPO / "sky" / yaml_name)],
+        input="".join(json.dumps(a) + "\n" for a in attempts),
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+@pytest.mark.parametrize("yaml_name", ["train.yaml", "train-single.yaml"])
+def test_recovery_retries_in_place_first_and_restarts_at_most_three_times(yaml_name: str) -> None:
+    got = controller(yaml_name, [[1], [1], [1], [1]])
+    # FAILOVER relaunches on the launched cloud/region first (EAGER_NEXT_REGION tears down and goes elsewhere)
+    assert got["strategy"] == "FailoverStrategyExecutor"
+    assert got["max"] == 3 and got["recover_codes"] == []  # no exit code restarts without limit
+    assert got["decisions"] == [True, True, True, False]  # crashes: 3 restarts, then the job fails
+
+
+def refuse(state: Path, task_id: str | None, message: str = "EXPERIMENT_NAME=x was started with other settings",
+           code: int = 2) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """The guard around a step that prints `error: <message>` and exits `code` (searchrl's refusal is 2)."""
+    step = f"import sys; print('error: {message}', file=sys.stderr); sys.exit({code})"
+    env = {k: v for k, v in os.environ.items() if k != "SKYPILOT_TASK_ID"}
+    if task_id:
+        env["SKYPILOT_TASK_ID"] = task_id
+    return subprocess.run(
+        [sys.executable, str(GUARD), "--state", str(state), "--", sys.executable, "-c", step],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_repeated_refusal_stops_the_managed_job_after_one_restart(tmp_path: Path) -> None:
+    """The controller's real restart decision, fed with what the guard returns on each attempt."""
+    state = tmp_path / "bucket/.searchrl-refusals"
+    codes = []
+    for _ in range(6):  # each iteration = one attempt of the same managed job
+        rc = refuse(state, "sky-managed-2026-11-25_searchrl-train_7-0").returncode
+        codes.append(rc)
+        if rc == 0:
+            break
+    assert codes == [2, 0]  # refused, restarted once (a transient cause gets its retry), then a clean stop
+    decisions = controller("train.yaml", [[c] for c in codes if c])["decisions"]
+    assert decisions == [True]  # SkyPilot restarted the first refusal; the second attempt ended it (exit 0)
+    # without the guard the same refusal burns every restart: 4 launches of 2 x 8 H100
+    assert controller("train.yaml", [[2]] * 4)["decisions"] == [True, True, True, False]
+    # the stop is recorded: later steps of this attempt and its setup/run checks are skipped, and say why
+    stopped = subprocess.run(
+        [sys.executable, str(GUARD), "--state", str(state), "--stopped"],
+        env={**os.environ, "SKYPILOT_TASK_ID": "sky-managed-2026-11-25_searchrl-train_7-0"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert stopped.returncode == 0
+    assert "the same refusal as the previous attempt" in stopped.stderr
+    assert "error: EXPERIMENT_NAME=x was started with other settings" in stopped.stderr
+    skipped = subprocess.run(
+        [sys.executable, str(GUARD), "--state", str(state), "--", "false"],
+        env={**os.environ, "SKYPILOT_TASK_ID": "sky-managed-2026-11-25_searchrl-train_7-0"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert skipped.returncode == 0 and "stopped: skipping `false`" in skipped.stderr
+
+
+def test_crashes_and_different_refusals_keep_skypilots_restarts(tmp_path: Path) -> None:
+    state = tmp_path / "refusals"
+    task = "sky-managed-x_searchrl-train_8-0"
+    assert refuse(state, task).returncode == 2
+    assert refuse(state, task, code=1).returncode == 1  # a crash in between: only consecutive refusals count
+    assert refuse(state, task).returncode == 2
+    assert refuse(state, task, message="another reason").returncode == 2
+    assert refuse(state, "sky-managed-y_other-job_9-0").returncode == 2  # another job is not this one
+    assert not list(state.glob("*.stopped"))
+    # outside a managed job (plain `sky launch`: nothing restarts it) the step runs unchanged
+    assert [refuse(state, None).returncode for _ in range(3)] == [2, 2, 2]
+
+
+# --- run scripts as SkyPilot builds them (tests/test_sky_yaml.py harness) ----------------------------------------
+
+
+def test_a_failed_head_waits_for_the_workers_to_flush_before_it_fails(tmp_path: Path) -> None:
+    """SkyPilot force-cancels every other node once one node's script fails: the head must not fail first."""
+    rc, stdout, calls = harness.run_node("train.yaml", tmp_path, nodes=2, FAIL_ON="train local")
+    assert rc == 7
+    lines = calls.splitlines()
+    grace = lines.index("sleep 300")
+    assert lines.index("stop_cluster") < grace  # the workers see the head's Ray go, then have the grace
+    assert grace < max(
+        i for i, ln in enumerate(lines) if ln.startswith("sleep 10")
+    )  # before the head's flush
+    assert "waiting 300s for the workers to flush their checkpoint shards" in stdout
+    ok_rc, _, ok_calls = harness.run_node("train.yaml", tmp_path / "ok", nodes=2)
+    assert ok_rc == 0 and "sleep 300" not in ok_calls  # a head that succeeded leaves at once
+
+
+def test_each_worker_check_has_a_timeout_and_the_wait_has_a_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stubs = dict(harness.STUBS)
+    stubs["timeout"] = 'echo "timeout $*" >> "$HOME/calls.log"; shift; exec "$@"'
+    # the clock: 0 at the start, then past WORKER_MAX_HOURS (48 h) after two checks
+    stubs["date"] = (
+        'n=$(grep -c "^timeout " "$HOME/calls.log" || true); [ "$n" -lt 2 ] && echo 1000 || echo $((1000 + 48 * 3600))'
+    )
+    monkeypatch.setattr(harness, "STUBS", stubs)
+    rc, stdout, calls = harness.run_node("train.yaml", tmp_path, rank=1, nodes=2, HEAD_RAY_CHECKS="100000")
+    assert rc == 0, stdout[-2000:]
+    checks = [ln for ln in calls.splitlines() if ln.startswith("timeout ")]
+    assert checks == ["timeout 10 ray health-check --address 10.0.0.1:6379"] * 2
+    assert "still answers after WORKER_MAX_HOURS=48 h: leaving so this node stops billing" in stdout
+    assert harness._flushed(stdout)  # it leaves through the flush loop, like a normal exit
+
+
+@pytest.mark.parametrize("fail_on", ["", "train local"])
+def test_train_single_stops_its_ray_however_it_ends(tmp_path: Path, fail_on: str) -> None:
+    rc, stdout, calls = harness.run_node("train-single.yaml", tmp_path, FAIL_ON=fail_on)
+    assert rc == (7 if fail_on else 0), stdout[-2000:]
+    lines = calls.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("start_cluster"))
+    stops = [i for i, ln in enumerate(lines) if ln == "stop_cluster"]
+    assert stops[0] < start  # a stale Ray from a killed attempt is not reused under the rebuilt .venv
+    assert stops[-1] > lines.index(f"searchrl train {'local' if fail_on else 'merge'}")  # the exit trap
+    assert stops[-1] < max(i for i, ln in enumerate(lines) if ln.startswith("sleep 10"))  # before the flush
+    assert "ray stop" not in calls  # it would kill SkyPilot's own Ray (6380) and the job
+
+
+# --- GPU_STACK=image: the image's packages are pinned too ---------------------------------------------------------
+
+
+def test_image_setup_pins_the_images_packages_and_run_notices_a_replaced_one(tmp_path: Path) -> None:
+    image_python = "/usr/bin/python3"  # what setup's `command -v python3` finds on the fake node's PATH
+    plain = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONNOUSERSITE": "1"}
+    if (
+        subprocess.run([image_python, "-m", "pip", "--version"], capture_output=True, env=plain).returncode
+        != 0
+    ):
+        pytest.skip("needs a /usr/bin/python3 with pip to stand in for the image's interpreter")
+    fake_torch = tmp_path / "fake-torch"  # the image's CUDA torch, as trainer/driver.py --torch reads it
+    (fake_torch / "torch").mkdir(parents=True)
+    (fake_torch / "torch/__init__.py").write_text("class version:\n    cuda = '12.8'\n")
+    home = tmp_path / "node"
+    stdout, calls = harness.run_setup(
+        "train.yaml", home, attempts=1, GPU_STACK="image", ROLLOUT="sglang", PYTHONPATH=str(fake_torch)
+    )
+    venv = home / "sky_workdir/.venv"
+    system = subprocess.run([image_python, "-m", "pip", "freeze", "--disable-pip-version-check"], env=plain,
+                            capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    system = [ln for ln in system if " @ " not in ln and not ln.startswith("-e ")]
+    assert system, "the stand-in image has no packages"
+    pins = (venv / "searchrl-pins.txt").read_text().splitlines()
+    assert set(system) <= set(pins), sorted(set(system) - set(pins))  # `uv pip freeze` here would list none
+    # start_cluster's `uv pip install "click<8.3.0"` into the venv shadows the image's copy: the run check sees it
+    name, version = system[0].split("==")
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    dist = site / f"{name.replace('-', '_')}-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.1\n")
+    env = {
+        "PATH": f"{venv}/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "GPU_STACK": "image",
+        "VIRTUAL_ENV": str(venv),
+    }
+    check = subprocess.run(["bash", str(REPO / "trainer/pins.sh"), "check"], cwd=home / "sky_workdir", env=env,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert check.returncode == 1
+    assert f"error: start_cluster changed packages setup installed: {name}=={version}" in check.stderr
+    shutil.rmtree(dist)
+    same = subprocess.run(["bash", str(REPO / "trainer/pins.sh"), "check"], cwd=home / "sky_workdir", env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert same.returncode == 0, same.stderr
