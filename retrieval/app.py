@@ -6,9 +6,9 @@ the backend is built and loaded in the lifespan, so tests and the CLI pass their
 Routes:
     POST /retrieve   Search-R1 batch body or SkyRL single-query body -> {"result": [[...], ...]}
     GET  /health     liveness only: the process answers; no work, never needs auth
-    GET|POST /ready  readiness: index loaded, batch worker alive and not stalled, queue not saturated, not
-                     draining (503 with the reason otherwise); needs the token when auth is on, so a
-                     probe also proves the replica's token matches the clients'
+    GET|POST /ready  readiness: index loaded and warmed by one query, batch worker alive and not stalled, not
+                     draining (503 with the reason otherwise; a saturated queue is "busy", still 200); needs
+                     the token when auth is on, so a probe also proves the replica's token matches the clients'
     GET  /metrics    Prometheus text format (retrieval/metrics.py); needs the bearer token like /retrieve
     GET  /           JSON description: backend, corpus size, index type, encoder, version
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -48,6 +49,13 @@ log = logging.getLogger(__name__)
 _ratelog = RateLimitedLog(log)
 
 _OPEN_PATHS = frozenset({"/health"})
+# Backends with a local index that a first search must page in (web backends would spend their budget).
+_INDEXED_BACKENDS = frozenset({"dense", "bm25", "hybrid"})
+WARM_UP_QUERY = "searchrl warm-up: who directed the seventh seal"
+# retrieval/batcher.py's words for a full queue: load, not a fault. A saturated replica that still computes
+# batches stays ready and sheds with 503 + Retry-After at /retrieve; failing /ready instead would make SkyServe
+# stop routing to it (with one replica: 503 for every call) and tear it down after 180 s of failed probes.
+_LOAD_PROBLEM = "queue is saturated"
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -230,13 +238,16 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         be = backend or build_backend(settings)
         # Backends that batch (dense, bm25) report batch sizes, queue depth and cache hits to this registry.
         attach = getattr(be, "attach_metrics", None)
-        if callable(attach):
-            attach(metrics)
         try:
             await be.start()
+            # not through a persistent query cache: it would store the query (record, on) or refuse it (replay)
+            if settings.warm_up and settings.cache_mode == "off" and be.name in _INDEXED_BACKENDS:
+                await _warm_up(be)
         except SearchRLError as exc:
             app.state.startup_error = exc  # run_server reports it as one line (exit 2), not a traceback
             raise
+        if callable(attach):  # after the warm-up: /metrics counts clients' queries only
+            attach(metrics)
         app.state.backend = be
         log.info("retrieval service ready: %s", be.info())
         watchdog = asyncio.create_task(_watch(app))
@@ -269,7 +280,20 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
                 last = problem
             await asyncio.sleep(1.0)
 
+    async def _warm_up(be: Backend) -> None:
+        """One search through the index before uvicorn listens (the lifespan runs first), so the probe's first
+        200 means a warm index: with mmap, a cold Flat index pages in all of itself on its first search, and
+        that batch would outlast `worker_stall_s` and fail /ready under the first real load."""
+        started = time.perf_counter()
+        await be.search([WARM_UP_QUERY], settings.topk)
+        log.info("warm-up: one query through the %s index in %.1fs", be.name, time.perf_counter() - started)
+
     def _not_ready(app: FastAPI) -> str | None:
+        """Why this replica cannot serve (None when it can); a busy replica can."""
+        problem = _problem(app)
+        return None if problem is not None and _LOAD_PROBLEM in problem else problem
+
+    def _problem(app: FastAPI) -> str | None:
         if getattr(app.state, "draining", False):
             return "draining for shutdown"
         be: Backend | None = getattr(app.state, "backend", None)
@@ -360,9 +384,13 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
 
         POST is accepted (and its body ignored) because SkyServe's probe POSTs when `post_data` is set.
         """
-        problem = _not_ready(request.app)
+        problem = _problem(request.app)
         if problem is None:
             return JSONResponse({"ready": True, "detail": "ok"})
+        if _LOAD_PROBLEM in problem:  # working, only busy: stay in the load balancer, shed at /retrieve
+            return JSONResponse(
+                {"ready": True, "detail": f"busy: {problem}; /retrieve sheds with 503 when full"}
+            )
         return JSONResponse({"ready": False, "detail": problem}, status_code=503)
 
     @app.get(

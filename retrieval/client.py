@@ -35,11 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -58,6 +61,35 @@ from searchrl.prompt import split_title
 log = logging.getLogger(__name__)
 
 HEALTH_QUERY = "Who directed The Seventh Seal?"
+# A PEM file this machine's clients trust for https:// retrieval URLs, on top of the system's CAs: the
+# self-signed certificate of SkyServe's `service.tls` (docs/deploy.md section 7). Read from the environment
+# where a client is built because verl builds the search tool in Ray workers on every node, from a YAML; the
+# name is also RetrievalSettings.ca_bundle, so the strict settings check knows it.
+CA_BUNDLE_ENV = "SEARCHRL_RETRIEVAL_CA_BUNDLE"
+
+
+def tls_context(ca_bundle: str | Path | None = None) -> ssl.SSLContext | None:
+    """The TLS trust for https:// retrieval URLs: the system's CAs plus `ca_bundle` (default: the env var).
+
+    None when neither is set: the library default (system CAs). A missing or unreadable file is a ConfigError
+    naming it, not a TLS failure on the first request.
+    """
+    raw = str(ca_bundle) if ca_bundle is not None else os.environ.get(CA_BUNDLE_ENV, "")
+    if not raw.strip():
+        return None
+    path = Path(raw.strip()).expanduser()
+    context = ssl.create_default_context()
+    try:
+        context.load_verify_locations(cafile=str(path))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{CA_BUNDLE_ENV}={raw.strip()}: no such file (the PEM certificate of the retrieval service's TLS)"
+        ) from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"{CA_BUNDLE_ENV}={raw.strip()} is not a readable PEM certificate ({exc})"
+        ) from None
+    return context
 
 
 @dataclass(frozen=True)
@@ -260,6 +292,7 @@ class RetrievalClient:
         hedge_quantile: float = 0.95,
         hedge_min_s: float = 0.05,
         hedge_max_s: float = 1.0,
+        ca_bundle: str | Path | None = None,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         url_list = [u.strip().rstrip("/") for u in url_list if u and u.strip()]
@@ -272,6 +305,9 @@ class RetrievalClient:
                 raise ConfigError(f"retrieval URL {u!r} must start with http:// or https://")
         self.urls = [u if u.endswith("/retrieve") else u + "/retrieve" for u in url_list]
         self._api_key = api_key or None
+        # https:// URLs trust the system's CAs plus `ca_bundle` (default: $SEARCHRL_RETRIEVAL_CA_BUNDLE)
+        https = any(u.startswith("https://") for u in self.urls)
+        self._tls: ssl.SSLContext | None = tls_context(ca_bundle) if https else None
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
@@ -322,7 +358,9 @@ class RetrievalClient:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:
             # Our semaphore bounds connections (so pool waiting has its own deadline); the connector does not.
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, ssl=self._tls if self._tls is not None else True
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(
@@ -466,6 +504,17 @@ class RetrievalClient:
         except aiohttp.ServerTimeoutError:
             raise _Retryable(
                 f"timeout after {self.timeout_s:g}s reading from {url}", kind="timeout"
+            ) from None
+        except aiohttp.ClientSSLError as exc:  # not retried: the same certificate fails the same way
+            reason = (
+                getattr(exc, "certificate_error", None)
+                or getattr(exc, "strerror", None)
+                or type(exc).__name__
+            )
+            raise RetrievalUnavailableError(
+                f"TLS to {url} failed ({reason}): trust the service's certificate with {CA_BUNDLE_ENV}=<PEM file> "
+                "(docs/deploy.md section 7)",
+                kind="tls",
             ) from None
         except aiohttp.ClientConnectionError as exc:
             raise _Retryable(f"cannot connect to {url} ({type(exc).__name__})", kind="connect") from None
@@ -675,6 +724,7 @@ def check_health(
     query: str = HEALTH_QUERY,
     topk: int = 3,
     interval_s: float = 0.5,
+    ca_bundle: str | Path | None = None,
 ) -> HealthResult:
     """POST a real query until a correct answer or the deadline; never raises for service problems.
 
@@ -684,7 +734,9 @@ def check_health(
     deadline = time.monotonic() + deadline_s
 
     async def _probe() -> HealthResult:
-        client = RetrievalClient(url, api_key, timeout_s=max(1.0, min(10.0, deadline_s)), max_retries=0)
+        client = RetrievalClient(
+            url, api_key, timeout_s=max(1.0, min(10.0, deadline_s)), max_retries=0, ca_bundle=ca_bundle
+        )
         try:
             while True:
                 started = time.monotonic()
@@ -749,6 +801,7 @@ def summarize_client_stats(stats: dict[str, Any]) -> str:
 
 
 __all__ = [
+    "CA_BUNDLE_ENV",
     "HEALTH_QUERY",
     "CircuitBreaker",
     "HealthResult",
@@ -757,4 +810,5 @@ __all__ = [
     "check_health",
     "parse_result",
     "summarize_client_stats",
+    "tls_context",
 ]

@@ -32,6 +32,14 @@ DEFAULT_WEB_BLOCKLIST = [
     "triviaplaying.com",
     "hotpotqa.github.io",
     "ai.google.com",
+    # dataset mirrors and Q&A sites (issue 23): raw files of the QA sets, and crowd answers to the questions
+    "raw.githubusercontent.com",
+    "hf-mirror.com",
+    "modelscope.cn",
+    "gitee.com",
+    "answers.com",
+    "brainly.com",
+    "quora.com",
 ]
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -88,8 +96,17 @@ class RetrievalSettings(StrictSettings):
     keep_alive_s: int = Field(default=5, ge=1)  # idle keep-alive connections close after this
     retry_after_max_s: float = Field(default=5.0, gt=0)  # cap on Retry-After (below clients' 10 s timeout)
     drain_timeout_s: int = Field(default=30, ge=1)  # on SIGTERM: seconds to finish accepted requests
-    ready_queue_fraction: float = Field(default=0.9, gt=0, le=1)  # /ready fails when the queue is this full
+    # /ready says "busy" past this queue fill; it stays 200 (a saturated replica that works sheds with 503 at
+    # /retrieve, so SkyServe keeps routing to it: docs/operations.md)
+    ready_queue_fraction: float = Field(default=0.9, gt=0, le=1)
     worker_stall_s: float = Field(default=30.0, gt=0)  # /ready fails if one batch runs longer than this
+    # one query through the index before the replica serves: a cold mmap'd Flat index reads every page on its
+    # first search (wiki-18: 64.5 GB, ~516 s at 125 MB/s), which would otherwise hit the first real batch
+    warm_up: bool = True
+    # client side: a PEM certificate that clients of this service (the verl tool, eval, `searchrl health`) trust
+    # for https:// URLs on top of the system's CAs, e.g. SkyServe's self-signed `service.tls` certificate
+    # (retrieval/client.py reads it where each client is built; docs/deploy.md section 7)
+    ca_bundle: Path | None = None
 
     # --- performance (issue 4) -----------------------------------------------------------------------------
     device: str = "auto"  # auto | cpu | cuda

@@ -338,7 +338,7 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
     }
     assert task["file_mounts"]["/checkpoints"]["name"] == "my-searchrl-ckpts"
     assert task["file_mounts"]["/checkpoints"]["mode"] == "MOUNT_CACHED"
-    assert "\nsearchrl train merge" in task["run"]  # block style: the printed run: reads like the file
+    assert "\nstep searchrl train merge" in task["run"]  # block style: the printed run: reads like the file
     assert "exec " not in task["run"]  # the MOUNT_CACHED flush loop SkyPilot appends must be reached
     assert "ok:" in proc.stderr  # the health check ran against the live service before the task was built
 
@@ -378,8 +378,8 @@ def _make_n(*args: str) -> list[str]:
 @pytest.mark.live
 @pytest.mark.parametrize(
     ("make_args", "nodes"),
-    [(["NODES=4"], 4), (["ENV_EXTRA=NUM_NODES=3"], 3)],
-    ids=["NODES=4", "ENV=NUM_NODES=3"],
+    [(["NODES=4"], 4), (["ENV_EXTRA=NUM_NODES=3", "NETWORK_TIER=best"], 3)],
+    ids=["NODES=4", "ENV=NUM_NODES=3,NETWORK_TIER=best"],
 )
 def test_make_train_dry_run_launches_the_asked_node_count(
     auth_url: str, make_args: list[str], nodes: int
@@ -392,13 +392,13 @@ def test_make_train_dry_run_launches_the_asked_node_count(
         ln for ln in _make_n("train", "DRY_RUN=1", *args, f"ENV={' '.join(env_items)}") if "sky train" in ln
     ]
     argv = line.split()
-    assert argv[0] == ".venv/bin/searchrl" and "--dry-run" in argv
-    proc = subprocess.run([sys.executable, "-m", "searchrl", *argv[1:]], cwd=REPO, capture_output=True, text=True,
+    assert argv[:3] == [".venv-sky/bin/python", "-m", "searchrl"] and "--dry-run" in argv  # no dev venv
+    proc = subprocess.run([sys.executable, "-m", "searchrl", *argv[3:]], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "RETRIEVAL_API_KEY": TOKEN}, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     task = yaml.safe_load(proc.stdout)
     assert task["num_nodes"] == nodes
-    assert task["resources"]["network_tier"] == "best"
+    assert task["resources"]["network_tier"] == ("best" if "NETWORK_TIER=best" in make_args else "standard")
     assert task["resources"]["job_recovery"]["max_restarts_on_errors"] >= 1
 
 

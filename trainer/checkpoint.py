@@ -154,7 +154,7 @@ def latest_step(run_dir: Path) -> int | None:
 
 
 def newest_complete_step(run_dir: Path, below: int) -> int | None:
-    """The newest global_step_N (N < below) whose checkpoint is complete now, for the refusal message."""
+    """The newest global_step_N (N < below) whose checkpoint is complete now: where a resume falls back to."""
     names = [p.name.removeprefix("global_step_") for p in run_dir.glob("global_step_*")]
     for step in sorted((int(n) for n in names if n.isdigit()), reverse=True):
         if step < below and inspect_checkpoint(run_dir / f"global_step_{step}" / "actor").complete:
@@ -163,7 +163,15 @@ def newest_complete_step(run_dir: Path, below: int) -> int | None:
 
 
 def check_resume(run_dir: Path, *, deadline_s: float, **wait: object) -> int | None:
-    """Before verl resumes (resume_mode=auto): the step it will load must be complete; None = fresh start."""
+    """The step to resume from: the tracker's, once complete, else the newest complete one; None = fresh start.
+
+    The newest checkpoint can stay incomplete for good: a node died before its rclone flushed its shards, or the
+    head failed and SkyPilot cancelled the workers before their flush. Refusing would stop a recovering run for
+    a checkpoint that cannot appear (and a managed job restarts into the same refusal), so after waiting
+    `deadline_s` for the missing shards this falls back to the newest complete step, with a warning naming
+    both: the steps after it are trained again. The caller points verl at that step (verl's `resume_mode=auto`
+    would load the tracker's). Only a run with no complete checkpoint at all is refused.
+    """
     step = latest_step(run_dir)
     if step is None:
         return None
@@ -171,14 +179,22 @@ def check_resume(run_dir: Path, *, deadline_s: float, **wait: object) -> int | N
         wait_for_checkpoint(run_dir / f"global_step_{step}" / "actor", deadline_s=deadline_s, **wait)  # type: ignore[arg-type]
     except CheckpointError as exc:
         older = newest_complete_step(run_dir, step)
-        fix = (
-            f"resume from step {older} with `echo {older} > {run_dir / TRACKER_FILE}`"
-            if older is not None
-            else "no earlier complete step exists"
+        if older is None:
+            raise CheckpointError(
+                f"not resuming: {exc}; no earlier complete step exists in {run_dir}: start fresh with another "
+                "EXPERIMENT_NAME (or restore the missing shards)"
+            ) from None
+        log.warning(
+            "step %d in %s is incomplete (%s): resuming from step %d, the newest complete one; steps %d-%d are "
+            "trained again",
+            step,
+            run_dir,
+            exc,
+            older,
+            older + 1,
+            step,
         )
-        raise CheckpointError(
-            f"not resuming: {exc}; {fix}, or start fresh with another EXPERIMENT_NAME"
-        ) from None
+        return older
     log.info("resuming from step %d in %s", step, run_dir)
     return step
 

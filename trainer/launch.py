@@ -5,7 +5,8 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   2. Stack check: the NVIDIA driver is new enough for the CUDA in the lock this environment was installed from
      (trainer/lock.py); flash-attn is importable when attn_implementation asks for it.
   3. Resume check: a run folder that already holds a record must have been started with the same settings
-     (RESUME_KEYS); a finished run says so instead of training again.
+     (RESUME_KEYS); a finished run says so instead of training again. The step verl resumes from has every
+     rank's shard (trainer/checkpoint.py), else verl is pointed at the newest complete step (resume_overrides).
   4. Data: `trainer/data.py` writes (or reuses) <data_dir>/<size>/{train,test}.parquet; the train rows set
      verl's epochs so training reaches TOTAL_STEPS (TrainSettings.epochs_for).
   5. Tool config: `trainer/toolconfig.py` writes the verl tool YAML for the current RETRIEVAL_SERVICE_URL.
@@ -42,7 +43,7 @@ from searchrl.trainer.checkpoint import check_resume as check_checkpoint
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
 from searchrl.trainer.merge import TRACKER_FILE
-from searchrl.trainer.overrides import merge_overrides, render_overrides, verl_command
+from searchrl.trainer.overrides import hydra_value, merge_overrides, render_overrides, verl_command
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
 from searchrl.trainer.toolconfig import write_tool_config
 
@@ -238,6 +239,16 @@ def _run_trainer(cmd: Sequence[str]) -> int:
     return subprocess.run(list(cmd), check=False).returncode
 
 
+def resume_overrides(run_dir: Path, step: int) -> list[str]:
+    """Make verl load global_step_`step` rather than the tracker's step (ray_trainer `_load_checkpoint`:
+    resume_mode=resume_path takes `resume_from_path`, which must name global_step_N; the tracker is left as it is,
+    and verl rewrites it at its next save)."""
+    return [
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={hydra_value(str(run_dir / f'global_step_{step}'))}",
+    ]
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     command: list[str]  # empty when the run is already finished (nothing to train)
@@ -279,14 +290,19 @@ def prepare_launch(
             settings.total_steps,
         )
         return LaunchPlan(command=[], record_dir=None, state=state)
+    resume: list[str] = []
     if state.step is not None:
         # verl's resume_mode=auto loads the step the tracker names: wait until every rank's shard of it is in
-        # the bucket, or refuse with one line before any GPU work starts.
-        check_checkpoint(settings.run_dir.expanduser(), deadline_s=settings.checkpoint_wait_s)
-        log.info("resuming %s from step %d of %d", settings.experiment_name, state.step, settings.total_steps)
+        # the bucket; if it never completes, resume from the newest complete step instead, or refuse with one
+        # line (no complete step at all) before any GPU work starts.
+        run_dir = settings.run_dir.expanduser().resolve()
+        step = check_checkpoint(run_dir, deadline_s=settings.checkpoint_wait_s)
+        if step is not None and step != state.step:
+            resume = resume_overrides(run_dir, step)
+        log.info("resuming %s from step %s of %d", settings.experiment_name, step, settings.total_steps)
     data = prepare_data(settings)
     log.info("data: %d train / %d test rows in %s", data.train_rows, data.test_rows, data.train_file.parent)
-    overrides = merge_overrides(render_overrides(settings, data.train_rows), extra_overrides)
+    overrides = merge_overrides(render_overrides(settings, data.train_rows), [*resume, *extra_overrides])
     write_tool_config(settings)
     healthy = check_retrieval(settings)
     corpus = check_corpus(settings, healthy)
@@ -340,5 +356,6 @@ __all__ = [
     "count_gpus",
     "prepare_launch",
     "record_run",
+    "resume_overrides",
     "train_local",
 ]

@@ -6,6 +6,7 @@
     launch.py          planning and launching the retrieval service and the trainer (health and corpus checks)
     corpus_check.py    does the service's corpus fit the training data (its GET /)
     index_mount.py     mounting a prebuilt index bucket on the replicas
+    tls.py             mounting the service.tls certificate (SEARCHRL_RETRIEVAL_CA_BUNDLE) on the training nodes
     replica_budget.py  how long a replica takes to start (the readiness probe's initial delay)
 
     searchrl sky validate                          # every sky/*.yaml through SkyPilot's own parser

@@ -68,9 +68,13 @@ def fetch_service_info(url: str, api_key: str | None = None, *, timeout_s: float
     """`GET <url>/`: the service's description (no secret is logged or echoed)."""
     import httpx
 
+    from searchrl.retrieval.client import tls_context
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    # https:// trusts what RetrievalClient trusts: the system's CAs plus $SEARCHRL_RETRIEVAL_CA_BUNDLE
+    verify = (tls_context() if url.startswith("https://") else None) or True
     try:
-        response = httpx.get(url.rstrip("/") + "/", headers=headers, timeout=timeout_s)
+        response = httpx.get(url.rstrip("/") + "/", headers=headers, timeout=timeout_s, verify=verify)
     except httpx.HTTPError as exc:
         raise RetrievalUnavailableError(
             f"GET / on the retrieval service failed ({type(exc).__name__}): cannot tell which corpus it serves",

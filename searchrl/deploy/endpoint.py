@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import tenacity
+
 from searchrl.deploy.skypilot import _sky
 from searchrl.errors import DeployError
 
@@ -81,15 +83,27 @@ _SERVICE_TERMINAL = frozenset({"CONTROLLER_FAILED", "FAILED_CLEANUP", "SHUTTING_
 _REPLICA_FAILED_0_14_1 = frozenset(
     {"FAILED", "FAILED_CLEANUP", "FAILED_INITIAL_DELAY", "FAILED_PROBING", "FAILED_PROVISION", "UNKNOWN"}
 )
-# Of those, the ones after which SkyServe's autoscaler stops launching replicas (`ReplicaStatusProperty.
-# unrecoverable_failure`: the app failed, or the initial delay ran out, before any replica was READY) and
-# FAILED_CLEANUP (a possible leak, never relaunched). The others (FAILED_PROVISION, FAILED_PROBING, UNKNOWN) are
-# replaced by a new replica, so the wait goes on until MAX_REPLACED_REPLICAS of them have failed.
-_REPLICA_FATAL = frozenset({"FAILED", "FAILED_INITIAL_DELAY", "FAILED_CLEANUP"})
+# The states after which SkyServe's autoscaler stops launching replicas: `ReplicaStatusProperty.
+# unrecoverable_failure()` (the app failed, or the initial delay ran out, on a replica never READY), checked by
+# `autoscalers._generate_scaling_decisions` only while the service's version has never had a READY replica. Once
+# one was READY (the service's `uptime` is set, sky/serve/replica_managers.py `_probe_all_replicas`), SkyServe
+# replaces every failed replica, so these are fatal only before that.
+_REPLICA_FATAL = frozenset({"FAILED", "FAILED_INITIAL_DELAY"})
+# FAILED_CLEANUP is not an outcome while SkyServe syncs a failed replica's logs: `_terminate_replica(sync_down_
+# logs=True)` downloads them before it sets sky_down_status, and `to_replica_status()` reads FAILED_CLEANUP for a
+# replica whose app or launch failed and whose sky.down has not started. It then goes SHUTTING_DOWN and ends as
+# FAILED or FAILED_PROVISION. Only a replica whose sky.down failed stays FAILED_CLEANUP (a possible leak), so
+# the wait ends on FAILED_CLEANUP only when it lasts longer than the log sync can.
+CLEANUP_GRACE_S = 900.0
+# Failed replicas SkyServe replaces that end the wait; counted only since the service last had a READY replica
+# and only for its current version (failed records stay in SkyServe's replica table for the service's life).
 MAX_REPLACED_REPLICAS = 3
+# Consecutive status reads that may fail (API server restarting, a network blip) before the wait gives up.
+MAX_STATUS_ERRORS = 5
 _REPLICA_HINT = {
     "FAILED": "its setup or run exited non-zero",
-    "FAILED_CLEANUP": "its setup or run failed and the teardown failed too (check the cloud console for leaks)",
+    "FAILED_CLEANUP": f"SkyServe could not tear it down ({CLEANUP_GRACE_S:.0f}s in FAILED_CLEANUP): check the "
+    "cloud console for a leaked cluster and `sky serve down` the service",
     "FAILED_INITIAL_DELAY": "it did not pass the readiness probe within initial_delay_seconds (setup + index "
     "load took longer: raise service.readiness_probe.initial_delay_seconds, docs/deploy.md)",
     "FAILED_PROBING": "it stopped answering the readiness probe",
@@ -103,7 +117,7 @@ def service_records(name: str) -> list[dict[str, Any]]:
     sky = _sky()
     try:
         return list(sky.get(sky.serve.status(name)))
-    except Exception as exc:  # the API server may be down or the name unknown; both end the wait
+    except Exception as exc:  # the API server may be down or restarting: the wait retries, then gives up
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DeployError(
             f"cannot read the status of service {name!r}: {first} (check `sky api status` and `sky check`)"
@@ -131,6 +145,18 @@ def _replica_states(record: Mapping[str, Any]) -> list[tuple[Any, str]]:
     ]
 
 
+def _outdated_replicas(record: Mapping[str, Any]) -> set[Any]:
+    """Ids of replicas of an older version than the service's (`sky serve update` replaced them)."""
+    version = record.get("version")
+    if not isinstance(version, int):
+        return set()
+    return {
+        info.get("replica_id", "?")
+        for info in record.get("replica_info") or []
+        if isinstance(info.get("version"), int) and info["version"] < version
+    }
+
+
 def _summary(replicas: Sequence[tuple[Any, str]]) -> str:
     if not replicas:
         return "no replicas yet"
@@ -138,6 +164,39 @@ def _summary(replicas: Sequence[tuple[Any, str]]) -> str:
     for _, status in replicas:
         counts[status] = counts.get(status, 0) + 1
     return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+def _read_status(
+    name: str,
+    status_fn: Callable[[str], list[dict[str, Any]]],
+    sleep: Callable[[float], None],
+    interval_s: float,
+) -> list[dict[str, Any]]:
+    """One status read, retried: a single failed API call must not end a wait of ~40 minutes."""
+    for attempt in tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(MAX_STATUS_ERRORS),
+        wait=tenacity.wait_fixed(interval_s),
+        retry=tenacity.retry_if_exception_type(DeployError),
+        sleep=sleep,
+        reraise=True,
+        before_sleep=lambda state: log.warning(
+            "service %s: status read %d of %d failed (%s); retrying",
+            name,
+            state.attempt_number,
+            MAX_STATUS_ERRORS,
+            state.outcome.exception() if state.outcome else "?",
+        ),
+    ):
+        with attempt:
+            return status_fn(name)
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+def _fail(name: str, rid: Any, state: str, prefix: str = "") -> DeployError:
+    return DeployError(
+        f"service {name!r}: {prefix}replica {rid} is {state}: {_REPLICA_HINT.get(state, 'it failed')}; its log: "
+        f"`sky serve logs {name} {rid}` (controller: `sky serve logs --controller {name}`)"
+    )
 
 
 def wait_for_endpoint(
@@ -151,17 +210,23 @@ def wait_for_endpoint(
 ) -> str:
     """Poll SkyServe until service `name` is READY with an endpoint, and return it as http://IP:PORT.
 
-    Pending while the service reads CONTROLLER_INIT/NO_REPLICA/REPLICA_INIT. A replica in a state after which
-    SkyServe stops scaling (FAILED, FAILED_INITIAL_DELAY, FAILED_CLEANUP) ends the wait with one line naming it,
-    its state and the command that shows its log; one SkyServe replaces (FAILED_PROVISION, ...) is logged, and
-    MAX_REPLACED_REPLICAS of those end it too.
+    Pending while the service reads CONTROLLER_INIT/NO_REPLICA/REPLICA_INIT. Until the service has had a READY
+    replica, one in a state after which SkyServe stops scaling (FAILED, FAILED_INITIAL_DELAY) ends the wait with
+    one line naming it, its state and the command that shows its log. A replica SkyServe replaces (FAILED_
+    PROVISION, FAILED_PROBING, ..., and any failure once the service was READY) is logged, and MAX_REPLACED_
+    REPLICAS of those since the last READY replica end it too. FAILED_CLEANUP ends it only after CLEANUP_GRACE_S
+    (the log sync before teardown reads FAILED_CLEANUP too). A failed status read is retried MAX_STATUS_ERRORS
+    times, `interval_s` apart.
     """
     start = clock()
     deadline = start + timeout_s
     failed_states = failed_replica_states()
-    replaced: dict[Any, str] = {}  # replica id -> failed state, for replicas SkyServe replaces
+    history: set[Any] = set()  # failed before the service last had a READY replica: SkyServe replaced them
+    counted: dict[Any, str] = {}  # replica id -> failed state, for failures since then
+    cleanup_since: dict[Any, float] = {}  # replica id -> when it was first seen FAILED_CLEANUP
+    ever_ready = False
     while True:
-        records = status_fn(name)
+        records = _read_status(name, status_fn, sleep, interval_s)
         if not records:
             raise DeployError(
                 f"no service named {name!r}: start it with "
@@ -174,24 +239,58 @@ def wait_for_endpoint(
         if status == "READY" and endpoint:
             endpoint = str(endpoint)
             return endpoint if "://" in endpoint else f"http://{endpoint}"
-        failed = [(rid, st) for rid, st in replicas if st in failed_states]
-        new = [(rid, st) for rid, st in failed if rid not in replaced]
-        replaced.update(failed)
-        fatal = [(rid, st) for rid, st in failed if st in _REPLICA_FATAL]
-        if fatal or len(replaced) >= MAX_REPLACED_REPLICAS:
-            rid, st = fatal[0] if fatal else list(replaced.items())[-1]
-            count = "" if fatal else f"{len(replaced)} replicas failed, the last: "
-            raise DeployError(
-                f"service {name!r}: {count}replica {rid} is {st}: {_REPLICA_HINT.get(st, 'it failed')}; its log: "
-                f"`sky serve logs {name} {rid}` (controller: `sky serve logs --controller {name}`)"
-            )
+        outdated = _outdated_replicas(record)
+        failed = [(rid, st) for rid, st in replicas if st in failed_states and rid not in outdated]
+        ready_now = any(st == "READY" for _, st in replicas)
+        if ready_now or (record.get("uptime") is not None and not ever_ready):
+            # A replica is READY now, or was since the service's first probe success (`uptime`): what failed
+            # until then is history SkyServe has replaced, and its autoscaler no longer stops on a failure.
+            history.update(rid for rid, _ in failed)
+            counted.clear()
+            ever_ready = True
+        now = clock()
+        for rid, st in replicas:
+            if st == "FAILED_CLEANUP":
+                cleanup_since.setdefault(rid, now)
+            else:
+                cleanup_since.pop(rid, None)
+        # FAILED_CLEANUP is not counted until it becomes an outcome (or outlasts the grace, below)
+        current = [(rid, st) for rid, st in failed if rid not in history and st != "FAILED_CLEANUP"]
+        new = [(rid, st) for rid, st in current if counted.get(rid) != st]
+        counted.update(current)
+        stuck = [
+            rid
+            for rid, since in cleanup_since.items()
+            if rid not in history and rid not in outdated and now - since >= CLEANUP_GRACE_S
+        ]
+        if stuck:
+            raise _fail(name, stuck[0], "FAILED_CLEANUP")
+        fatal = [] if ever_ready else [(rid, st) for rid, st in current if st in _REPLICA_FATAL]
+        if fatal:
+            raise _fail(name, *fatal[0])
+        if len(counted) >= MAX_REPLACED_REPLICAS:
+            rid, st = list(counted.items())[-1]
+            raise _fail(name, rid, st, f"{len(counted)} replicas failed, the last: ")
+        for rid, since in cleanup_since.items():
+            if since == now and rid not in history:  # first seen in FAILED_CLEANUP
+                log.warning(
+                    "service %s: replica %s is FAILED_CLEANUP: SkyServe syncs its logs before tearing it down; "
+                    "waiting for its final state (`sky serve logs %s %s`)",
+                    name,
+                    rid,
+                    name,
+                    rid,
+                )
         for rid, st in new:
             log.warning(
-                "service %s: replica %s is %s (%s); SkyServe launches a replacement",
+                "service %s: replica %s is %s (%s); %s",
                 name,
                 rid,
                 st,
                 _REPLICA_HINT.get(st, "it failed"),
+                "SkyServe launches a replacement"
+                if st not in _REPLICA_FATAL
+                else "SkyServe replaces it (READY before)",
             )
         if status in _SERVICE_TERMINAL or status not in _SERVICE_PENDING | {"READY"}:
             raise DeployError(

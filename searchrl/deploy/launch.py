@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.deploy.endpoint import DEFAULT_SERVICE, ENDPOINT_TIMEOUT_S, wait_for_endpoint
+from searchrl.deploy.feasibility import DEFAULT_NETWORK_TIER, set_network_tier
 from searchrl.deploy.skypilot import SKY_DIR, _sky
 from searchrl.deploy.tasks import check_task, load_task, render_task, required_names, secrets_from_env
 from searchrl.errors import ConfigError, DeployError
@@ -20,6 +21,9 @@ from searchrl.errors import ConfigError, DeployError
 log = logging.getLogger(__name__)
 
 DEFAULT_JOB = "searchrl-train"
+# What a dry run puts in RETRIEVAL_SERVICE_URL when none was given: it neither waits for a READY service nor
+# health-checks one (a launch does both); the printed task says so.
+UNRESOLVED_URL = "http://unresolved-at-dry-run.invalid"
 
 
 @dataclass
@@ -27,6 +31,8 @@ class TrainPlan:
     task: Any  # sky.Task
     text: str  # rendered, redacted
     url: str
+    # False: a dry run that left the endpoint (and its health and corpus checks) to the launch
+    resolved: bool = True
 
 
 def plan_train(
@@ -38,21 +44,36 @@ def plan_train(
     health_deadline_s: float = 120.0,
     endpoint_timeout_s: float = ENDPOINT_TIMEOUT_S,
     num_nodes: int | None = None,
+    network_tier: str = DEFAULT_NETWORK_TIER,
+    infra: str | None = None,
+    dry_run: bool = False,
 ) -> TrainPlan:
-    """Resolve the endpoint, health-check it, and build the task with the overrides and secrets."""
+    """Resolve the endpoint, health-check it, and build the task with the overrides and secrets.
+
+    `network_tier` is `sky jobs launch --network-tier`: `standard` (default) keeps every cloud docs/deploy.md names;
+    `best` (EFA/GPUDirect/InfiniBand) leaves only AWS, GCP and Nebius (searchrl/deploy/feasibility.py). `infra`
+    (`sky jobs launch --infra aws/us-east-1`) pins the job, and every recovery, where the checkpoint bucket lives.
+    A `dry_run` without RETRIEVAL_SERVICE_URL waits for nothing: the task gets UNRESOLVED_URL and no health or
+    corpus check runs.
+    """
     from searchrl.retrieval.client import check_health
 
     path = Path(yaml_path or SKY_DIR / "train.yaml")
     envs = dict(envs)
     need_envs, need_secrets = required_names(path)
     secrets = secrets_from_env(sorted(set(need_secrets) | set(secret_names)))
+    resolved = True
     if not envs.get("RETRIEVAL_SERVICE_URL"):
-        envs["RETRIEVAL_SERVICE_URL"] = wait_for_endpoint(service, timeout_s=endpoint_timeout_s)
+        if dry_run:
+            envs["RETRIEVAL_SERVICE_URL"] = UNRESOLVED_URL
+            resolved = False
+        else:
+            envs["RETRIEVAL_SERVICE_URL"] = wait_for_endpoint(service, timeout_s=endpoint_timeout_s)
     missing = [n for n in need_envs if n not in envs]
     if missing:
         raise ConfigError(f"{path.name} needs {' '.join(f'--env {n}=...' for n in missing)}")
     url = envs["RETRIEVAL_SERVICE_URL"]
-    for one in [u.strip() for u in url.split(",") if u.strip()]:
+    for one in [u.strip() for u in url.split(",") if u.strip()] if resolved else []:
         result = check_health(one, secrets.get("RETRIEVAL_API_KEY"), deadline_s=health_deadline_s)
         if not result.ok:
             raise DeployError(
@@ -67,22 +88,34 @@ def plan_train(
         except ValueError:
             raise ConfigError("NUM_NODES must be a whole number of nodes, e.g. --num-nodes 4") from None
     task = load_task(path, envs, secrets)
+    # service.tls: the certificate the nodes' clients must trust, mounted on every node (searchrl/deploy/tls.py)
+    from searchrl.deploy.tls import add_ca_bundle
+
+    add_ca_bundle(task, envs)
     # Search-R1 data against a corpus other than wiki-18 trains "search does not help": refuse before launching.
     from searchrl.deploy.corpus_check import check_task_corpus
 
-    first_url = [u.strip() for u in url.split(",") if u.strip()][0]
-    corpus = check_task_corpus(dict(task.envs), first_url, secrets.get("RETRIEVAL_API_KEY"))
-    log.info("retrieval corpus: %s", corpus.describe())
+    if resolved:
+        first_url = [u.strip() for u in url.split(",") if u.strip()][0]
+        corpus = check_task_corpus(dict(task.envs), first_url, secrets.get("RETRIEVAL_API_KEY"))
+        log.info("retrieval corpus: %s", corpus.describe())
     if num_nodes is not None:
         if num_nodes < 1:
             raise ConfigError(f"--num-nodes must be at least 1, got {num_nodes}")
         task.num_nodes = num_nodes  # as `sky jobs launch --num-nodes`; the trainer reads SKYPILOT_NUM_NODES
+    set_network_tier(task, network_tier)
+    if infra:
+        try:
+            task.set_resources_override({"infra": infra})
+        except (ValueError, TypeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"--infra {infra}: SkyPilot rejected it: {first}") from None
     problems = check_task(task)
     if problems:
         raise DeployError(
             f"{path}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
         )
-    return TrainPlan(task=task, text=render_task(task, secrets), url=url)
+    return TrainPlan(task=task, text=render_task(task, secrets), url=url, resolved=resolved)
 
 
 @dataclass
