@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from searchrl.deploy import skypilot
+from searchrl.retrieval.process import stop_process
 from tests.conftest import REPO
 from tests.live import free_port
 
@@ -99,9 +100,4 @@ def skyserve_load_balancer(
             time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, timeout_s=10)

@@ -50,6 +50,8 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from searchrl.retrieval.process import stop_process
+
 MIB = 1 << 20
 SERPER_KEY = "hostile-web-serper-key"  # not a secret: the fake only checks that the service sends a key
 ARTICLE = (
@@ -207,12 +209,7 @@ def serve_hostile_web(port: int, log_path: Path, timeout_s: float = 60.0) -> Ite
             time.sleep(0.05)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, timeout_s=10)
 
 
 def main(argv: list[str] | None = None) -> int:
