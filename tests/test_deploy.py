@@ -7,7 +7,6 @@ service with auth for the health check, and SkyPilot's parser building the task 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from searchrl.errors import ConfigError, DeployError
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import REPO, TINY_CORPUS
 from tests.live import free_port, serve_in_thread
+from tests.sky_code import sky_json
 
 TOKEN = "deploy-test-token-91ab"
 
@@ -115,17 +115,7 @@ print(json.dumps({**result, "seen": seen, "log": lines}))
 
 
 def skyserve_wait(outcome: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [skypilot.sky_python(), "-c", SKYSERVE_SEQUENCE, outcome],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return sky_json(SKYSERVE_SEQUENCE, outcome)
 
 
 def test_wait_follows_skyserves_own_sequence_to_the_endpoint() -> None:

@@ -9,16 +9,13 @@ at the first passed probe) and `version`. The script runs with SkyPilot's python
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from typing import Any
 
 import pytest
 
-from searchrl.deploy import endpoint, skypilot
+from searchrl.deploy import endpoint
 from searchrl.errors import DeployError
-from tests.conftest import REPO
+from tests.sky_code import sky_json
 
 REPLAY = r"""
 import json, logging, sys
@@ -126,17 +123,7 @@ print(json.dumps({**result, "seen": seen, "log": lines, "waited": now[0]}))
 
 
 def replay(scenario: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [skypilot.sky_python(), "-c", REPLAY, scenario],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return sky_json(REPLAY, scenario)
 
 
 def test_failed_cleanup_while_skyserve_syncs_logs_is_waited_through_to_the_final_state() -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from searchrl.deploy import skypilot
 from tests.conftest import REPO
+from tests.sky_code import sky_json
 
 CLOUDS = ["aws", "gcp", "azure", "lambda", "nebius", "runpod", "kubernetes"]
 GPU = "\"{'Gpus': [{'Name': 'H100', 'Manufacturer': 'NVIDIA', 'Count': 8, 'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 655360}\""
@@ -84,21 +85,8 @@ def catalogs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fits(catalogs: Path, how: str, path: Path, tier: str, clouds: list[str] = CLOUDS) -> dict[str, dict]:
-    proc = subprocess.run(
-        [skypilot.sky_python(), "-c", CHECK, how, str(path), tier, json.dumps(clouds)],
-        cwd=REPO,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(REPO),
-            "SKY_RUNTIME_DIR": str(catalogs),
-            "RETRIEVAL_API_KEY": "t",
-        },
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out: dict[str, dict] = json.loads(proc.stdout.strip().splitlines()[-1])
+    env = {"SKY_RUNTIME_DIR": str(catalogs), "RETRIEVAL_API_KEY": "t"}
+    out: dict[str, dict] = sky_json(CHECK, how, str(path), tier, json.dumps(clouds), env=env, timeout=180)
     return out
 
 

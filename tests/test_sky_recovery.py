@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.deploy import skypilot
 from tests import test_sky_yaml as harness
 from tests.conftest import REPO
+from tests.sky_code import sky_json
 
 GUARD = REPO / "trainer" / "refusal.py"
 
@@ -48,18 +48,8 @@ print(json.dumps({"strategy": type(ex).__name__, "max": ex.max_restarts_on_error
 
 
 def controller(yaml_name: str, attempts: list[list[int]]) -> dict:
-    proc = subprocess.run(
-        [skypilot.sky_python(), "-c", EXECUTOR, str(REPO / "sky" / yaml_name)],
-        input="".join(json.dumps(a) + "\n" for a in attempts),
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out: dict = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+    stdin = "".join(json.dumps(a) + "\n" for a in attempts)
+    return sky_json(EXECUTOR, str(REPO / "sky" / yaml_name), stdin=stdin)
 
 
 @pytest.mark.parametrize("yaml_name", ["train.yaml", "train-single.yaml"])

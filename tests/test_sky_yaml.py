@@ -26,6 +26,7 @@ from searchrl.deploy import endpoint, replica_budget, skypilot, tasks
 from searchrl.errors import DeployError
 from tests.conftest import REPO, TINY_CORPUS
 from tests.live import free_port
+from tests.sky_code import in_sky_python
 
 SKY = REPO / "sky"
 GPU_YAMLS = {"train.yaml", "train-single.yaml", "infer.yaml"}  # setup installs a CUDA stack
@@ -45,19 +46,6 @@ def searchrl(
         text=True,
         timeout=timeout,
     )
-
-
-def in_sky_python(code: str, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(
-        [skypilot.sky_python(), "-c", code],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
 
 
 # --- static checks of the files (no SkyPilot needed) ------------------------------------------------------------
@@ -305,7 +293,7 @@ def run_node(
 ) -> tuple[int, str, str]:
     """Build `yaml_name`'s script for node `rank` with SkyPilot's codegen, run it in a fake node at `home`."""
     built = json.loads(
-        in_sky_python_argv(BUILD_SCRIPT, str(SKY / yaml_name), str(rank), str(nodes)).strip().splitlines()[-1]
+        in_sky_python(BUILD_SCRIPT, str(SKY / yaml_name), str(rank), str(nodes)).strip().splitlines()[-1]
     )
     assert built["mount_cached"] == [mount_cached]
     bin_dir = home / "bin"
@@ -352,19 +340,6 @@ def run_node(
     )
     calls = (home / "calls.log").read_text() if (home / "calls.log").is_file() else ""
     return proc.returncode, proc.stdout, calls
-
-
-def in_sky_python_argv(code: str, *argv: str) -> str:
-    proc = subprocess.run(
-        [skypilot.sky_python(), "-c", code, *argv],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
 
 
 def _flushed(stdout: str) -> bool:
@@ -479,7 +454,7 @@ def real_uv() -> str:
 
 def built_setup(yaml_name: str, **envs: str) -> dict[str, Any]:
     """sky/<yaml_name>'s setup and run scripts and storage mounts, as SkyPilot builds them with these --env's."""
-    out = in_sky_python_argv(BUILD_SETUP, str(SKY / yaml_name), json.dumps(envs))
+    out = in_sky_python(BUILD_SETUP, str(SKY / yaml_name), json.dumps(envs))
     built: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return built
 
@@ -616,7 +591,7 @@ def test_an_empty_bucket_mount_in_the_file_would_fail_at_launch(tmp_path: Path) 
         "(s,) = t.storage_mounts.values()\n"
         "try:\n    s._validate_storage_spec(s.name)\nexcept Exception as e:\n    print(type(e).__name__, e)"
     )
-    out = in_sky_python_argv(code, str(tmp_path / "retrieval.yaml"))
+    out = in_sky_python(code, str(tmp_path / "retrieval.yaml"))
     assert "StorageNameError Storage name must be specified if the source is local." in out
 
 
