@@ -4,9 +4,15 @@ Why: under RL rollouts the service gets hundreds of concurrent one-query request
 pass costs about the same for 1 query as for 64 (DESIGN.md section 5). So requests only *enqueue* their
 queries; one worker thread per encoder/index (the only thread that touches the model and the FAISS index,
 which matters because FAISS GPU indexes are not thread-safe even for reads) drains the queue into batches of
-at most `batch_size` queries, waiting at most `batch_wait_ms` for a batch to fill, calls the synchronous batch
-function once, and hands each request its results through `loop.call_soon_threadsafe`. The event loop never
-blocks on model work.
+at most `batch_size` queries, calls the synchronous batch function once, and hands each request its results
+through `loop.call_soon_threadsafe`. The event loop never blocks on model work.
+
+Adaptive wait (issue 24): the worker waits up to `batch_wait_ms` for a batch to fill only while there is
+concurrency to wait for. Its target is the largest batch among the last few (`_RECENT_BATCHES`): a lone
+client (an agent at evaluation time, a developer with curl, the first query of an RL burst) has batches of 1,
+so its query goes to the encoder at once, with no wait at all; 32 clients have batches of ~32, so the worker
+waits until ~32 queries are queued (or the wait runs out), which also ends the wait early instead of always
+sleeping the whole `batch_wait_ms` when fewer than `batch_size` clients exist.
 
 In front of the queue:
 - a normalised-query LRU result cache (GRPO's n=5..16 samples per prompt repeat the same queries), and
@@ -16,6 +22,10 @@ Behind it, backpressure: at most `queue_size` queries wait; past that `Overloade
 Retry-After) instead of unbounded latency, and each request has a deadline (`request_timeout_s`). Retry-After
 is the time the queue needs to drain at the measured rate, capped at `retry_after_max_s` so it stays inside a
 client's deadline (a 30 s Retry-After is useless to a client that gives up after 10 s).
+
+Idle hook: `on_idle(settled)` runs on the worker thread when a batch leaves the queue empty (settled=False)
+and once more when the queue has stayed empty for `idle_s` after a batch (settled=True); the dense backend
+gives freed heap memory back to the OS there (retrieval/heap.py, issue 24).
 
 Watchdog: `problem()` says why the batcher cannot serve (worker thread dead, one batch running longer than
 `stall_s`, queue nearly full); the app's `/ready` reports it so the load balancer stops sending traffic.
@@ -45,6 +55,11 @@ if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
+
+#: How many of the latest batch sizes set the adaptive wait's target (the largest of them). Long enough to
+#: ride over one batch that the wait cut short, short enough (a few hundred ms) to stop waiting soon after
+#: concurrency ends.
+_RECENT_BATCHES = 16
 
 Hits = list[ScoredDocument]
 #: fn(queries, topk) -> one list of hits per query, best first; runs on the worker thread only.
@@ -153,9 +168,12 @@ class Batcher:
         retry_after_max_s: float = 30.0,
         stall_s: float = 30.0,
         ready_queue_fraction: float = 0.9,
+        on_idle: Callable[[bool], object] | None = None,
+        idle_s: float = 1.0,
     ) -> None:
         """`executor`: run the worker loop there (a single-thread executor that already owns the model and
-        index, e.g. the one that loaded a GPU index) instead of on a thread of its own."""
+        index, e.g. the one that loaded a GPU index) instead of on a thread of its own. `on_idle`: see the
+        module docstring."""
         if batch_size < 1 or queue_size < 1:
             raise ValueError("batch_size and queue_size must be at least 1")
         self.fn = fn
@@ -182,13 +200,25 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         # queries/s of the worker, smoothed; used to tell overloaded clients how long to back off
         self._rate = 0.0
+        # unique queries in each of the latest batches: the adaptive wait's evidence of concurrency
+        self._recent: deque[int] = deque([1], maxlen=_RECENT_BATCHES)
+        self._on_idle = on_idle
+        self.idle_s = idle_s
+        self._since_settled = 0  # batches since on_idle(settled=True) last ran
+        self._target = 1  # wait_target, kept by the worker thread (one int: read without the lock)
         self.batches = 0  # batches computed (tests and logs)
         self.submitted = 0  # unique queries accepted into the queue
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     @classmethod
     def from_settings(
-        cls, fn: BatchFn, settings: RetrievalSettings, *, name: str, executor: Executor | None = None
+        cls,
+        fn: BatchFn,
+        settings: RetrievalSettings,
+        *,
+        name: str,
+        executor: Executor | None = None,
+        on_idle: Callable[[bool], object] | None = None,
     ) -> Batcher:
         """The service's batcher for one backend: every limit comes from the retrieval settings."""
         return cls(
@@ -203,6 +233,7 @@ class Batcher:
             retry_after_max_s=settings.retry_after_max_s,
             stall_s=settings.worker_stall_s,
             ready_queue_fraction=settings.ready_queue_fraction,
+            on_idle=on_idle,
         )
 
     async def start(self) -> None:
@@ -268,6 +299,12 @@ class Batcher:
     def queue_depth(self) -> int:
         """Queries waiting for the worker (not counting the batch it is computing)."""
         return len(self._queue)
+
+    @property
+    def wait_target(self) -> int:
+        """Queued queries at which the worker stops waiting for more: the largest recent batch, within
+        [1, batch_size]. 1 means no concurrency was seen lately, so a query is dispatched as soon as it comes."""
+        return self._target
 
     @property
     def in_flight(self) -> int:
@@ -337,9 +374,9 @@ class Batcher:
                 depth = len(self._queue)
                 overflow = False
                 self.submitted += len(items)
-                # Wake the worker only when it may be idle or a full batch is ready: every notify costs a
-                # thread switch under the GIL.
-                if was_empty or depth >= self.batch_size:
+                # Wake the worker only when it may be idle or the batch it waits for is ready: every notify
+                # costs a thread switch under the GIL.
+                if was_empty or depth >= self._target:
                     self._cond.notify()
         self.metrics.set_queue_depth(depth)
         if overflow:
@@ -365,12 +402,18 @@ class Batcher:
             while not self._queue:
                 if self._stopping:
                     return None
-                self._cond.wait()
-            # Fill the batch until it is full or its oldest query has waited batch_wait_s. Under load the
+                if self._on_idle is None or not self._since_settled:
+                    self._cond.wait()
+                elif not self._cond.wait(self.idle_s) and not self._queue and not self._stopping:
+                    self._since_settled = 0
+                    return []  # settled: the caller runs on_idle(True) outside the lock
+            # Fill the batch until it holds as many queries as recent batches did (at most batch_size) or its
+            # oldest query has waited batch_wait_s. One client: the target is 1, so no wait. Under load the
             # queue filled up while the previous batch ran, so this returns at once.
-            if len(self._queue) < self.batch_size and self.batch_wait_s > 0:
+            target = self.wait_target
+            if len(self._queue) < target and self.batch_wait_s > 0:
                 until = self._queue[0].enqueued_at + self.batch_wait_s
-                while len(self._queue) < self.batch_size and not self._stopping:
+                while len(self._queue) < target and not self._stopping:
                     remaining = until - time.monotonic()
                     if remaining <= 0:
                         break
@@ -385,6 +428,14 @@ class Batcher:
             self._worker_error = exc
             log.exception("%s: worker thread died", self.name)  # logged once here; the thread then ends
 
+    def _idle(self, settled: bool) -> None:
+        if self._on_idle is None:
+            return
+        try:
+            self._on_idle(settled)
+        except Exception:  # housekeeping must never kill the worker
+            log.exception("%s: idle hook failed", self.name)
+
     def _loop_batches(self) -> None:
         assert self._loop is not None
         loop = self._loop
@@ -392,6 +443,9 @@ class Batcher:
             batch = self._take_batch()
             if batch is None:
                 return
+            if not batch:
+                self._idle(settled=True)
+                continue
             started = time.monotonic()
             self._busy_since = started
             live = [it for it in batch if it.deadline > started]
@@ -421,8 +475,13 @@ class Batcher:
                 rate = len(live) / elapsed
                 self._rate = rate if self._rate == 0 else 0.8 * self._rate + 0.2 * rate
             self.batches += 1
+            self._recent.append(len(batch))
+            self._target = max(1, min(self.batch_size, max(self._recent)))
             waits = [started - it.enqueued_at for it in batch]
             loop.call_soon_threadsafe(self._resolve, live, per_item, expired, error, waits, elapsed)
+            self._since_settled += 1
+            if not self._queue:
+                self._idle(settled=False)
 
     # --- back on the event-loop thread ---------------------------------------------------------------------
     def _resolve(

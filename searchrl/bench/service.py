@@ -15,7 +15,13 @@ into data/ on first use, reused after):
       (recall@3 against the fp32 torch encoder on the dev QA + corpus-derived queries, q/s, refused or not);
   (c) 32 one-query clients where every query repeats 5 times in a row (GRPO's n samples per prompt);
   (h) the HTTP path alone: 128 clients re-sending the queries (b)@128 got answers for, so every one is a
-      result-cache hit and no encoder runs: requests/s and CPU per request of server and load generator.
+      result-cache hit and no encoder runs: requests/s and CPU per request of server and load generator;
+  (r) a reference-like server (searchrl/bench/reference.py: FastAPI, one fp32 torch encode + FAISS search per
+      request, no batcher; what Search-R1's retrieval_server.py does) on the same model, FAISS file and
+      corpus, at 1 and 128 one-query clients, so (b)@1 and (b)@128 are compared with it in the same run;
+  (m) memory: the service's RSS after start-up and after every scenario, split into anonymous memory and
+      file-backed pages (and of those, the pages of the mmap'd FAISS file, corpus and offsets), from
+      /proc/PID/smaps; the reference-like server's RSS beside it.
 Queries are distinct and realistic (the dev QA questions, then corpus titles and sentences turned into
 questions), every scenario gets its own unused slice, so the result cache cannot serve (a)/(b): throughput is
 on unique queries, with no cache hits, and the cache hits each scenario saw are read back from /metrics and
@@ -89,6 +95,8 @@ class LoadResult:
     client: str = "raw"
     client_cpu_ms_per_request: float = 0.0  # the load generator's CPU (getrusage) per answered request
     server_cpu_ms_per_request: float | None = None  # the server process's CPU (all threads), if measured
+    server_rss_mb: float | None = None  # the server's RSS after the scenario (/proc/PID/smaps_rollup)
+    server_anon_mb: float | None = None  # ... of which anonymous memory (heap, arenas, model weights)
 
 
 # --- queries ------------------------------------------------------------------------------------------------
@@ -228,6 +236,44 @@ def start_server(
         "--port",
         str(port),
     ]
+    return _start_and_wait(cmd, env, port, log_path, timeout_s)
+
+
+def start_reference(
+    settings: RetrievalSettings, port: int, log_path: Path, *, timeout_s: float = 300.0
+) -> subprocess.Popen[bytes]:
+    """The reference-like server (searchrl/bench/reference.py) on the service's model, FAISS file and corpus.
+
+    It inherits this process's OMP_WAIT_POLICY (PASSIVE, set when the encoder module was imported), the same
+    as the service gets: with the library default (spinning OpenMP threads) it answered one client in 300 to
+    1,250 ms instead of 22 to 68 ms on this shared 2-core VM, and a reference that slow would flatter the service.
+    """
+    from searchrl.retrieval.encoder import resolve_encoder
+    from searchrl.retrieval.indexing import FAISS_FILE, index_dir_for, resolve_corpus
+
+    corpus = resolve_corpus(settings)
+    _, model_dir = resolve_encoder(settings.encoder)
+    cmd = [
+        sys.executable,
+        "-m",
+        "searchrl.bench.reference",
+        "--model",
+        model_dir,
+        "--index",
+        str(index_dir_for(settings, "dense", corpus) / FAISS_FILE),
+        "--corpus",
+        str(corpus),
+        "--port",
+        str(port),
+        "--max-length",
+        str(settings.encoder_max_length),
+    ]
+    return _start_and_wait(cmd, dict(os.environ), port, log_path, timeout_s)
+
+
+def _start_and_wait(
+    cmd: list[str], env: dict[str, str], port: int, log_path: Path, timeout_s: float
+) -> subprocess.Popen[bytes]:
     log_file = open(log_path, "wb")  # noqa: SIM115 - the server outlives this function
     proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout_s
@@ -283,15 +329,53 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (stat(5))
 
 
-def run_scenario(url: str, sc: Scenario, queries: list[str], *, server_pid: int | None = None) -> LoadResult:
+def process_memory(pid: int, mapped: tuple[Path, ...] = ()) -> dict[str, float] | None:
+    """RSS of a process in MB, split into anonymous and file-backed pages (Linux /proc; None elsewhere).
+
+    `mapped_mb`: the resident pages of the given files (the mmap'd FAISS index, corpus, offsets), summed over
+    their mappings in /proc/PID/smaps. Those are page cache the kernel can drop and share between processes;
+    growth in `anon_mb` is the process's own memory (issue 24 item 4).
+    """
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        smaps = Path(f"/proc/{pid}/smaps").read_text() if mapped else ""
+    except OSError:
+        return None
+    fields: dict[str, int] = {}
+    for line in rollup.splitlines()[1:]:
+        key, _, value = line.partition(":")
+        if value.strip().endswith("kB"):
+            fields[key] = int(value.split()[0])
+    wanted = {str(p.resolve()) for p in mapped}
+    mapped_kb = 0
+    current = ""
+    for line in smaps.splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and not head[0].endswith(":"):  # a mapping's header line
+            current = head[5].strip() if len(head) > 5 else ""
+        elif line.startswith("Rss:") and current in wanted:
+            mapped_kb += int(line.split()[1])
+    rss, anon = fields.get("Rss", 0), fields.get("Anonymous", 0)
+    return {
+        "rss_mb": rss / 1024,
+        "anon_mb": anon / 1024,
+        "file_mb": (rss - anon) / 1024,
+        "mapped_mb": mapped_kb / 1024,
+    }
+
+
+def run_scenario(
+    url: str, sc: Scenario, queries: list[str], *, server_pid: int | None = None, metrics: bool = True
+) -> LoadResult:
     """Run one scenario in a fresh client process and fold in what /metrics saw meanwhile.
 
     With `server_pid`, the server's CPU seconds over the scenario are read from /proc, so the result says
-    how much CPU the server and the load generator each spent per request.
+    how much CPU the server and the load generator each spent per request, and its RSS after the scenario.
+    `metrics=False` for a server without our /metrics (the reference-like one).
     """
     job = json.dumps({"url": url, "scenario": asdict(sc), "queries": queries})
     cmd = [sys.executable, "-c", "from searchrl.bench.loadgen import loadgen_main; loadgen_main()"]
-    before = scrape(url)
+    before = scrape(url) if metrics else {}
     server_cpu0 = process_cpu_seconds(server_pid) if server_pid else None
     done = subprocess.run(cmd, input=job.encode(), capture_output=True, timeout=sc.seconds + 120, check=False)
     server_cpu1 = process_cpu_seconds(server_pid) if server_pid else None
@@ -299,7 +383,7 @@ def run_scenario(url: str, sc: Scenario, queries: list[str], *, server_pid: int 
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise SearchRLError(f"load generator failed (exit {done.returncode}): {tail[0]}")
     raw = json.loads(done.stdout)
-    after = scrape(url)
+    after = scrape(url) if metrics else {}
     answered = max(1, raw["requests"])
     server_ms = (
         1000 * (server_cpu1 - server_cpu0) / answered
@@ -333,6 +417,9 @@ def run_scenario(url: str, sc: Scenario, queries: list[str], *, server_pid: int 
         client_cpu_ms_per_request=1000 * raw["client_cpu_s"] / answered,
         server_cpu_ms_per_request=server_ms,
     )
+    memory = process_memory(server_pid) if server_pid else None
+    if memory is not None:
+        res.server_rss_mb, res.server_anon_mb = memory["rss_mb"], memory["anon_mb"]
     log.info(
         "%s (%s client): %.0f queries/s, p50 %.0f ms, p99 %.0f ms, errors %d, CPU ms/request client %.3f "
         "server %s",
@@ -365,6 +452,16 @@ def default_scenarios(seconds: float) -> list[Scenario]:
     ]
 
 
+#: (r) the reference-like server (one encode + search per request, no batcher) at 1 and 128 clients.
+REFERENCE = ("(r) reference-like, 1 client x 1 query", "(r) reference-like, 128 clients x 1 query")
+
+
+def reference_scenarios(seconds: float) -> list[Scenario]:
+    return [
+        Scenario(name, clients, seconds=seconds) for name, clients in zip(REFERENCE, (1, 128), strict=True)
+    ]
+
+
 #: (h) the HTTP path alone: every query already in the result cache (no encoder work), both load generators.
 HTTP_FLOOR = ("(h) 128 clients, cached queries, raw", "(h) 128 clients, cached queries, aiohttp")
 
@@ -394,7 +491,7 @@ def run_bench(
     e5_seconds: float = 2.0,
 ) -> dict[str, Any]:
     """Build/reuse the index, measure (a), start the service with the best precision, measure (b) and (c)."""
-    from searchrl.retrieval.indexing import ensure_index, index_dir_for, resolve_corpus
+    from searchrl.retrieval.indexing import FAISS_FILE, OFFSETS, ensure_index, index_dir_for, resolve_corpus
 
     load_before = os.getloadavg()[0]
     settings = settings.model_copy(update={"backend": "dense"})
@@ -433,12 +530,15 @@ def run_bench(
         server_env["SEARCHRL_RETRIEVAL_THREADS"] = str(server_threads)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    mapped = (index_dir / FAISS_FILE, index_dir / OFFSETS, corpus_path)
+    reference_rows, reference_memory = run_reference(settings, pool, best["qps"], seconds, out_dir, stamp)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
     proc = start_server(server_env, port, out_dir / f"server-{stamp}.log")
     startup_s = time.perf_counter() - t0
     results: list[LoadResult] = []
+    memory: dict[str, Any] = {"service_after_start": process_memory(proc.pid, mapped)}
     try:
         with urllib.request.urlopen(url + "/", timeout=10) as resp:
             described = json.loads(resp.read())
@@ -455,8 +555,10 @@ def run_bench(
             results.append(run_scenario(url, sc, queries, server_pid=proc.pid))
             if sc.name == "(b) 128 clients x 1 query":
                 cached = queries[: max(1, results[-1].requests)]
+        memory["service_at_end"] = process_memory(proc.pid, mapped)
     finally:
         rc = stop_server(proc)
+    memory["reference"] = reference_memory
     # uvicorn re-raises SIGTERM after its graceful shutdown, so the exit status is -15; its log says whether
     # the shutdown (in-flight requests, then the lifespan: backend.close() draining the batcher) completed.
     server_log = (out_dir / f"server-{stamp}.log").read_text(encoding="utf-8", errors="replace")
@@ -467,6 +569,8 @@ def run_bench(
     # In-process rows call the batch function directly (no result cache), so they may reuse queries.
     e5_rows = measure_e5_shape(pool.queries[:4096], seconds=e5_seconds) if e5_seconds > 0 else []
     by_name = {r.name: r for r in results}
+    b1 = by_name["(b) 1 client x 1 query"]
+    r1, r128 = (next(r for r in reference_rows if r.name == name) for name in REFERENCE)
     b32 = by_name["(b) 32 clients x 1 query"]
     b128 = by_name["(b) 128 clients x 1 query"]
     c32 = by_name["(c) 32 clients, 5x repeats, per client"]
@@ -475,6 +579,10 @@ def run_bench(
     queueing_bound_ms = 1000 * 128 / b128.qps if b128.qps else float("inf")
     servable = [c for c in tuning.get("candidates", []) if c.get("status") == "ok"]
     ratios = {
+        # the lone client (issue 24): the service against a server with no batcher, same run, same machine
+        "b1_over_reference": b1.qps / r1.qps if r1.qps else 0.0,
+        "b1_p50_over_reference": b1.p50_ms / r1.p50_ms if r1.p50_ms else 0.0,
+        "b128_over_reference": b128.qps / r128.qps if r128.qps else 0.0,
         "b128_over_ceiling": b128.qps / best["qps"],
         "b128_p99_over_queueing_bound": b128.p99_ms / queueing_bound_ms,
         "c_over_b32": c32.qps / b32.qps if b32.qps else 0.0,
@@ -483,6 +591,7 @@ def run_bench(
         "b128_over_tuned_encoder": b128.qps / float(tuning["qps"]) if tuning.get("qps") else 0.0,
     }
     targets = {
+        "(b) 1x1 >= 1.0x the reference-like server's 1x1": ratios["b1_over_reference"] >= 1.0,
         "b128 >= 2x fp32 in-process ceiling": ratios["b128_over_ceiling"] >= 2.0,
         "b128 p99 <= 1.3 x 128/(q/s)": ratios["b128_p99_over_queueing_bound"] <= 1.3,
         "b128 zero errors": b128.errors == 0,
@@ -520,6 +629,8 @@ def run_bench(
         "server_exit_code": rc,
         "server_stopped_gracefully": graceful,
         "service": [asdict(r) for r in results],
+        "reference": [asdict(r) for r in reference_rows],
+        "memory": memory,
         "ratios": ratios,
         "targets": targets,
         "sizing": sizing,
@@ -528,6 +639,34 @@ def run_bench(
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")
     report["path"] = str(path)
     return report
+
+
+def run_reference(
+    settings: RetrievalSettings,
+    pool: QueryPool,
+    ceiling_qps: float,
+    seconds: float,
+    out_dir: Path,
+    stamp: str,
+) -> tuple[list[LoadResult], dict[str, float] | None]:
+    """(r): the reference-like server at 1 and 128 clients on unused queries, then its RSS; stopped after."""
+    port = free_port()
+    proc = start_reference(settings, port, out_dir / f"reference-{stamp}.log")
+    url = f"http://127.0.0.1:{port}"
+    rows: list[LoadResult] = []
+    try:
+        # warm-up (first calls allocate; the service's start-up tuning warms its own encoder)
+        run_scenario(
+            url, Scenario("warm-up", 1, max_requests=20, seconds=seconds), pool.take(20), metrics=False
+        )
+        for sc in reference_scenarios(seconds):
+            rows.append(
+                run_scenario(url, sc, _queries_for(sc, pool, ceiling_qps), server_pid=proc.pid, metrics=False)
+            )
+        memory = process_memory(proc.pid)
+    finally:
+        stop_server(proc)
+    return rows, memory
 
 
 def measure_e5_shape(
@@ -626,26 +765,43 @@ def measure_workers(
     return rows
 
 
+def format_memory(memory: dict[str, Any]) -> str:
+    """(m): the service's RSS after start-up and at the end, anonymous vs file-backed, and the reference's."""
+
+    def one(m: dict[str, float] | None) -> str:
+        if not m:
+            return "-"
+        mapped = f", {m['mapped_mb']:.0f} of it the mmap'd index/corpus/offsets" if "mapped_mb" in m else ""
+        return f"{m['rss_mb']:.0f} MB (anon {m['anon_mb']:.0f}, file-backed {m['file_mb']:.0f}{mapped})"
+
+    return (
+        f"memory (RSS, /proc/PID/smaps): service after start-up {one(memory.get('service_after_start'))}; "
+        f"after every scenario {one(memory.get('service_at_end'))} (the result cache included); "
+        f"reference-like server {one(memory.get('reference'))}"
+    )
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The table and ratios, as printed by `searchrl bench`."""
     lines = []
     header = (
         f"{'scenario':42} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'batch':>6} {'cached/dedup':>13}"
-        f" {'CPU ms/req client/server':>25}"
+        f" {'CPU ms/req client/server':>25} {'RSS MB':>7}"
     )
     lines.append(header)
     lines.append("-" * len(header))
     for row in report["ceiling"]:
         name = f"(a) in-process {row['precision']} {row['threads']}thr fwd {row['forward']} batch {row['batch_size']}"
         lines.append(f"{name:42} {row['qps']:8.0f} {'':>8} {'':>8} {'':>7} {row['batch_size']:6d}")
-    for r in report["service"]:
+    for r in [*report.get("reference", []), *report["service"]]:
         looked = r["cache_hits"] + r["cache_misses"]
         hit = f"{100 * r['cache_hits'] / looked:.0f}%/{100 * r['dedup'] / looked:.0f}%" if looked else "-"
         server = r.get("server_cpu_ms_per_request")
         cpu = f"{r.get('client_cpu_ms_per_request', 0):.3f} / {'-' if server is None else f'{server:.3f}'}"
+        rss = "-" if r.get("server_rss_mb") is None else f"{r['server_rss_mb']:.0f}"
         lines.append(
             f"{r['name']:42} {r['qps']:8.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['errors']:7d} "
-            f"{r['mean_batch']:6.1f} {hit:>13} {cpu:>25}"
+            f"{r['mean_batch']:6.1f} {hit:>13} {cpu:>25} {rss:>7}"
         )
     for row in report.get("workers_scaling", []):
         name = f"(a') in-process {row['candidate']} {row['workers']} workers x 1thr"
@@ -682,6 +838,20 @@ def format_report(report: dict[str, Any]) -> str:
         recall = "-" if c.get("recall@3") is None else f"{c['recall@3']:.3f}"
         qps = "-" if c.get("qps") is None else f"{c['qps']:.0f} q/s"
         lines.append(f"  {c['name']:10} recall@3 {recall:>6}  {qps:>9}  {c['status']}")
+    reference = {r["name"]: r for r in report.get("reference", [])}
+    service = {r["name"]: r for r in report["service"]}
+    r1, b1 = reference.get(REFERENCE[0]), service.get("(b) 1 client x 1 query")
+    if r1 and b1:
+        lines.append(
+            f"(b) 1 client / reference-like 1 client: {ratios['b1_over_reference']:.2f}x q/s, p50 "
+            f"{b1['p50_ms']:.1f} vs {r1['p50_ms']:.1f} ms   (target >= 1.0x)"
+        )
+    r128, b128 = reference.get(REFERENCE[1]), service.get("(b) 128 clients x 1 query")
+    if r128 and b128:
+        lines.append(
+            f"(b) 128 clients / reference-like 128 clients: {ratios['b128_over_reference']:.2f}x q/s, p99 "
+            f"{b128['p99_ms']:.0f} vs {r128['p99_ms']:.0f} ms"
+        )
     lines.append(f"(b) 128 clients / fp32 ceiling: {ratios['b128_over_ceiling']:.2f}x   (target >= 2x)")
     if "b128_p99_over_queueing_bound" in ratios:
         lines.append(
@@ -702,6 +872,9 @@ def format_report(report: dict[str, Any]) -> str:
         "and one result list per query on every response; CPU ms/req from getrusage (client) and /proc "
         "(server, all threads, encoder included)"
     )
+    memory = report.get("memory") or {}
+    if memory:
+        lines.append(format_memory(memory))
     for name, ok in report["targets"].items():
         lines.append(f"  [{'x' if ok else ' '}] {name}")
     if report.get("sizing"):
@@ -714,4 +887,14 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Scenario", "bench_queries", "format_report", "measure_ceiling", "measure_workers", "run_bench"]
+__all__ = [
+    "REFERENCE",
+    "Scenario",
+    "bench_queries",
+    "format_report",
+    "measure_ceiling",
+    "measure_workers",
+    "process_memory",
+    "run_bench",
+    "start_reference",
+]

@@ -21,8 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Measure the dense backend's in-process ceiling (today's torch fp32, several batch sizes), then a "
             "real `searchrl serve` subprocess (which auto-tunes its encoder at start-up) at 1/32/128 one-query "
-            "clients, 4 clients x 32 queries, and 32 clients with 5x repeated queries, the encoder worker "
-            "scaling, and replicas/$ per 1M queries. Unique queries; loopback only; bounded in time."
+            "clients, 4 clients x 32 queries, and 32 clients with 5x repeated queries, beside a reference-like "
+            "server (one encode + search per request, no batcher) at 1 and 128 clients, the service's RSS "
+            "(anonymous vs file-backed), the encoder worker scaling, and replicas/$ per 1M queries. Unique "
+            "queries; loopback only; bounded in time."
         ),
         argument_default=argparse.SUPPRESS,
     )

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from searchrl.bench.service import QueryPool, Scenario, bench_queries, format_report, run_scenario
+from searchrl.bench.service import (
+    REFERENCE,
+    QueryPool,
+    Scenario,
+    bench_queries,
+    format_report,
+    process_memory,
+    run_scenario,
+    start_reference,
+    stop_server,
+)
 from searchrl.cli import main
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.app import create_app
@@ -63,8 +75,36 @@ def test_report_table_and_ratios() -> None:
             "cache_misses": 10,
             "dedup": 0,
         }
-        for n, q in (("(b) 32 clients x 1 query", 200.0), ("(b) 128 clients x 1 query", 330.0))
+        for n, q in (
+            ("(b) 1 client x 1 query", 95.0),
+            ("(b) 32 clients x 1 query", 200.0),
+            ("(b) 128 clients x 1 query", 330.0),
+        )
     ]
+    service[0]["server_rss_mb"] = 812.4
+    reference = [
+        {
+            **service[0],
+            "name": REFERENCE[0],
+            "qps": 90.0,
+            "p50_ms": 11.0,
+            "mean_batch": 0.0,
+            "cache_misses": 0,
+        },
+        {
+            **service[2],
+            "name": REFERENCE[1],
+            "qps": 100.0,
+            "p99_ms": 1500.0,
+            "mean_batch": 0.0,
+            "cache_misses": 0,
+        },
+    ]
+    memory = {
+        "service_after_start": {"rss_mb": 800.0, "anon_mb": 600.0, "file_mb": 200.0, "mapped_mb": 20.0},
+        "service_at_end": {"rss_mb": 900.0, "anon_mb": 690.0, "file_mb": 210.0, "mapped_mb": 30.0},
+        "reference": {"rss_mb": 700.0, "anon_mb": 500.0, "file_mb": 200.0},
+    }
     report = {
         "ceiling": [row],
         "ceiling_best": row,
@@ -73,6 +113,8 @@ def test_report_table_and_ratios() -> None:
             {"candidate": "onnx-int8", "workers": 2, "threads": 1, "qps": 560.0},
         ],
         "service": service,
+        "reference": reference,
+        "memory": memory,
         "settings": {"SEARCHRL_RETRIEVAL_BATCH_SIZE": "128"},
         "encoder": {
             "encoder_backend": "onnx",
@@ -94,6 +136,8 @@ def test_report_table_and_ratios() -> None:
         "machine": {"cpu": "AMD EPYC", "cpus": 2, "fast_bf16": True, "loadavg_1m_before": 0.2},
         "server_startup_s": 5.0,
         "ratios": {
+            "b1_over_reference": 95.0 / 90.0,
+            "b128_over_reference": 3.3,
             "b128_over_ceiling": 2.2,
             "b128_p99_over_queueing_bound": 1.1,
             "c_over_b32": 4.0,
@@ -113,9 +157,88 @@ def test_report_table_and_ratios() -> None:
     assert "onnx-fp32  recall@3      -          -  refused: could not build" in text
     assert "[x] b128 >= 2x fp32 in-process ceiling" in text and "[ ] (c) >= 3x (b)@32" in text
     assert "c7a.large $0.1026/h" in text
+    assert "(b) 1 client / reference-like 1 client: 1.06x q/s, p50 10.0 vs 11.0 ms   (target >= 1.0x)" in text
+    assert "(b) 128 clients / reference-like 128 clients: 3.30x q/s, p99 20 vs 1500 ms" in text
+    assert "(r) reference-like, 1 client x 1 query" in text
+    line = next(t for t in text.splitlines() if t.startswith("(b) 1 client x 1 query"))
+    assert line.endswith(" 812")  # the RSS column
+    assert "service after start-up 800 MB (anon 600, file-backed 200, 20 of it the mmap'd" in text
+    assert "reference-like server 700 MB (anon 500, file-backed 200)" in text
 
 
 def test_bench_cli_rejects_unknown_precision(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--precisions", "fp32,fp64"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --precisions: unknown fp64; use fp32, bf16 (CPU) or fp16 (GPU)"
+
+
+def test_process_memory_splits_anonymous_and_mapped_file_pages(tmp_path: Path) -> None:
+    """RSS from /proc/PID/smaps: 64 MB of touched anonymous memory shows as anon; 32 MB of a file mapped and
+    read shows as file-backed pages of that file."""
+    import mmap
+    import os
+
+    data = tmp_path / "index.bin"
+    data.write_bytes(os.urandom(32 * 1024 * 1024))
+    before = process_memory(os.getpid(), (data,))
+    assert before is not None and before["mapped_mb"] == 0
+    anon = bytearray(64 * 1024 * 1024)
+    anon[::4096] = b"x" * len(anon[::4096])  # touch every page
+    with data.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        _ = sum(mapped[i] for i in range(0, len(mapped), 4096))  # fault every page in
+        after = process_memory(os.getpid(), (data,))
+    assert after is not None
+    assert after["anon_mb"] - before["anon_mb"] >= 60
+    assert 30 <= after["mapped_mb"] <= 33
+    assert after["file_mb"] >= after["mapped_mb"]
+    assert after["rss_mb"] == pytest.approx(after["anon_mb"] + after["file_mb"])
+    del anon
+    assert process_memory(2**22 + 12345) is None  # no such process
+
+
+@pytest.mark.live
+def test_reference_server_answers_like_the_service(session_data_dir: Path, tmp_path: Path) -> None:
+    """The reference-like server (searchrl/bench/reference.py) on the service's model, FAISS file and corpus
+    speaks the same wire format and ranks the same passages as the dense backend's fp32 torch path."""
+    import asyncio
+    import json
+    import urllib.request
+
+    from searchrl.retrieval.backends.dense import DenseBackend
+    from searchrl.retrieval.process import free_port
+
+    settings = RetrievalSettings(
+        backend="dense",
+        corpus=str(TINY_CORPUS),
+        data_dir=session_data_dir,
+        precision="fp32",
+        encoder_backend="torch",
+        autotune=False,
+        encoder_workers=1,
+    )
+    queries = ["Who directed The Seventh Seal?", "Mandelbrot fractal geometry"]
+
+    async def service_answer() -> list[list[str]]:
+        backend = DenseBackend(settings)
+        await backend.start()
+        try:
+            return [[h.document.id for h in hits] for hits in await backend.search(queries, 3)]
+        finally:
+            await backend.close()
+
+    expected = asyncio.run(service_answer())  # builds the tiny dense index on first use
+    port = free_port()
+    proc = start_reference(settings, port, tmp_path / "reference.log")
+    try:
+        body = json.dumps({"queries": queries, "topk": 3, "return_scores": True}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/retrieve", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            result = json.loads(resp.read())["result"]
+        memory = process_memory(proc.pid)
+    finally:
+        stop_server(proc)
+    assert [[h["document"]["id"] for h in hits] for hits in result] == expected
+    assert all(isinstance(h["score"], float) for hits in result for h in hits)
+    assert memory is not None and memory["rss_mb"] > 0

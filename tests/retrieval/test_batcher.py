@@ -175,18 +175,25 @@ def test_request_deadline() -> None:
 
 def test_batch_error_reaches_every_waiter_and_worker_survives() -> None:
     fn = HashedFlatSearch(TINY_CORPUS)
+    fn.gate.clear()
     calls = {"n": 0}
 
     def flaky(queries: list[str], topk: int) -> list[list[ScoredDocument]]:
         calls["n"] += 1
-        if calls["n"] == 1:
+        if calls["n"] == 2:
             raise RuntimeError("index exploded")
         return fn(queries, topk)
 
     async def go() -> None:
         b = Batcher(flaky, name="test", batch_wait_ms=20)
         await b.start()
-        results = await asyncio.gather(*(b.search([q], 3) for q in QUERIES[:3]), return_exceptions=True)
+        busy = asyncio.ensure_future(b.search(["occupies the worker"], 3))  # first call, held at the gate
+        await asyncio.sleep(0.05)
+        burst = asyncio.gather(*(b.search([q], 3) for q in QUERIES[:3]), return_exceptions=True)
+        await asyncio.sleep(0.05)  # all three queued behind the gate: the next batch, which fails
+        fn.gate.set()
+        assert len((await busy)[0]) == 3
+        results = await burst
         assert all(isinstance(r, BackendError) and "index exploded" in str(r) for r in results)
         assert len((await b.search([QUERIES[0]], 3))[0]) == 3  # errors are not cached
         await b.close()
@@ -209,6 +216,124 @@ def test_close_drains_queued_requests_then_refuses() -> None:
 
     run(go)
     assert not any(t.name == "test-worker" for t in threading.enumerate())
+
+
+def test_lone_client_is_not_kept_waiting() -> None:
+    """One client, one query at a time: each query goes to the batch function at once, not after the batching
+    wait (issue 24: the wait made a lone client slower than a server with no batcher at all)."""
+    import time
+
+    fn = HashedFlatSearch(TINY_CORPUS)
+
+    async def go() -> list[float]:
+        b = make(fn, cache_size=0, batch_wait_ms=500)
+        await b.start()
+        took = []
+        try:
+            for q in QUERIES[:5]:
+                started = time.perf_counter()
+                assert len((await b.search([q], 3))[0]) == 3
+                took.append(time.perf_counter() - started)
+        finally:
+            await b.close()
+        return took
+
+    took = run(go)
+    assert max(took) < 0.25, took  # with the 500 ms wait spent, every one took >= 0.5 s
+    assert [qs for qs, _ in fn.calls] == [[q] for q in QUERIES[:5]]
+
+
+def test_concurrency_still_fills_batches() -> None:
+    """After a batch of 4, the worker waits for 4 queries (not for batch_size, nor for the whole wait): a
+    concurrent round of 4 is one batch at once, and queries trickling in 30 ms apart are still batched."""
+    import time
+
+    fn = HashedFlatSearch(TINY_CORPUS)
+    fn.gate.clear()
+
+    async def go() -> tuple[float, float]:
+        b = make(fn, cache_size=0, batch_size=64, batch_wait_ms=800)
+        await b.start()
+        try:
+            busy = asyncio.ensure_future(b.search(["occupies the worker"], 3))
+            await asyncio.sleep(0.05)
+            four = asyncio.gather(*(b.search([q], 3) for q in QUERIES[:4]))
+            await asyncio.sleep(0.05)
+            fn.gate.set()
+            await busy
+            await four  # one batch of 4: concurrency seen
+            assert b.wait_target == 4
+            started = time.perf_counter()
+            await asyncio.gather(*(b.search([f"round two {q}"], 3) for q in QUERIES[:4]))
+            round_two = time.perf_counter() - started
+
+            async def later(i: int) -> None:
+                await asyncio.sleep(0.03 * i)
+                await b.search([f"trickle {QUERIES[i]}"], 3)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(later(i) for i in range(4)))
+            trickle = time.perf_counter() - started
+        finally:
+            await b.close()
+        return round_two, trickle
+
+    round_two, trickle = run(go)
+    sizes = [len(qs) for qs, _ in fn.calls]
+    assert sizes == [1, 4, 4, 4], sizes  # the trickle waited for its companions: one batch, not four
+    assert round_two < 0.4, round_two  # dispatched at 4 queued, not after the 800 ms wait
+    assert trickle < 0.6, trickle  # ... and the trickle once its 4th query came (~90 ms)
+
+
+def test_wait_target_decays_when_concurrency_ends() -> None:
+    fn = HashedFlatSearch(TINY_CORPUS)
+
+    async def go() -> list[int]:
+        b = make(fn, cache_size=0, batch_size=8, batch_wait_ms=5)
+        await b.start()
+        targets = []
+        try:
+            await asyncio.gather(*(b.search([f"burst {i}"], 3) for i in range(40)))
+            targets.append(b.wait_target)
+            for i in range(20):  # one client: batches of 1 push the burst out of the recent window
+                await b.search([f"alone {i}"], 3)
+            targets.append(b.wait_target)
+        finally:
+            await b.close()
+        return targets
+
+    burst, alone = run(go)
+    assert 1 < burst <= 8  # capped at batch_size
+    assert alone == 1
+
+
+def test_idle_hook_runs_after_each_emptying_batch_and_once_when_settled() -> None:
+    """The dense backend trims the heap from this hook (retrieval/heap.py); a failing hook never stops the
+    worker."""
+    fn = HashedFlatSearch(TINY_CORPUS)
+    calls: list[bool] = []
+
+    def hook(settled: bool) -> None:
+        calls.append(settled)
+        raise RuntimeError("hook failed")
+
+    async def go() -> None:
+        b = make(fn, cache_size=0, batch_wait_ms=0, on_idle=hook, idle_s=0.3)
+        await b.start()
+        try:
+            await asyncio.sleep(0.5)
+            assert calls == []  # idle since start: nothing to tidy up after
+            await b.search([QUERIES[0]], 3)
+            await b.search([QUERIES[1]], 3)
+            await asyncio.sleep(1.2)  # several idle_s with an empty queue: settled once, not repeatedly
+            # a batch leaves the queue empty: False (unless the next query came before the worker looked)
+            assert calls[-1] is True and calls.count(True) == 1 and 1 <= len(calls) <= 3, calls
+            assert len((await b.search([QUERIES[2]], 3))[0]) == 3  # the worker survived the failing hook
+            assert b.problem() is None
+        finally:
+            await b.close()
+
+    run(go)
 
 
 def assert_same_ranking(got: list[ScoredDocument], ref: list[ScoredDocument], tolerance: float) -> None:
