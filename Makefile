@@ -68,7 +68,7 @@ serve-retrieval: $(VENV)/.retrieval  ## serve the bundled Wikipedia subset on HO
 	$(BIN)/searchrl serve --backend $(BACKEND) --host $(HOST) --port $(PORT)
 
 # --- benchmarks (issues 4, 14; code in searchrl/bench/; not tests: minutes, loopback only, outputs/bench/) ----
-bench: bench-service bench-index  ## service load benchmark + index-type eval on the bundled corpus
+bench: bench-service bench-index bench-scale  ## service load benchmark, index-type eval on the bundled corpus, IVF-SQ8 at scale
 
 bench-service: $(VENV)/.retrieval  ## fp32 in-process ceiling vs the auto-tuned HTTP service (1/32/128 clients, 5x repeats) vs a reference-like server, RSS, workers, sizing
 	$(BIN)/searchrl bench $(BENCH_ARGS)
@@ -83,6 +83,11 @@ smoke: $(VENV)/.infer  ## end to end on a corpus: download (named ones), serve, 
 
 bench-index: $(VENV)/.retrieval  ## recall@k vs Flat, memory, disk, build/load time per FAISS index type
 	$(BIN)/searchrl index eval $(INDEX_EVAL_ARGS)
+
+# issue 24 item 5: needs ~10 GB of RAM for 2M x 768 (~25 min on 2 cores); SCALE_ARGS="--sizes 100k,200k" is quick
+SCALE_ARGS ?=
+bench-scale: $(VENV)/.retrieval  ## IVF-SQ8 at 250k..2M x 768 dims: build, memory, recall, one-core q/s per nprobe, fit to wiki-18
+	$(BIN)/searchrl index scale $(SCALE_ARGS)
 
 # issue 13; e.g. make bench-reliability RELIABILITY_ARGS="--seconds 60 --only soak,kill" (~20 min at defaults)
 RELIABILITY_ARGS ?=

@@ -95,10 +95,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.set_defaults(handler=_copy)
 
     # benchmarks live in their own modules: index types (eval) and retrieval quality on a QA set (recall)
-    from searchrl.cli.index_eval import register_eval
+    from searchrl.cli.index_eval import register_eval, register_scale
     from searchrl.cli.index_recall import register_recall
 
     register_eval(verbs)
+    register_scale(verbs)
     register_recall(verbs)
 
 

@@ -4,7 +4,12 @@
     searchrl index eval --types "HNSW32;IVF{nlist},SQ8" --k 1,3,10 --queries 1000
     searchrl index eval --synthetic 1000000 --types "Flat;IVF{nlist},SQ8"   # sizing at scale
 
-Registered under `searchrl index` by `searchrl/cli/index.py` (`register_eval(index_subparsers)`).
+`searchrl index scale`: IVF-SQ8 at growing N (768 dims), one-core search per nprobe, and the fit to 21M.
+
+    searchrl index scale                                  # 250k, 500k, 1M, 2M vectors; nprobe 32,64,128
+    searchrl index scale --sizes 100k,200k --nprobe 16,32 --queries 100
+
+Registered under `searchrl index` by `searchrl/cli/index.py` (`register_eval`, `register_scale`).
 """
 
 from __future__ import annotations
@@ -85,4 +90,55 @@ def _eval(args: argparse.Namespace) -> int:
         kwargs["out_dir"] = args.out
     report = run_index_eval(settings, **kwargs)  # type: ignore[arg-type]
     print(format_index_eval(report))  # noqa: T201 - results go to stdout
+    return 0
+
+
+def register_scale(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "scale",
+        help="IVF-SQ8 at growing N (768 dims): build, memory, recall, one-core q/s per nprobe, fit to wiki-18",
+        description=(
+            "Build IVF{nlist},SQ8 over N synthetic 768-dim vectors (around the corpus's real ones, widened by an "
+            "orthonormal map) for each N, measure recall@k against exact search and one-core search time per "
+            "nprobe, fit ms = a + b*bytes scanned + c*centroid bytes, and predict wiki-18 (21M, IVF16384,SQ8). "
+            "The fit without the largest N is checked against it. Method: searchrl/bench/scale.py."
+        ),
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--sizes", help="comma-separated vector counts (default 250k,500k,1M,2M)")
+    p.add_argument("--nprobe", help="comma-separated nprobe values (default 32,64,128)")
+    p.add_argument("--queries", type=int, help="held-out queries (default 200)")
+    p.add_argument("--k", type=int, help="recall@k (default 3)")
+    p.add_argument("--dim", type=int, help="vector dims (default 768, e5-base-v2's)")
+    p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
+    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    p.set_defaults(handler=_scale)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from searchrl.bench.scale import format_scale, parse_sizes, run_scale
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+    from searchrl.retrieval.settings import RetrievalSettings
+
+    setup_logging()
+    settings = load_settings(RetrievalSettings, **given(args, "data_dir"))
+    kwargs: dict[str, object] = {}
+    if hasattr(args, "sizes"):
+        kwargs["sizes"] = parse_sizes(args.sizes)
+    if hasattr(args, "nprobe"):
+        try:
+            kwargs["nprobes"] = tuple(int(x) for x in args.nprobe.split(",") if x.strip())
+        except ValueError:
+            raise ConfigError(f"--nprobe: expected integers such as 32,64,128, got {args.nprobe!r}") from None
+    for name, dest, low in (("queries", "n_queries", 1), ("k", "k", 1), ("dim", "dim", 8)):
+        if hasattr(args, name):
+            if getattr(args, name) < low:
+                raise ConfigError(f"--{name}: must be at least {low}, got {getattr(args, name)}")
+            kwargs[dest] = getattr(args, name)
+    if hasattr(args, "out"):
+        kwargs["out_dir"] = args.out
+    report = run_scale(settings, **kwargs)  # type: ignore[arg-type]
+    print(format_scale(report))  # noqa: T201 - results go to stdout
     return 0
