@@ -208,6 +208,8 @@ def test_rate_limit_spaces_requests(fake: FakeSearchAPIs) -> None:
 @pytest.mark.live
 def test_key_never_in_logs_or_errors(fake: FakeSearchAPIs, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
+    # and httpx's own logger: a CLI run earlier in this process (`searchrl reliability` quiets it) must not hide it
+    caplog.set_level(logging.DEBUG, logger="httpx")
     errors: list[str] = []
     fake.plan.extend(["500", ("sleep", 1.0)])
     run_search(web_settings(fake, web_timeout_s=0.3, web_max_retries=2), ["seventh seal"], 3)
