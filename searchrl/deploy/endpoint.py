@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import tenacity
 
 from searchrl.deploy.skypilot import _sky
+from searchrl.deploy.tasks import first_line
 from searchrl.errors import DeployError
 
 if TYPE_CHECKING:
@@ -118,9 +119,8 @@ def service_records(name: str) -> list[dict[str, Any]]:
     try:
         return list(sky.get(sky.serve.status(name)))
     except Exception as exc:  # the API server may be down or restarting: the wait retries, then gives up
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DeployError(
-            f"cannot read the status of service {name!r}: {first} (check `sky api status` and `sky check`)"
+            f"cannot read the status of service {name!r}: {first_line(exc)} (check `sky api status` and `sky check`)"
         ) from None
 
 

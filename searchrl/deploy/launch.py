@@ -15,7 +15,14 @@ from typing import Any
 from searchrl.deploy.endpoint import DEFAULT_SERVICE, ENDPOINT_TIMEOUT_S, wait_for_endpoint
 from searchrl.deploy.feasibility import DEFAULT_NETWORK_TIER, set_network_tier
 from searchrl.deploy.skypilot import SKY_DIR, _sky
-from searchrl.deploy.tasks import check_task, load_task, render_task, required_names, secrets_from_env
+from searchrl.deploy.tasks import (
+    first_line,
+    load_task,
+    refuse_problems,
+    render_task,
+    required_names,
+    secrets_from_env,
+)
 from searchrl.errors import ConfigError, DeployError
 
 log = logging.getLogger(__name__)
@@ -108,13 +115,8 @@ def plan_train(
         try:
             task.set_resources_override({"infra": infra})
         except (ValueError, TypeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ConfigError(f"--infra {infra}: SkyPilot rejected it: {first}") from None
-    problems = check_task(task)
-    if problems:
-        raise DeployError(
-            f"{path}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
-        )
+            raise ConfigError(f"--infra {infra}: SkyPilot rejected it: {first_line(exc)}") from None
+    refuse_problems(path, task)
     return TrainPlan(task=task, text=render_task(task, secrets), url=url, resolved=resolved)
 
 
@@ -151,13 +153,8 @@ def plan_serve(
         try:
             task.set_resources_override(overrides)
         except (ValueError, TypeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ConfigError(f"resources {overrides}: SkyPilot rejected them: {first}") from None
-    problems = check_task(task)
-    if problems:
-        raise DeployError(
-            f"{path}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
-        )
+            raise ConfigError(f"resources {overrides}: SkyPilot rejected them: {first_line(exc)}") from None
+    refuse_problems(path, task)
     mount = None
     if (task.envs or {}).get(BUCKET_ENV, "").strip():
         mount = task.envs.get(MOUNT_ENV) or DEFAULT_MOUNT

@@ -71,6 +71,20 @@ def secrets_from_env(names: Iterable[str], *, required: bool = True) -> dict[str
 # --- loading and checking task files ----------------------------------------------------------------------------
 
 
+def first_line(exc: BaseException) -> str:
+    """SkyPilot's errors span many lines (tables, hints): the first one, for a one-line refusal."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def refuse_problems(path: Path, task: sky.Task) -> None:
+    """DeployError naming the first of `check_task`'s problems (and how many more), before anything is billed."""
+    problems = check_task(task)
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DeployError(f"{path}: {problems[0]}{more}")
+
+
 def task_files(directory: Path = SKY_DIR) -> list[Path]:
     """The shipped task files, in a fixed order; a missing one is a DeployError."""
     paths = [directory / name for name in TASK_FILES]
@@ -130,8 +144,7 @@ def load_task(
             secret_overrides=list((secrets or {}).items()) or None,
         )
     except (ValueError, TypeError, KeyError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DeployError(f"{path}: SkyPilot rejected it: {first}") from None
+        raise DeployError(f"{path}: SkyPilot rejected it: {first_line(exc)}") from None
     if len(dag.tasks) != 1:
         raise DeployError(f"{path}: expected one task, found {len(dag.tasks)}")
     task: sky.Task = dag.tasks[0]
@@ -142,8 +155,7 @@ def load_task(
         if declared:  # an --env given to every file by `validate` must not mount the bucket on the trainer
             add_index_mount(task)
     except (ValueError, TypeError) as exc:  # SkyPilot's schema check of the storage spec
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DeployError(f"{path}: SkyPilot rejected the index bucket mount: {first}") from None
+        raise DeployError(f"{path}: SkyPilot rejected the index bucket mount: {first_line(exc)}") from None
     return task
 
 
