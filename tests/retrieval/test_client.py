@@ -418,7 +418,9 @@ def test_hedge_answers_a_call_stuck_on_a_hung_replica_well_within_timeout(
 def test_hedges_are_capped_by_the_budget() -> None:
     """30 concurrent calls that all outlive the hedge delay: the burst (10) goes out, the rest are denied and
     counted; every call still gets exactly its one answer (the primary, which started first, wins)."""
-    server = Hanging(delay=0.5)
+    # 2 s, not less: a call whose answer arrives before its loop turn to hedge is neither hedged nor denied,
+    # and a loaded CI machine once stalled this loop (the server shares its GIL) past a 0.5 s answer
+    server = Hanging(delay=2.0)
     with hanging(server) as url:
 
         async def go() -> tuple[list[Any], dict[str, Any]]:
