@@ -52,10 +52,6 @@ _OPEN_PATHS = frozenset({"/health"})
 # Backends with a local index that a first search must page in (web backends would spend their budget).
 _INDEXED_BACKENDS = frozenset({"dense", "bm25", "hybrid"})
 WARM_UP_QUERY = "searchrl warm-up: who directed the seventh seal"
-# retrieval/batcher.py's words for a full queue: load, not a fault. A saturated replica that still computes
-# batches stays ready and sheds with 503 + Retry-After at /retrieve; failing /ready instead would make SkyServe
-# stop routing to it (with one replica: 503 for every call) and tear it down after 180 s of failed probes.
-_LOAD_PROBLEM = "queue is saturated"
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -270,7 +266,7 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         """Watchdog: every second, check readiness; log each change once and export it as a gauge."""
         last: str | None = None
         while True:
-            problem = _not_ready(app)
+            problem = _problem(app)
             metrics.set_ready(problem is None)
             if problem != last:
                 if problem is None:
@@ -288,12 +284,8 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         await be.search([WARM_UP_QUERY], settings.topk)
         log.info("warm-up: one query through the %s index in %.1fs", be.name, time.perf_counter() - started)
 
-    def _not_ready(app: FastAPI) -> str | None:
-        """Why this replica cannot serve (None when it can); a busy replica can."""
-        problem = _problem(app)
-        return None if problem is not None and _LOAD_PROBLEM in problem else problem
-
     def _problem(app: FastAPI) -> str | None:
+        """Why this replica cannot serve (None when it can); a busy replica can (`Backend.busy`)."""
         if getattr(app.state, "draining", False):
             return "draining for shutdown"
         be: Backend | None = getattr(app.state, "backend", None)
@@ -385,13 +377,17 @@ def create_app(settings: RetrievalSettings, backend: Backend | None = None) -> F
         POST is accepted (and its body ignored) because SkyServe's probe POSTs when `post_data` is set.
         """
         problem = _problem(request.app)
-        if problem is None:
-            return JSONResponse({"ready": True, "detail": "ok"})
-        if _LOAD_PROBLEM in problem:  # working, only busy: stay in the load balancer, shed at /retrieve
+        if problem is not None:  # a fault, even if the replica is also busy
+            return JSONResponse({"ready": False, "detail": problem}, status_code=503)
+        # A saturated replica that still computes stays ready and sheds with 503 + Retry-After at /retrieve;
+        # failing /ready instead would make SkyServe stop routing to it (with one replica: 503 for every call)
+        # and tear it down after 180 s of failed probes.
+        busy = request.app.state.backend.busy()
+        if busy is not None:
             return JSONResponse(
-                {"ready": True, "detail": f"busy: {problem}; /retrieve sheds with 503 when full"}
+                {"ready": True, "detail": f"busy: {busy}; /retrieve sheds with 503 when full"}
             )
-        return JSONResponse({"ready": False, "detail": problem}, status_code=503)
+        return JSONResponse({"ready": True, "detail": "ok"})
 
     @app.get(
         "/metrics",

@@ -277,7 +277,8 @@ class Batcher:
         self.metrics = metrics
 
     def problem(self) -> str | None:
-        """Why this batcher cannot take traffic now (for /ready), or None when it can."""
+        """Why this batcher cannot take traffic now (a fault: /ready fails), or None when it can. A full queue
+        is not a fault: see `busy`."""
         if self._loop is None:
             return f"{self.name} is not started"
         if self._closing:
@@ -291,6 +292,11 @@ class Batcher:
         busy_since = self._busy_since
         if busy_since is not None and time.monotonic() - busy_since > self.stall_s:
             return f"{self.name} worker stalled: one batch has run for {time.monotonic() - busy_since:.0f}s"
+        return None
+
+    def busy(self) -> str | None:
+        """Load, not a fault: the queue is past `ready_queue_fraction` full (None otherwise). /ready stays 200
+        and says so; /retrieve sheds with 503 + Retry-After once the queue is full."""
         if len(self._queue) >= self.ready_queue_fraction * self.queue_size:
             return f"{self.name} queue is saturated ({len(self._queue)} of {self.queue_size} queries waiting)"
         return None

@@ -34,8 +34,14 @@ class Backend(abc.ABC):
     def problem(self) -> str | None:
         """Why this backend cannot take traffic now (GET /ready answers 503 with it), or None when it can.
 
-        Backends with a worker thread report a dead or stalled worker and a saturated queue here.
+        Backends with a worker thread report a dead or stalled worker here; load goes to `busy`.
         """
+        return None
+
+    def busy(self) -> str | None:
+        """Why this backend is under load (GET /ready stays 200 and says so), or None. Kept apart from
+        `problem` so that a load balancer keeps a saturated replica that still computes, and drops a broken one
+        even while it is also saturated."""
         return None
 
     def info(self) -> dict[str, Any]:

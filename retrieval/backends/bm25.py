@@ -79,6 +79,9 @@ class BM25Backend(Backend):
     def problem(self) -> str | None:
         return self._batcher.problem()
 
+    def busy(self) -> str | None:
+        return self._batcher.busy()
+
     def _load(self) -> None:
         import bm25s
         import Stemmer

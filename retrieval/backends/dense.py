@@ -105,6 +105,9 @@ class DenseBackend(Backend):
     def problem(self) -> str | None:
         return self._batcher.problem()
 
+    def busy(self) -> str | None:
+        return self._batcher.busy()
+
     def attach_metrics(self, metrics: BatcherMetrics) -> None:
         """Report batch sizes, queue depth/wait and cache hits to the app's metrics (see retrieval/app.py)."""
         self._batcher.attach_metrics(metrics)

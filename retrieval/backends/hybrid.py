@@ -116,6 +116,10 @@ class HybridBackend(Backend):
         problems = [p for p in (b.problem() for b, _ in self._parts) if p]
         return "; ".join(problems) or None
 
+    def busy(self) -> str | None:
+        loads = [p for p in (b.busy() for b, _ in self._parts) if p]
+        return "; ".join(loads) or None
+
     def info(self) -> dict[str, Any]:
         return {
             "backend": self.name,

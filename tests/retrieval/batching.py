@@ -85,6 +85,9 @@ class BatchedBackend(Backend):
     def problem(self) -> str | None:
         return self.batcher.problem()
 
+    def busy(self) -> str | None:
+        return self.batcher.busy()
+
     async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
         return await self.batcher.search(queries, topk)
 

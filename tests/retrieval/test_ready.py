@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from searchrl.retrieval.app import WARM_UP_QUERY, create_app
+from searchrl.retrieval.backends.hybrid import HybridBackend
 from searchrl.retrieval.schemas import ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
@@ -75,6 +76,32 @@ def test_a_stalled_worker_still_fails_ready() -> None:
         assert ready.status_code == 503 and "worker stalled" in ready.json()["detail"]
         fn.gate.set()
         assert call.result().status_code == 200
+
+
+def test_a_fault_is_not_hidden_by_load_in_another_part() -> None:
+    """Hybrid: the dense part's worker is stalled while the bm25 part's queue is saturated. /ready must fail on
+    the fault; it used to find "queue is saturated" in the joined text and answer 200 "busy", keeping a replica
+    whose dense half was stuck in the load balancer."""
+    stuck, slow = HashedFlatSearch(TINY_CORPUS), HashedFlatSearch(TINY_CORPUS, delay_s=3.0)
+    stuck.gate.clear()  # the dense worker hangs inside its first batch
+    dense = BatchedBackend(stuck, queue_size=64, batch_size=1, batch_wait_ms=0, cache_size=0)
+    bm25 = BatchedBackend(slow, queue_size=4, batch_size=1, batch_wait_ms=0, cache_size=0)
+    dense.batcher.stall_s = 0.3
+    hybrid = HybridBackend(dense, bm25)
+    settings = SETTINGS.model_copy(
+        update={"warm_up": False}
+    )  # the warm-up query would wait on the stuck part
+    with serve_in_thread(create_app(settings, backend=hybrid)) as url, ThreadPoolExecutor(8) as pool:
+        calls = [pool.submit(_post, url, f"Seventh Seal question {i}") for i in range(8)]
+        _wait_until(lambda: dense.problem() is not None and bm25.busy() is not None)
+        ready = httpx.get(url + "/ready", timeout=5)
+        assert ready.status_code == 503, ready.text
+        assert ready.json()["detail"].startswith("test worker stalled: one batch has run for ")
+        assert "saturated" not in ready.json()["detail"]
+        assert bm25.busy() is not None  # still saturated when /ready answered
+        stuck.gate.set()
+        slow.delay_s = 0.0
+        assert {c.result().status_code for c in calls} <= {200, 503}
 
 
 class ColdFlat(HashedFlatSearch):
