@@ -165,6 +165,7 @@ def run_scale(
     """Build IVF{nlist},SQ8 at each size, measure recall and one-core search at each nprobe, fit, predict 21M."""
     import faiss
 
+    from searchrl.retrieval.encoder_tuning import cpu_info
     from searchrl.retrieval.queries import sample_queries
 
     if not nprobes or min(nprobes) < 1:
@@ -219,9 +220,8 @@ def run_scale(
     largest = max(sizes)
     check: list[dict[str, Any]] = []
     smaller = [p for p in points if p.n < largest]
-    if (
-        len({p.n for p in smaller}) >= 2
-    ):  # hold the largest size out: how far off is the curve one step ahead?
+    # hold the largest size out: how far off is the curve one step ahead?
+    if len({p.n for p in smaller}) >= 2:
         held = fit_cost(smaller)
         for p in (p for p in points if p.n == largest):
             pred = predict_ms(held, p.n, p.nlist, p.nprobe, dim)
@@ -229,11 +229,10 @@ def run_scale(
                 {"nprobe": p.nprobe, "measured_ms": p.ms_per_query, "predicted_ms": pred,
                  "error": pred / p.ms_per_query - 1.0}
             )  # fmt: skip
-    wiki18 = [
-        {"nprobe": nprobe, "ms_per_query": predict_ms(coef, WIKI18_N, WIKI18_NLIST, nprobe, dim),
-         "qps_per_core": 1000.0 / predict_ms(coef, WIKI18_N, WIKI18_NLIST, nprobe, dim)}
-        for nprobe in nprobes
-    ]  # fmt: skip
+    wiki18 = []
+    for nprobe in nprobes:
+        ms = predict_ms(coef, WIKI18_N, WIKI18_NLIST, nprobe, dim)
+        wiki18.append({"nprobe": nprobe, "ms_per_query": ms, "qps_per_core": 1000.0 / ms})
     per_byte = [b.index_bytes / b.n for b in builds]
     report = {
         "source": f"synthetic around {corpus_path.name} ({len(xb0)} passages, {encoder.spec.name}), "
@@ -241,7 +240,7 @@ def run_scale(
         "dim": dim,
         "k": k,
         "queries": int(len(xq)),
-        "cpu": cpu_name(),
+        "cpu": cpu_info()["model"],  # benchmark numbers always name their CPU
         "threads_for_build": threads,
         "builds": [asdict(b) for b in builds],
         "points": [{**asdict(p), "qps_per_core": p.qps_per_core} for p in points],
@@ -275,17 +274,6 @@ def available_bytes() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (benchmark numbers always name their CPU)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def format_scale(report: dict[str, Any]) -> str:
