@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from searchrl.errors import ConfigError, CorpusError
+from searchrl.errors import ConfigError, CorpusError, first_line
 
 if TYPE_CHECKING:
     pass
@@ -83,9 +83,8 @@ def _hub_download(repo_id: str, filename: str, dest_dir: Path) -> Path:
     try:
         path = hf_hub_download(repo_id=repo_id, filename=filename, repo_type=REPO_TYPE, local_dir=dest_dir)
     except (HfHubHTTPError, EntryNotFoundError, HFValidationError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CorpusError(
-            f"cannot download {filename} from dataset {repo_id} ({first}); check network access "
+            f"cannot download {filename} from dataset {repo_id} ({first_line(exc)}); check network access "
             "to huggingface.co (or HF_ENDPOINT), or place the file there yourself"
         ) from None
     return Path(path)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from searchrl.errors import ConfigError
+from searchrl.errors import ConfigError, first_line
 
 if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings
@@ -270,9 +270,8 @@ class Encoder:
             tokenizer = AutoTokenizer.from_pretrained(ref)
             model = AutoModel.from_pretrained(ref, dtype=dtype)
         except (OSError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
-                f"cannot load encoder {name!r} ({first}); download it first "
+                f"cannot load encoder {name!r} ({first_line(exc)}); download it first "
                 f"(hf download {ref}) or pass a local folder"
             ) from None
         model.eval().to(device)

@@ -101,6 +101,13 @@ class InferenceError(SearchRLError):
     """The LLM server could not be reached or answered with an error, or a local model failed to load."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty), for a one-line error: library errors
+    (SkyPilot's, huggingface_hub's, transformers') span many lines of tables and hints."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 __all__ = [
     "BackendError",
     "CacheMissError",
@@ -117,4 +124,4 @@ __all__ = [
     "SearchFailureRateError",
     "SearchRLError",
     "SmokeCheckError",
-]
+]  # the tree only (tests/test_cli.py checks it); first_line is a helper for building messages

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 import tenacity
 
 from searchrl.deploy.skypilot import _sky
-from searchrl.deploy.tasks import first_line
-from searchrl.errors import DeployError
+from searchrl.errors import DeployError, first_line
 
 if TYPE_CHECKING:
     import sky

@@ -15,15 +15,8 @@ from typing import Any
 from searchrl.deploy.endpoint import DEFAULT_SERVICE, ENDPOINT_TIMEOUT_S, wait_for_endpoint
 from searchrl.deploy.feasibility import DEFAULT_NETWORK_TIER, set_network_tier
 from searchrl.deploy.skypilot import SKY_DIR, _sky
-from searchrl.deploy.tasks import (
-    first_line,
-    load_task,
-    refuse_problems,
-    render_task,
-    required_names,
-    secrets_from_env,
-)
-from searchrl.errors import ConfigError, DeployError
+from searchrl.deploy.tasks import load_task, refuse_problems, render_task, required_names, secrets_from_env
+from searchrl.errors import ConfigError, DeployError, first_line
 
 log = logging.getLogger(__name__)
 

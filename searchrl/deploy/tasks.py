@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchrl.deploy.skypilot import SKY_DIR, TASK_FILES, _sky
-from searchrl.errors import ConfigError, DeployError
+from searchrl.errors import ConfigError, DeployError, first_line
 
 if TYPE_CHECKING:
     import sky
@@ -69,12 +69,6 @@ def secrets_from_env(names: Iterable[str], *, required: bool = True) -> dict[str
 
 
 # --- loading and checking task files ----------------------------------------------------------------------------
-
-
-def first_line(exc: BaseException) -> str:
-    """SkyPilot's errors span many lines (tables, hints): the first one, for a one-line refusal."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def refuse_problems(path: Path, task: sky.Task) -> None:
