@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE gpu-check smoke train-cpu lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE gpu-check smoke train-cpu learn-cpu test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -157,6 +157,14 @@ train-local: gpu-check $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## train on this 
 TRAIN_CPU_ARGS ?=
 train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min)
 	$(BIN)/searchrl train cpu $(TRAIN_CPU_ARGS)
+
+# issue 31; e.g. make learn-cpu LEARN_CPU_ARGS="--seeds 0,1,2,3,4" (one run per seed, one curve with their band)
+LEARN_CPU_ARGS ?=
+learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: reward rises, weight sync and loss masks checked every step, probe of the merged model
+	$(BIN)/searchrl train cpu --learn $(LEARN_CPU_ARGS)
+
+test-sabotage: $(VENV)/.dev  ## three deliberate bugs (stale sync, flipped advantage, observations in the loss) each fail make learn-cpu
+	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py -k sabotage $(ARGS)
 
 train-smoke: gpu-check $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local

@@ -9,7 +9,9 @@ named modules at `import verl`; verl/plugin/platform/platform_manager.py reads V
 1. `PlatformCPU`, registered in verl's `PlatformRegistry` as "cpu": device "cpu", collectives on gloo, a device
    module whose memory and cache calls are no-ops. Its Ray resource stays "GPU": verl's ResourcePoolManager asks
    Ray for GPUs unconditionally (single_controller/ray/base.py:210, 226-242), so the run gives Ray one fake GPU.
-2. The `hf` rollout engine (trainer/hf_rollout.py) in both of verl's registries: `RolloutReplicaRegistry` (the
+2. The CPU runs' agent loop, `searchrl_tool_agent` (trainer/agent_loop.py: the scripted first turn as
+   environment), in verl's agent-loop registry; and the `hf` rollout engine (trainer/hf_rollout.py) in both of
+   verl's registries: `RolloutReplicaRegistry` (the
    server the agent loop calls) and `_ROLLOUT_REGISTRY` (the adapter in the training worker that receives the
    weights after every update). The FSDP training engine is chosen with verl's own `VERL_ENGINE_DEVICE=cuda`
    override: it is registered for cuda/npu only (workers/engine/fsdp/transformer_impl.py:1143) but runs on CPU.
@@ -37,6 +39,8 @@ from typing import Any
 import torch
 from verl.plugin.platform import PlatformRegistry
 from verl.plugin.platform.platform_base import PlatformBase
+
+from searchrl.trainer import sabotage
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +210,11 @@ def _register_rollout() -> None:
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "searchrl.trainer.hf_rollout.HFServerAdapter"
 
 
+def _register_agent_loop() -> None:
+    """The CPU runs' agent loop (trainer/agent_loop.py), in verl's registry of agent loops by name."""
+    from searchrl.trainer.agent_loop import AGENT_NAME  # noqa: F401  (importing it registers it)
+
+
 def _patch_for_cpu() -> None:
     """The two patches of the module docstring; only on the CPU platform."""
     from verl.utils import distributed, fsdp_utils
@@ -230,7 +239,10 @@ def _patch_for_cpu() -> None:
 
 
 _register_rollout()
+_register_agent_loop()
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
     _patch_for_cpu()
+if sabotage.active(sabotage.FLIP_ADVANTAGE):
+    sabotage.flip_advantages()
 
 __all__ = ["ENV", "PLATFORM", "ROLLOUT_NAME", "PlatformCPU"]

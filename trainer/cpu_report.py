@@ -1,8 +1,18 @@
-"""The step table of a training run, read from verl's console metrics, and the checks `make train-cpu` makes.
+"""The step table of a training run, read from verl's console metrics, and the checks the CPU runs make.
 
 verl's console logger prints one line per step, `step:N - key:value - key:value ...` (verl/utils/tracking.py),
 which Ray prefixes with the actor's name. Reading that line, not a file of our own, means the table shows what a
-GPU run's console (and W&B) shows, `search/*` included (trainer/sampler.py adds those).
+GPU run's console (and W&B) shows, `search/*` and `loss/*` included (trainer/sampler.py adds those).
+
+What each check catches (docs/training.md, "What the CPU runs check"):
+- **weight sync**: verl's `training/rollout_probs_diff_max`, the largest |p_rollout - p_actor| over the step's
+  trained tokens, where p_rollout is what the rollout server sampled with and p_actor the trainer's recomputation
+  under the weights it just synced. With actor, reference and rollout all in fp32 it is numerical noise; a
+  rollout that kept older weights (a failed or skipped sync, or the initial weights after a resume) moves it far
+  above `SYNC_MAX_PROB_DIFF`.
+- **observations out of the loss**: `loss/observation_tokens_in_loss` must be 0 on every step, and
+  `loss/observation_tokens` above 0 where the step searched (else the check saw no tool response at all).
+- **rollouts that search**, no failed search, finite losses, every step logged once.
 """
 
 from __future__ import annotations
@@ -18,14 +28,28 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
 # column: (header, verl metric key, format)
 COLUMNS = {
     "trajectories": ("trajectories", "search/trajectories", "{:.0f}"),
-    "search_calls": ("search calls", "search/calls", "{:.0f}"),
+    "search_calls": ("model searches", "search/model_calls", "{:.0f}"),
+    "scripted_calls": ("scripted searches", "search/scripted_calls", "{:.0f}"),
     "search_failures": ("failed searches", "search/failures", "{:.0f}"),
     "reward": ("mean reward", "critic/score/mean", "{:.3f}"),
+    "advantage_max": ("max advantage", "critic/advantages/max", "{:.3g}"),
     "response_length": ("response length", "response_length/mean", "{:.1f}"),
     "policy_loss": ("policy loss", "actor/pg_loss", "{:.4g}"),
     "grad_norm": ("grad norm", "actor/grad_norm", "{:.3g}"),
+    "sync_diff": ("sync max prob diff", "training/rollout_probs_diff_max", "{:.2g}"),
+    "obs_in_loss": ("observation tokens in loss", "loss/observation_tokens_in_loss", "{:.0f}"),
     "wall_s": ("wall s", "timing_s/step", "{:.1f}"),
 }
+# Executed search calls (scripted and model-written) and the tool-response tokens the mask check looked at.
+ALL_CALLS = "search/calls"
+OBSERVATION_TOKENS = "loss/observation_tokens"
+# verl's FAQ: a mean rollout/actor probability difference above 0.01 is a precision or sync bug, above 0.005 a
+# warning (the GPU runs' limits, trainer/smoke.py). The CPU runs compute in fp32 everywhere and hold the max to
+# SYNC_MAX_PROB_DIFF: measured (docs/training.md) against a synced rollout and a deliberately stale one.
+SYNC_MAX_PROB_DIFF = 1e-4
+PROB_DIFF_MEAN_FAIL = 0.01  # verl FAQ: a precision or sync bug
+PROB_DIFF_MEAN_WARN = 0.005  # verl FAQ: healthy below
+PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
 
 
 @dataclass(frozen=True)
@@ -85,8 +109,10 @@ def check_steps(rows: Sequence[StepRow], steps: int) -> list[str]:
             continue
         if not row.get("trajectories") > 0:
             problems.append(f"step {row.step}: no trajectories")
-        if not row.get("search_calls") > 0:
+        calls = row.metrics.get(ALL_CALLS, math.nan)
+        if not calls > 0:
             problems.append(f"step {row.step}: no search call")
+        problems += sync_and_mask_problems(row)
         if row.get("search_failures") != 0:
             problems.append(f"step {row.step}: {row.get('search_failures'):.0f} failed searches")
         for name in ("reward", "policy_loss", "grad_norm", "response_length"):
@@ -95,4 +121,58 @@ def check_steps(rows: Sequence[StepRow], steps: int) -> list[str]:
     return problems
 
 
-__all__ = ["COLUMNS", "StepRow", "check_steps", "parse_steps", "step_table"]
+def sync_and_mask_problems(row: StepRow, max_prob_diff: float = SYNC_MAX_PROB_DIFF) -> list[str]:
+    """The weight-sync and loss-mask checks of one step (module docstring), each problem one phrase."""
+    problems = []
+    diff = row.get("sync_diff")
+    if not diff <= max_prob_diff:  # NaN fails too: verl found no trained token to compare
+        problems.append(
+            f"step {row.step}: sync max prob diff {diff:.2g} above {max_prob_diff:.0e} "
+            "(the rollout did not sample from the weights the trainer holds)"
+        )
+    in_loss = row.get("obs_in_loss")
+    if in_loss != 0:
+        problems.append(
+            f"step {row.step}: observation tokens in loss {in_loss:.0f} (tool responses are trained on)"
+        )
+    if row.metrics.get(ALL_CALLS, 0) > 0 and not row.metrics.get(OBSERVATION_TOKENS, 0) > 0:
+        problems.append(
+            f"step {row.step}: searched but no tool-response token was found to check the mask on"
+        )
+    return problems
+
+
+def gpu_step_problems(row: StepRow) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of one GPU step: verl's FAQ limits on the mean rollout/actor probability difference
+    (bf16 rollouts differ from the trainer by more than fp32 noise, so the CPU runs' max threshold does not
+    apply), and tool-response tokens in the loss."""
+    failures, warnings = [], []
+    mean = row.metrics.get(PROB_DIFF_MEAN, math.nan)
+    if mean >= PROB_DIFF_MEAN_FAIL:
+        failures.append(
+            f"step {row.step}: rollout/actor mean prob diff {mean:.3g} >= {PROB_DIFF_MEAN_FAIL} (verl's FAQ: a "
+            "precision or weight-sync bug; check the rollout dtype and that weights reach the rollout engine)"
+        )
+    elif mean > PROB_DIFF_MEAN_WARN:
+        warnings.append(f"step {row.step}: rollout/actor mean prob diff {mean:.3g} > {PROB_DIFF_MEAN_WARN}")
+    in_loss = row.metrics.get("loss/observation_tokens_in_loss", 0.0)
+    if in_loss:
+        failures.append(
+            f"step {row.step}: observation tokens in loss {in_loss:.0f} (tool responses are trained on)"
+        )
+    return failures, warnings
+
+
+__all__ = [
+    "ALL_CALLS",
+    "PROB_DIFF_MEAN_FAIL",
+    "PROB_DIFF_MEAN_WARN",
+    "gpu_step_problems",
+    "COLUMNS",
+    "SYNC_MAX_PROB_DIFF",
+    "StepRow",
+    "check_steps",
+    "parse_steps",
+    "step_table",
+    "sync_and_mask_problems",
+]

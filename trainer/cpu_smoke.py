@@ -1,7 +1,8 @@
 """`make train-cpu` / `searchrl train cpu`: verl's real GRPO loop with our search tool, on CPU, in minutes.
 
-The first thing to run before renting GPUs, and what CI runs: every part of a training run that a GPU run has,
-on a model small enough for 2 cores, with nothing downloaded.
+The first thing to run before renting GPUs, and what CI runs: every part of a training run that runs without a
+GPU (not vLLM/sglang, NCCL or flash-attention), on a model small enough for 2 cores, with nothing downloaded. It
+shows that the loop runs; `make learn-cpu` (trainer/cpu_learn.py) shows that it learns.
 
 1. **Retrieval**: `searchrl serve --backend bm25` on the bundled corpus, on a free loopback port.
 2. **Model**: a random-weight Qwen2-shaped model and a Qwen2.5-style tokenizer made offline
@@ -17,10 +18,12 @@ on a model small enough for 2 cores, with nothing downloaded.
 5. **Merge**: `searchrl train merge`'s code (verl's model merger) on the last checkpoint.
 6. **Eval**: `searchrl eval` of the merged model with the local HF engine against the same service.
 
-Every step's row (trajectories, search calls, failed searches, reward, response length, policy loss, grad
-norm, wall time) comes from verl's own console metrics; `check_steps` fails the run when a row misses what the
-loop must show (trainer/cpu_report.py), and any failed step of the flow fails it with one line. The first assistant turn is scripted (trainer/hf_rollout.py says why);
-later turns are the random model's own samples.
+Every step's row (trajectories, model-written and scripted searches, failed searches, reward, advantage, response
+length, policy loss, grad norm, rollout/actor sync, observation tokens in the loss, wall time) comes from verl's
+own console metrics; `check_steps` fails the run when a row misses what the loop must show (trainer/cpu_report.py:
+a search on every step, the weight sync within fp32 noise, no tool-response token in the loss), and any failed
+step of the flow fails it with one line. The first assistant turn is scripted, as environment with loss mask 0
+(trainer/agent_loop.py says why); later turns are the random model's own samples.
 """
 
 from __future__ import annotations
@@ -53,14 +56,20 @@ STEPS = 3
 DEV_QA = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "dev_qa.jsonl"
 
 
-def cpu_overrides() -> list[str]:
+# FSDP's mixed-precision policy defaults to bf16 parameters whatever the load dtype (verl/workers/engine/fsdp/
+# transformer_impl.py:391-398): the actor and reference would compute in bf16 while the rollout runs fp32, and
+# the rollout/actor probability gap at step 1 (5e-5) would hide a stale weight sync (DESIGN.md 3c).
+FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
+
+def cpu_overrides(*, scripted_first_turn: bool = True) -> list[str]:
     """What the CPU run changes on top of the GPU run's overrides (each with its reason; DESIGN.md section 3b)."""
     from searchrl.trainer.cpu_plugin import ROLLOUT_NAME
 
     pairs: list[tuple[str, object]] = [
         # the hf engine (trainer/hf_rollout.py) instead of vLLM/sglang; one replica on the one "GPU"
         ("actor_rollout_ref.rollout.name", ROLLOUT_NAME),
-        ("+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn", True),
+        ("+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn", scripted_first_turn),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", 1),  # default 2 gives 0 replicas on 1 "GPU"
         ("actor_rollout_ref.rollout.agent.num_workers", 1),
         ("reward.num_workers", 1),
@@ -72,9 +81,12 @@ def cpu_overrides() -> list[str]:
         ("trainer.device", "cpu"),
         # FSDP2 (fully_shard) runs on a CPU device mesh; FSDP1 resolves device_id 0 as an accelerator
         ("actor_rollout_ref.actor.strategy", "fsdp2"),
-        # fp32 end to end: bf16 is emulated (slow) on CPUs without AVX-512 BF16, and the model is tiny
+        # fp32 end to end, actor, reference and rollout alike: one precision makes the rollout/actor probability
+        # difference numerical noise (~1e-9), so a stale weight sync stands out (trainer/cpu_report.py)
         ("actor_rollout_ref.actor.fsdp_config.dtype", "float32"),
         ("actor_rollout_ref.ref.fsdp_config.dtype", "float32"),
+        ("+actor_rollout_ref.actor.fsdp_config.mixed_precision", FP32),
+        ("+actor_rollout_ref.ref.fsdp_config.mixed_precision", FP32),
         ("actor_rollout_ref.model.enable_gradient_checkpointing", False),
     ]
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
@@ -85,8 +97,11 @@ def cpu_settings(out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS
 
     Everything else is the GPU default (GRPO, KL loss 0.001 low_var_kl, hermes tool calls, our reward with its
     failure window), so the run goes through the code paths a GPU run takes. No environment or .env is read:
-    the CPU run is the same on every machine.
+    the CPU run is the same on every machine. The agent loop is verl's ToolAgentLoop whose scripted first turn is
+    environment, loss mask 0 (trainer/agent_loop.py).
     """
+    from searchrl.trainer.agent_loop import AGENT_NAME
+
     return TrainSettings(
         _env_file=None,
         model_name=str(model_dir),
@@ -96,6 +111,7 @@ def cpu_settings(out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS
         checkpoint_dir=out_dir / "checkpoints",
         experiment_name=EXPERIMENT,
         retrieval_urls=[url],
+        agent_loop=AGENT_NAME,
         train_batch_size=2,
         ppo_mini_batch_size=2,
         micro_batch_size_per_gpu=2,
@@ -200,9 +216,10 @@ def _phase(run: CpuRun, name: str, started: float) -> None:
     log.info("%s done in %.0f s", name, run.phases[name])
 
 
-def _train(
+def run_training(
     settings: TrainSettings, extra: list[str], log_path: Path, label: str, timeout_s: float
-) -> list[StepRow]:
+) -> tuple[list[StepRow], str]:
+    """One verl invocation through `searchrl train`'s own launch path: its step rows and its log."""
     from searchrl.trainer.launch import prepare_launch
 
     plan = prepare_launch(settings, extra_overrides=extra, check_device=False)
@@ -211,7 +228,7 @@ def _train(
     code, text = run_main_ppo(plan.command, log_path, timeout_s)
     if code != 0:
         raise SmokeCheckError(f"{label}: verl exited {code}: {first_error(text)} (log: {log_path})")
-    return parse_steps(text, label)
+    return parse_steps(text, label), text
 
 
 def run_eval(merged: Path, url: str, qa: Path, out_dir: Path, settings: TrainSettings) -> dict[str, Any]:
@@ -267,10 +284,12 @@ def run_cpu_smoke(
         settings = cpu_settings(out_dir, model_dir, url)
         started = time.monotonic()
         stop_early = [*cpu_overrides(), f"trainer.total_training_steps={RESUME_STEP}"]
-        run.rows += _train(settings, stop_early, out_dir / "train-1.log", "1", timeout_s)
+        run.rows += run_training(settings, stop_early, out_dir / "train-1.log", "1", timeout_s)[0]
         _phase(run, f"train to step {RESUME_STEP}", started)
         started = time.monotonic()
-        run.rows += _train(settings, cpu_overrides(), out_dir / "train-2.log", "2 (resumed)", timeout_s)
+        run.rows += run_training(
+            settings, cpu_overrides(), out_dir / "train-2.log", "2 (resumed)", timeout_s
+        )[0]
         _phase(run, f"resume to step {settings.total_steps}", started)
         problems = check_steps(run.rows, settings.total_steps)
         if problems:
@@ -310,6 +329,7 @@ __all__ = [
     "cpu_settings",
     "first_error",
     "run_cpu_smoke",
+    "run_training",
     "tokenizer_texts",
     "write_qa",
 ]

@@ -10,7 +10,8 @@ Run: `searchrl train data --dataset-size small` (or DATASET_SIZE=small). Output,
 Each row carries what verl 0.9's agent loop needs (../shared/DESIGN.md section 3):
   data_source        searchR1_<source>, which verl's reward routing and our reward both understand
   prompt             chat messages whose instructions teach the hermes <tool_call> format the parser reads
-  agent_name         tool_agent, so the multi-turn loop (not the single-turn default) runs this row
+  agent_name         tool_agent (TrainSettings.agent_loop), so the multi-turn loop (not the single-turn default) runs
+                     this row
   reward_model       {"style": "rule", "ground_truth": {"target": [answers]}}
   extra_info         split, index, and tools_kwargs["search"]["create_kwargs"] for the tool
 """
@@ -70,7 +71,9 @@ def _answers(raw: Any) -> list[str]:
     return [str(a) for a in list(raw) if str(a).strip()]
 
 
-def to_verl_row(record: Mapping[str, Any], *, split: str, index: int) -> dict[str, Any]:
+def to_verl_row(
+    record: Mapping[str, Any], *, split: str, index: int, agent_name: str = AGENT_NAME
+) -> dict[str, Any]:
     """One Search-R1 QA record (question, golden_answers, data_source) as a verl row."""
     raw_question = record.get("question")
     question = "" if _is_missing(raw_question) else str(raw_question).strip()
@@ -87,7 +90,7 @@ def to_verl_row(record: Mapping[str, Any], *, split: str, index: int) -> dict[st
         "prompt": build_messages(question),
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": {"target": answers}},
-        "agent_name": AGENT_NAME,
+        "agent_name": agent_name,
         "extra_info": {
             "split": split,
             "index": index,
@@ -179,7 +182,7 @@ def sample(rows: list[dict[str, Any]], n: int | None, seed: int) -> list[dict[st
 
 
 def convert(
-    records: Iterable[dict[str, Any]], *, split: str, total: int | None = None
+    records: Iterable[dict[str, Any]], *, split: str, total: int | None = None, agent_name: str = AGENT_NAME
 ) -> list[dict[str, Any]]:
     """Records -> verl rows, with a progress bar; rows without question/answers/source are skipped and counted."""
     from tqdm import tqdm
@@ -188,7 +191,7 @@ def convert(
     skipped: dict[str, int] = {}
     for record in tqdm(records, total=total, desc=f"verl rows ({split})", unit="row"):
         try:
-            out.append(to_verl_row(record, split=split, index=len(out)))
+            out.append(to_verl_row(record, split=split, index=len(out), agent_name=agent_name))
         except ValueError as exc:
             skipped[str(exc)] = skipped.get(str(exc), 0) + 1
     if skipped:
@@ -213,6 +216,7 @@ def _meta(settings: TrainSettings) -> dict[str, Any]:
         "dataset_size": settings.dataset_size,
         "seed": settings.seed,
         "prompt_version": PROMPT_VERSION,
+        "agent_name": settings.agent_loop,
     }
 
 
@@ -229,8 +233,9 @@ def prepare_data(settings: TrainSettings, *, force: bool = False) -> PreparedDat
             )
     n_train, n_test = DATASET_SIZES[settings.dataset_size]
     train_qa, test_qa = load_qa(settings.qa_source, settings.seed)
-    train_rows = convert(sample(train_qa, n_train, settings.seed), split="train")
-    test_rows = convert(sample(test_qa, n_test, settings.seed + 1), split="test")
+    agent = settings.agent_loop
+    train_rows = convert(sample(train_qa, n_train, settings.seed), split="train", agent_name=agent)
+    test_rows = convert(sample(test_qa, n_test, settings.seed + 1), split="test", agent_name=agent)
     _write_parquet(train_rows, settings.train_file)
     _write_parquet(test_rows, settings.test_file)
     meta_path.write_text(

@@ -13,22 +13,20 @@ matching verl's (DESIGN.md section 3b):
   `response_length` (the rule verl's sglang server applies); the agent loop cuts the trajectory at its budget.
 - `HFServerAdapter` (verl's `BaseRollout`, in the training worker): after every actor update verl's naive
   checkpoint engine hands it the new weights tensor by tensor (workers/engine_workers.py:727-827); it sends them to
-  the server, so generation always runs the policy that is being trained.
+  the server. The server refuses an update that misses any of its weights (only a tied `lm_head` may be absent)
+  and prints one `UPDATE_LINE` per update, which the CPU runs count; whether generation then really ran the
+  trained policy is checked on every step by verl's own `training/rollout_probs_diff_max` (trainer/cpu_report.py).
 
-A random tiny model almost never writes a well-formed `<tool_call>`: with `scripted_first_turn`, the first
-assistant turn of every trajectory (a prompt whose only assistant turn is the one being generated) is the call
-`search(query_list=[<the question>])`, with its true log-probabilities under the policy. Every later turn is
-sampled from the model. This is the only scripted part, and it exists so a CPU run exercises the search tool,
-the observation tokens and the multi-turn masks on every trajectory; the GPU path never sets it.
+Log-probabilities are those of the distribution the token was sampled from: the logits divided by the sampling
+temperature, as verl's actor divides them when it recomputes `old_log_probs`. The CPU runs' scripted first turn
+is not generated here: it is environment, written by the agent loop (trainer/agent_loop.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import re
 from typing import Any
 
 import ray
@@ -36,39 +34,42 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from searchrl.trainer import sabotage
+
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "searchrl_hf_rollout_{rank}"
-ASSISTANT_TURN = "<|im_start|>assistant"  # ChatML; the generation prompt opens one, earlier turns one each
-_QUESTION = re.compile(r"Question:\s*(.+?)\s*(?:\n|<\|im_end\|>|$)")
+# One line per weight update, in the run's log (Ray forwards the actor's stdout): the CPU runs count them.
+UPDATE_LINE = "searchrl-hf-rollout: weight update {n} for step {step}: {tensors} tensors{note}"
+UPDATE_PATTERN = r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+)"
 
 
-def scripted_tool_call(question: str) -> str:
-    """The scripted first turn: one hermes tool call searching the question (trainer/tool.py's schema)."""
-    arguments = {"query_list": [question]}
-    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': arguments})}\n</tool_call>"
+def missing_weights(own: set[str], received: set[str], tied_embeddings: bool) -> list[str]:
+    """Names the model has and the update lacks; a tied `lm_head.weight` is the embedding, so it may be absent."""
+    missing = own - received
+    if tied_embeddings:
+        missing.discard("lm_head.weight")
+    return sorted(missing)
 
 
-def question_of(prompt_text: str) -> str | None:
-    """The question of the last user turn that states one (searchrl/prompt.py ends its prompt with it)."""
-    found = _QUESTION.findall(prompt_text)
-    return found[-1] if found else None
+def sampled_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log p(token) under the distribution sampling drew from: softmax(logits / T) (T <= 0 means greedy: T = 1)."""
+    scaled = logits.float() / temperature if temperature > 0 else logits.float()
+    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 class HFGenerateServer:
     """One rollout server: a policy copy and `generate` (run as a Ray actor by HFRolloutReplica)."""
 
-    def __init__(
-        self, model_path: str, prompt_length: int, response_length: int, scripted_first_turn: bool
-    ) -> None:
+    def __init__(self, model_path: str, prompt_length: int, response_length: int, seed: int = 0) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(1)
+        torch.manual_seed(seed)  # rollout.seed: a run's samples differ by seed
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
         self.max_len = prompt_length + response_length
         self.response_length = response_length
-        self.scripted_first_turn = scripted_first_turn
         self.global_steps = 0
         self.weight_updates = 0
         self._lock = asyncio.Lock()
@@ -77,15 +78,29 @@ class HFGenerateServer:
         return True
 
     def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
-        """Load the trainer's weights (HF names); returns how many tensors were loaded."""
+        """Load the trainer's weights (HF names), all of them; returns how many tensors were loaded."""
         own = self.model.state_dict()
         unknown = sorted(set(state) - set(own))
         if unknown:
             raise ValueError(f"rollout weights not in the model: {unknown[:5]}")
-        self.model.load_state_dict(state, strict=False)
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        missing = missing_weights(set(own), set(state), tied)
+        if missing:
+            raise ValueError(
+                f"rollout weight update lacks {len(missing)} of the model's {len(own)} weights "
+                f"({', '.join(missing[:5])}): generation would mix old and new weights"
+            )
+        stale = sabotage.active(sabotage.STALE_SYNC)
+        if not stale:
+            self.model.load_state_dict(state, strict=False)
         if global_steps is not None:
             self.global_steps = int(global_steps)
         self.weight_updates += 1
+        note = " (IGNORED: sabotage stale_sync)" if stale else ""
+        line = UPDATE_LINE.format(
+            n=self.weight_updates, step=self.global_steps, tensors=len(state), note=note
+        )
+        print(line, flush=True)  # noqa: T201  (Ray forwards it to the run's log)
         return len(state)
 
     def stats(self) -> dict[str, int]:
@@ -111,23 +126,9 @@ class HFGenerateServer:
 
     def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple[list[int], list[float]]:
         budget = max(1, min(self.response_length, self.max_len - len(prompt_ids)))
-        scripted = self._scripted(prompt_ids)
         with torch.no_grad():
-            if scripted is not None:
-                new = scripted[:budget]
-            else:
-                new = self._sample(prompt_ids, params, budget)
-            return new, self._log_probs(prompt_ids, new)
-
-    def _scripted(self, prompt_ids: list[int]) -> list[int] | None:
-        if not self.scripted_first_turn:
-            return None
-        text = self.tokenizer.decode(prompt_ids)
-        question = question_of(text)
-        if question is None or text.count(ASSISTANT_TURN) != 1:
-            return None  # not the first assistant turn: the policy samples
-        ids = self.tokenizer.encode(scripted_tool_call(question), add_special_tokens=False)
-        return [*ids, self.tokenizer.eos_token_id]
+            new = self._sample(prompt_ids, params, budget)
+            return new, self._log_probs(prompt_ids, new, float(params.get("temperature") or 0.0))
 
     def _sample(self, prompt_ids: list[int], params: dict[str, Any], budget: int) -> list[int]:
         temperature = float(params.get("temperature") or 0.0)
@@ -147,14 +148,13 @@ class HFGenerateServer:
         )
         return out[0, len(prompt_ids) :].tolist()
 
-    def _log_probs(self, prompt_ids: list[int], new: list[int]) -> list[float]:
-        """log p(token | prefix) of each new token under the current weights (one forward pass)."""
+    def _log_probs(self, prompt_ids: list[int], new: list[int], temperature: float) -> list[float]:
+        """log p(token | prefix) of each new token under the current weights at the sampling temperature."""
         if not new:
             return []
         ids = torch.tensor([prompt_ids + new])
-        logits = self.model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
-        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(new).unsqueeze(1))
-        return picked.squeeze(1).tolist()
+        logits = self.model(ids).logits[0, len(prompt_ids) - 1 : -1]
+        return sampled_log_probs(logits, torch.tensor(new), temperature).tolist()
 
     # The control calls verl makes on every rollout server; an in-memory HF model has nothing to free or pause.
     async def wake_up(self) -> None:
@@ -189,7 +189,6 @@ class HFRolloutReplica(RolloutReplica):
     """verl's replica interface over one HFGenerateServer actor."""
 
     async def launch_servers(self) -> None:
-        extra = dict((self.config.engine_kwargs or {}).get("hf") or {})  # rollout.engine_kwargs.hf.*
         name = SERVER_NAME.format(rank=self.replica_rank)
         server = (
             ray.remote(HFGenerateServer)
@@ -198,7 +197,7 @@ class HFRolloutReplica(RolloutReplica):
                 model_path=self.model_config.get("local_path") or self.model_config.path,
                 prompt_length=self.config.prompt_length,
                 response_length=self.config.response_length,
-                scripted_first_turn=bool(extra.get("scripted_first_turn", False)),
+                seed=int(getattr(self.config, "seed", 0) or 0),
             )
         )
         await server.ready.remote()
@@ -241,9 +240,11 @@ class HFServerAdapter(BaseRollout):
 
 
 __all__ = [
+    "UPDATE_LINE",
+    "UPDATE_PATTERN",
     "HFGenerateServer",
     "HFRolloutReplica",
     "HFServerAdapter",
-    "question_of",
-    "scripted_tool_call",
+    "missing_weights",
+    "sampled_log_probs",
 ]

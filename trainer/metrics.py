@@ -17,6 +17,9 @@ verl's `Tracking.log` sends to the console and, when WANDB_API_KEY is set, to W&
     search/latency_ms_p50|p95|max   per call, as the tool saw it (retries and back-off included)
     search/results_per_query        passages returned per query (top-k when every query finds k)
     search/empty_calls              calls that succeeded with no passage at all
+    search/scripted_calls           calls the CPU runs' scripted first turn made (environment, loss mask 0;
+                                    trainer/agent_loop.py); 0 on a GPU run
+    search/model_calls              calls the model wrote itself: calls - scripted_calls
 
 This module imports nothing from verl: it is a pure function over plain dicts, so it is tested directly and
 the same numbers can be computed from a rollout dump.
@@ -39,6 +42,8 @@ QUERIES = "search_queries"
 RESULTS = "search_results"
 EMPTY_CALLS = "search_empty_calls"
 LATENCIES_MS = "search_latencies_ms"  # "12.5,40.1"
+# Written by the CPU runs' agent loop (trainer/agent_loop.py) for the calls it scripted.
+SCRIPTED_CALLS = "search_scripted_calls"
 
 # Always logged (0 when absent), so a W&B panel has a line from step 1, not only once a failure happens.
 BASE_FAILURE_KINDS = ("timeout", "connect", "pool", "malformed", "http_429", "http_503", "bad_arguments")
@@ -86,6 +91,9 @@ def search_step_metrics(extra_fields: Iterable[Mapping[str, Any] | None]) -> dic
         f"{PREFIX}results_per_query": results / queries if queries else 0.0,
         f"{PREFIX}empty_calls": sum(_number(r.get(EMPTY_CALLS)) for r in rows),
     }
+    scripted = sum(_number(r.get(SCRIPTED_CALLS)) for r in rows)
+    out[f"{PREFIX}scripted_calls"] = scripted
+    out[f"{PREFIX}model_calls"] = max(calls - scripted, 0.0)
     for kind, count in sorted(kinds.items()):
         out[f"{PREFIX}failures/{kind}"] = float(count)
     if latencies:
@@ -105,5 +113,6 @@ __all__ = [
     "LATENCIES_MS",
     "QUERIES",
     "RESULTS",
+    "SCRIPTED_CALLS",
     "search_step_metrics",
 ]

@@ -41,6 +41,8 @@ def hydra_value(value: object) -> str:
         return repr(value)
     if isinstance(value, list | tuple):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
     if _PLAIN_VALUE.match(text) and text.lower() not in {"true", "false", "null", "none"}:
         return text
@@ -117,7 +119,7 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("actor_rollout_ref.rollout.multi_turn.max_parallel_calls", r.max_parallel_calls),
         ("actor_rollout_ref.rollout.multi_turn.max_tool_response_length", r.observation_chars),
         ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side", "right"),
-        ("actor_rollout_ref.rollout.agent.default_agent_loop", "tool_agent"),
+        ("actor_rollout_ref.rollout.agent.default_agent_loop", s.agent_loop),
         # --- reward: our EM scorer for every data source
         ("reward.custom_reward_function.path", REWARD_FN_PATH),
         ("reward.custom_reward_function.name", REWARD_FN_NAME),
@@ -142,6 +144,8 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("trainer.v1.trainer_mode", TRAINER_MODE),
         ("trainer.v1.sampler.custom_sampler.path", SAMPLER_PATH),
         ("trainer.v1.sampler.custom_sampler.name", SAMPLER_NAME),
+        # its loss-mask metrics read the response tokens' strings (trainer/masks.py)
+        ("+trainer.v1.sampler.sampler_kwargs.tokenizer", s.model_name),
     ]
     if s.rollout_data_dir is not None:
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))

@@ -115,6 +115,9 @@ class TrainSettings(StrictSettings):
     # FSDP actor attention: sdpa (torch built-in) or flash_attention_2 (no prebuilt flash-attn wheel on PyPI for
     # the locked torch 2.11/CUDA 13, so it must be installed separately; docs/training.md)
     attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
+    # verl's agent loop for every row (the parquet's agent_name and rollout.agent.default_agent_loop); the CPU runs
+    # name theirs, whose scripted first turn is environment (trainer/agent_loop.py)
+    agent_loop: str = Field(default="tool_agent", pattern=r"^[A-Za-z0-9_]+$")
     rollout_tp: int = Field(default=1, ge=1)  # tensor parallel size of the rollout engine
     gpu_memory_utilization: float = Field(default=0.6, gt=0, lt=1)  # KV-cache share of rollout GPU memory
     nnodes: int = Field(default=1, ge=1, validation_alias=_alias("NUM_NODES", "nnodes"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from searchrl.cli import given
 
@@ -126,6 +127,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--timeout", type=float, default=1200.0, help="seconds per verl invocation (default %(default)s)"
     )
+    p.add_argument(
+        "--learn",
+        action="store_true",
+        help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that it "
+        "rose, that every step's weight sync held, that no tool-response token was trained on, and that a greedy "
+        "probe of the merged model moved; last line `learned: ...`, exit 2 when a check fails",
+    )
+    p.add_argument(
+        "--seeds",
+        default="0",
+        help="with --learn: comma-separated seeds, one run each, one reward curve with their band (default 0)",
+    )
     p.set_defaults(handler=_cpu)
 
     p = verbs.add_parser(
@@ -201,8 +214,34 @@ def _cpu(args: argparse.Namespace) -> int:
 
     setup_logging()
     qa = Path(args.qa) if args.qa else DEV_QA
+    if args.learn:
+        return _learn(args, qa)
     run = run_cpu_smoke(Path(args.out), qa_source=qa, questions=args.questions, timeout_s=args.timeout)
     print(run.report())  # noqa: T201
+    return 0
+
+
+def _learn(args: argparse.Namespace, qa: Path) -> int:
+    from searchrl.errors import ConfigError, SmokeCheckError
+    from searchrl.trainer.cpu_learn import learned_line, run_seeds, seeds_table
+    from searchrl.trainer.cpu_report import step_table
+
+    try:
+        seeds = [int(part) for part in args.seeds.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--seeds {args.seeds!r}: give whole numbers separated by commas, e.g. 0,1,2"
+        ) from None
+    out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/learn-cpu")
+    runs = run_seeds(out, seeds, qa_source=qa, questions=args.questions, timeout_s=args.timeout)
+    for run in runs:
+        print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{step_table(run.rows)}")  # noqa: T201
+    print(f"\n{seeds_table(runs)}\nreward curve: {out.resolve() / 'reward_curve.png'}")  # noqa: T201
+    failed = [(run, problems) for run in runs if (problems := run.problems())]
+    print(learned_line(runs))  # noqa: T201
+    if failed:
+        run, problems = failed[0]
+        raise SmokeCheckError(f"the learning run (seed {run.seed}) failed: {'; '.join(problems)}")
     return 0
 
 

@@ -49,7 +49,12 @@ class ScriptedServer:
         self.prompts.append(list(prompt_ids))
         self.sampling_params.append(dict(sampling_params))
         ids = self.tokenizer.encode(self.replies.pop(0) + "<|im_end|>", add_special_tokens=False)
-        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+        return TokenOutput(
+            token_ids=ids,
+            log_probs=[-0.5] * len(ids),
+            stop_reason="completed",
+            extra_fields={"min_global_steps": 7, "max_global_steps": 7},  # what verl's server manager adds
+        )
 
 
 def _settings(tmp_path: Path, qa_sample: Path, url: str) -> TrainSettings:
@@ -80,7 +85,9 @@ def _dataset_row(settings: TrainSettings, cfg: Any, tokenizer: Any, tmp_path: Pa
     raise AssertionError("Seventh Seal question missing from the prepared data")
 
 
-async def _run_loop(cfg: Any, tokenizer: Any, row: dict[str, Any], replies: list[str], calls: list[dict]):
+async def _run_loop(
+    cfg: Any, tokenizer: Any, row: dict[str, Any], replies: list[str], calls: list[dict], loop_cls: Any = None
+):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
     from verl.tools.tool_registry import load_all_tools
@@ -97,7 +104,7 @@ async def _run_loop(cfg: Any, tokenizer: Any, row: dict[str, Any], replies: list
 
     tool.execute = spy
     server = ScriptedServer(tokenizer, replies)
-    loop = ToolAgentLoop(
+    loop = (loop_cls or ToolAgentLoop)(
         trainer_config=DictConfigWrap(cfg),
         server_manager=server,
         tokenizer=tokenizer,
@@ -238,3 +245,59 @@ def test_failed_searches_stop_the_run_through_verls_reward_path(
             await _reward(cfg, offline_tokenizer, row, output)
 
     asyncio.run(run())
+
+
+def _scripted_cfg(tmp_path: Path, qa_sample: Path, url: str, compose: Any) -> tuple[TrainSettings, Any]:
+    from searchrl.trainer.agent_loop import AGENT_NAME
+
+    settings = _settings(tmp_path, qa_sample, url).model_copy(update={"agent_loop": AGENT_NAME})
+    prepare_data(settings)
+    write_tool_config(settings)
+    cfg = compose(
+        [*render_overrides(settings), "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True"]
+    )
+    return settings, cfg
+
+
+@pytest.mark.parametrize("sabotaged", [False, True], ids=["masked", "sabotage-observations-in-loss"])
+def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observations(
+    tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample, monkeypatch, sabotaged
+):
+    """The CPU runs' agent loop writes the first call itself with loss mask 0; the model's own turn is the only
+    mask-1 text; the sampler's mask metric (from the token strings) finds the tool response and counts 0 trained
+    tokens in it, and counts them all when the observations-in-loss sabotage is on."""
+    from searchrl.trainer import sabotage
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop, scripted_tool_call
+    from searchrl.trainer.masks import mask_step_metrics
+    from searchrl.trainer.metrics import search_step_metrics
+
+    if sabotaged:
+        monkeypatch.setenv(sabotage.ENV, sabotage.OBSERVATIONS_IN_LOSS)
+    tok = offline_tokenizer
+    settings, cfg = _scripted_cfg(tmp_path, qa_sample, live_bm25_url, compose)
+    row = _dataset_row(settings, cfg, tok, tmp_path)
+    assert row["agent_name"] == "searchrl_tool_agent"
+    calls: list[dict] = []
+    reply = f"{THINK_ANSWER}\n{RIGHT}"
+    output, server = asyncio.run(_run_loop(cfg, tok, row, [reply], calls, SearchToolAgentLoop))
+
+    assert calls == [{"query_list": [SEVENTH_SEAL_QUESTION]}]  # the scripted call reached the live service
+    assert len(server.prompts) == 1  # the server generated only the model's own turn
+    assert (
+        output.extra_fields["min_global_steps"] == 7
+    )  # the trainer's step metrics read it from every sample
+    ids, mask = np.array(output.response_ids), np.array(output.response_mask)
+    metrics = mask_step_metrics([(tok.convert_ids_to_tokens(ids.tolist()), mask.tolist())])
+    assert metrics["loss/observation_tokens"] > 20
+    if sabotaged:
+        assert metrics["loss/observation_tokens_in_loss"] == metrics["loss/observation_tokens"]
+        return
+    assert metrics["loss/observation_tokens_in_loss"] == 0
+    assert tok.decode(ids[mask == 1].tolist()) == reply + "<|im_end|>"
+    assert scripted_tool_call(SEVENTH_SEAL_QUESTION) in tok.decode(ids[mask == 0].tolist())
+    steps = search_step_metrics([output.extra_fields])
+    assert (
+        steps["search/calls"] == 1
+        and steps["search/scripted_calls"] == 1
+        and steps["search/model_calls"] == 0
+    )

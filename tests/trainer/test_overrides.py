@@ -143,6 +143,7 @@ def test_override_keys_are_existing_and_unique(tmp_path, compose):
         "+actor_rollout_ref.model.override_config.attn_implementation",
         "+reward.custom_reward_function.reward_kwargs.max_failure_rate",
         "+reward.custom_reward_function.reward_kwargs.failure_window",
+        "+trainer.v1.sampler.sampler_kwargs.tokenizer",  # the sampler's loss-mask metrics (trainer/masks.py)
     }
     bare = compose([])
     from omegaconf import OmegaConf

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import RolloutFailedError
+from searchrl.trainer.agent_loop import question_of, scripted_tool_call
 from searchrl.trainer.cpu_report import StepRow, check_steps, parse_steps, step_table
 from searchrl.trainer.cpu_smoke import first_error
-from searchrl.trainer.hf_rollout import question_of, scripted_tool_call
 from searchrl.trainer.overrides import merge_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 # One step line as verl's console logger prints it inside the TaskRunner actor (trimmed).
 STEP_LINE = (
     "\x1b[36m(TaskRunnerV1 pid=6421)\x1b[0m step:2 - search/trajectories:4.0 - search/calls:4.0 - "
+    "search/model_calls:0.0 - search/scripted_calls:4.0 - "
     "search/failures:0.0 - actor/pg_loss:0.0 - actor/grad_norm:1.5e-05 - critic/score/mean:0.0 - "
+    "critic/advantages/max:0.0 - training/rollout_probs_diff_max:1.2e-09 - loss/observation_tokens:300.0 - "
+    "loss/observation_tokens_in_loss:0.0 - "
     "response_length/mean:375.0 - timing_s/step:7.0 - num_turns/mean:np.float64(4.0)"
 )
 
@@ -30,9 +33,10 @@ STEP_LINE = (
 def test_step_lines_become_rows_and_a_table():
     (row,) = parse_steps("noise\n" + STEP_LINE + "\nmore noise", "1")
     assert row.step == 2 and row.run == "1"
-    assert row.get("search_calls") == 4 and row.get("grad_norm") == pytest.approx(1.5e-5)
+    assert row.get("scripted_calls") == 4 and row.get("grad_norm") == pytest.approx(1.5e-5)
+    assert row.get("search_calls") == 0  # the table's search column counts only calls the model wrote
     assert row.metrics["num_turns/mean"] == 4.0
-    assert "| 2 | 1 | 4 | 4 | 0 |" in step_table([row])
+    assert "| 2 | 1 | 4 | 0 | 4 | 0 |" in step_table([row])
 
 
 def test_check_steps_names_every_miss():
@@ -126,9 +130,11 @@ def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(tmp_path):
     assert [r.split(" | ")[1] for r in rows] == ["1", "1", "2 (resumed)"]
     for row in rows:
         cells = [c.strip() for c in row.strip("| ").split(" | ")]
-        trajectories, calls, failures = float(cells[2]), float(cells[3]), float(cells[4])
-        assert trajectories == 4 and calls > 0 and failures == 0, row
-        assert all(math.isfinite(float(c)) for c in cells[5:]), row
+        trajectories, scripted, failures = float(cells[2]), float(cells[4]), float(cells[5])
+        assert trajectories == 4 and scripted == 4 and failures == 0, row
+        assert all(math.isfinite(float(c)) for c in cells[6:]), row
+        sync, in_loss = float(cells[-3]), float(cells[-2])
+        assert sync < 1e-4 and in_loss == 0, row  # fp32 everywhere: the rollout ran the trained weights
     assert "merged step 3:" in proc.stdout
     assert "search failures 0, LLM errors 0" in proc.stdout
     # the resumed invocation loaded step 2's checkpoint, and search metrics are in verl's console log

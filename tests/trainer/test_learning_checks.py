@@ -1,0 +1,224 @@
+"""The pieces the learning run's checks rest on, each shown to catch what it is for (issue 31).
+
+The run itself is tests/trainer/test_learn_cpu.py; these are the parts that can be checked in milliseconds: the
+loss-mask span finder, the learning reward, the rollout engine's log-probs and weight updates, the sabotage
+switches, and the step checks on rows a broken run would log.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from searchrl.errors import ConfigError
+from searchrl.trainer import sabotage
+from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line
+from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, sync_and_mask_problems
+from searchrl.trainer.hf_rollout import UPDATE_LINE, HFGenerateServer, missing_weights, sampled_log_probs
+from searchrl.trainer.learn_task import answer_char_share, compute_score, own_turn
+from searchrl.trainer.masks import mask_step_metrics, observation_counts, observation_spans
+
+# ---- loss-mask spans -----------------------------------------------------------------------------------------
+
+
+def test_spans_cover_the_tool_response_tokens_whatever_the_tokenisation():
+    pieces = [
+        "I",
+        " search",
+        "<tool",
+        "_response",
+        ">\nDoc",
+        " 1",
+        "</tool_",
+        "response>",
+        "<|im_end|>",
+        "ok",
+    ]
+    assert observation_spans(pieces) == [(2, 8)]
+    assert observation_counts(pieces, [1, 1, 0, 0, 0, 0, 0, 0, 0, 1]) == (6, 0)
+    assert observation_counts(pieces, [1, 1, 0, 0, 1, 0, 0, 0, 0, 1]) == (6, 1)  # one trained token inside
+
+
+def test_a_response_cut_off_by_the_budget_runs_to_the_end_and_several_are_counted():
+    pieces = ["<tool_response>", "a", "</tool_response>", "x", "<tool_response>", "b", "c"]
+    assert observation_spans(pieces) == [(0, 3), (4, 7)]
+    metrics = mask_step_metrics([(pieces, [0, 0, 0, 1, 0, 1, 1]), (["no", "tool"], [1, 1])])
+    assert metrics == {
+        "loss/observation_tokens": 6.0,
+        "loss/observation_tokens_in_loss": 2.0,
+        "loss/trained_tokens": 5.0,
+    }
+
+
+def test_the_spans_are_found_in_a_real_tokenizers_token_strings(offline_tokenizer):
+    text = (
+        "<|im_start|>user\n<tool_response>\nDoc 1 (Title: X) some passage\n</tool_response><|im_end|>\nanswer"
+    )
+    ids = offline_tokenizer.encode(text, add_special_tokens=False)
+    pieces = offline_tokenizer.convert_ids_to_tokens(ids)
+    ((start, end),) = observation_spans(pieces)
+    inside = offline_tokenizer.decode(ids[start:end])
+    assert inside.startswith("<tool_response>") or "<tool_response>" in inside[:20]
+    assert inside.rstrip().endswith("</tool_response>") and "answer" not in inside
+
+
+# ---- the learning reward -------------------------------------------------------------------------------------
+
+
+def test_the_learning_reward_scores_only_the_models_own_last_turn():
+    solution = '<tool_call>{"q": 1}</tool_call>\n<tool_response>\nzzzz\n</tool_response>\nassistant\nbbb xx'
+    assert own_turn(solution) == "bbb xx"
+    assert answer_char_share("bbb xx", ["Bob"]) == pytest.approx(3 / 5)
+    assert answer_char_share("", ["Bob"]) == 0.0 and answer_char_share("abc", []) == 0.0
+    out = compute_score("dev", solution, {"target": ["Bob"]}, {"search_calls": 1, "search_failures": 0})
+    assert out["score"] == out["answer_char_share"] == pytest.approx(3 / 5)
+    assert out["em"] == 0.0 and out["search_calls"] == 1.0  # the production reward's keys are all there
+
+
+# ---- the rollout engine --------------------------------------------------------------------------------------
+
+
+def test_log_probs_are_those_of_the_tempered_distribution_sampling_used():
+    logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]])
+    tokens = torch.tensor([0, 2])
+    at_half = sampled_log_probs(logits, tokens, 0.5)
+    expected = torch.log_softmax(logits / 0.5, dim=-1)[torch.arange(2), tokens]
+    assert torch.allclose(at_half, expected)
+    assert not torch.allclose(at_half, sampled_log_probs(logits, tokens, 1.0))  # T=1 would be wrong at T=0.5
+    assert torch.allclose(sampled_log_probs(logits, tokens, 0.0), sampled_log_probs(logits, tokens, 1.0))
+
+
+def test_only_a_tied_lm_head_may_be_missing_from_an_update():
+    own = {"embed.weight", "lm_head.weight", "layer.0.weight"}
+    assert missing_weights(own, {"embed.weight", "layer.0.weight"}, tied_embeddings=True) == []
+    assert missing_weights(own, {"embed.weight", "layer.0.weight"}, tied_embeddings=False) == [
+        "lm_head.weight"
+    ]
+    assert missing_weights(own, {"embed.weight"}, tied_embeddings=True) == ["layer.0.weight"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from searchrl.trainer.tiny_model import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"), ["hello world", "<tool_call>search</tool_call>"])
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["synced", "sabotage-stale-sync"])
+def test_the_server_loads_whole_updates_counts_them_and_refuses_partial_ones(
+    tiny_model_dir, monkeypatch, capsys, stale
+):
+    if stale:
+        monkeypatch.setenv(sabotage.ENV, sabotage.STALE_SYNC)
+    server = HFGenerateServer(str(tiny_model_dir), prompt_length=8, response_length=8)
+    trained = {name: t + 0.5 for name, t in server.model.state_dict().items()}
+    partial = {name: t for name, t in trained.items() if "layers.1." not in name}
+    with pytest.raises(ValueError, match=r"update lacks \d+ of the model's \d+ weights"):
+        server.update_weights(partial, global_steps=1)
+    assert server.weight_updates == 0
+    assert server.update_weights(trained, global_steps=3) == len(trained)
+    assert server.stats() == {"global_steps": 3, "weight_updates": 1}
+    line = capsys.readouterr().out.strip()
+    assert count_updates(line) == [3] and line.startswith(UPDATE_LINE.split("{")[0])
+    loaded = server.model.state_dict()
+    moved = all(torch.equal(loaded[name], trained[name]) for name in trained)
+    assert moved is not stale and ("IGNORED" in line) is stale
+
+
+# ---- sabotage switches ---------------------------------------------------------------------------------------
+
+
+def test_an_unknown_sabotage_name_is_refused(monkeypatch):
+    monkeypatch.setenv(sabotage.ENV, "stale-sync")
+    with pytest.raises(ConfigError, match="not one of stale_sync"):
+        sabotage.current()
+    monkeypatch.delenv(sabotage.ENV)
+    assert sabotage.current() is None and not sabotage.active(sabotage.STALE_SYNC)
+
+
+def test_flipped_advantages_are_verls_grpo_advantages_negated(monkeypatch):
+    from verl.trainer.ppo import core_algos
+
+    monkeypatch.setattr(
+        core_algos, "compute_grpo_outcome_advantage", core_algos.compute_grpo_outcome_advantage
+    )
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.2], [0.0, 0.9], [0.0, 0.1]])
+    mask = torch.ones_like(rewards)
+    index = ["a", "a", "b", "b"]
+    honest, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index)
+    sabotage.flip_advantages()
+    flipped, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index)
+    assert honest[0, 0] > 0 and torch.allclose(flipped, -honest)
+
+
+# ---- the step checks -----------------------------------------------------------------------------------------
+
+
+def _row(step: int, run: str = "1", **values: float) -> StepRow:
+    metrics = {
+        "search/calls": 16.0,
+        "search/model_calls": 0.0,
+        "training/rollout_probs_diff_max": 1e-7,
+        "loss/observation_tokens_in_loss": 0.0,
+        "loss/observation_tokens": 900.0,
+        "critic/score/mean": 0.3,
+        "critic/score/max": 0.6,
+        "critic/score/min": 0.1,
+        "critic/advantages/max": 1.5,
+        "actor/pg_loss": 0.01,
+    }
+    for key, value in values.items():
+        metrics[key.replace("__", "/")] = value
+    return StepRow(step, run, metrics)
+
+
+def test_sync_and_mask_checks_name_what_broke():
+    assert sync_and_mask_problems(_row(1)) == []
+    stale = sync_and_mask_problems(_row(2, training__rollout_probs_diff_max=10 * SYNC_MAX_PROB_DIFF))
+    assert stale and "sync max prob diff" in stale[0]
+    assert (
+        "sync max prob diff nan"
+        in sync_and_mask_problems(_row(3, training__rollout_probs_diff_max=math.nan))[0]
+    )
+    leaked = sync_and_mask_problems(_row(4, loss__observation_tokens_in_loss=40.0))
+    assert leaked == ["step 4: observation tokens in loss 40 (tool responses are trained on)"]
+    blind = sync_and_mask_problems(_row(5, loss__observation_tokens=0.0))
+    assert "no tool-response token was found" in blind[0]
+
+
+def _learn_run(rewards: list[float], **values: float) -> LearnRun:
+    rows = [
+        _row(i + 1, "1" if i < 10 else "2 (resumed)", critic__score__mean=r, **values)
+        for i, r in enumerate(rewards)
+    ]
+    run = LearnRun(seed=0, out_dir=None, rows=rows)  # type: ignore[arg-type]
+    run.updates = {"1": list(range(0, 11)), "2 (resumed)": list(range(10, len(rewards) + 1))}
+    run.probe_initial, run.probe_merged, run.weight_change = 0.30, 0.60, 0.2
+    return run
+
+
+def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch):
+    import searchrl.trainer.cpu_learn as cpu_learn
+
+    monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps: [])  # columns are check_steps' own test
+    rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
+    assert _learn_run(rising).problems(steps=20) == []
+    flat = _learn_run([0.3] * 20).problems(steps=20)
+    assert flat == ["reward did not rise: 0.300 -> 0.300 (needs +0.10)"]
+    no_adv = _learn_run(rising, critic__advantages__max=0.0, actor__pg_loss=0.0).problems(steps=20)
+    assert no_adv == ["only 0 of 20 steps had a positive advantage"]
+    no_loss = _learn_run(rising, actor__pg_loss=0.0).problems(steps=20)
+    assert "step 1: advantages up to 1.5 but policy loss 0" in no_loss
+    run = _learn_run(rising)
+    run.updates["2 (resumed)"] = run.updates["2 (resumed)"][:-1]
+    run.probe_merged, run.weight_change = 0.31, 0.0
+    problems = "; ".join(run.problems(steps=20))
+    assert "run 2 (resumed): the rollout server received weight updates for steps [10, 11" in problems
+    assert "the merged weights equal the initial weights" in problems
+    assert "greedy probe did not move: 0.300 -> 0.310" in problems
+    assert learned_line([_learn_run(rising)]) == (
+        "learned: reward 0.300 -> 0.600 (+0.300); sync max prob diff 1e-07; observation tokens in loss 0; "
+        "model-written searches 0"
+    )

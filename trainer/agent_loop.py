@@ -1,0 +1,153 @@
+"""verl's ToolAgentLoop with the CPU run's scripted first turn as *environment*, and a count of model-written calls.
+
+A random tiny model almost never writes a well-formed `<tool_call>`, so the CPU runs (`make train-cpu`,
+`make learn-cpu`) script the first assistant turn: the call `search(query_list=[<the question>])`. Before this
+loop, the rollout server generated that turn and verl merged it as assistant tokens with loss mask 1
+(utils/tokenizer/continuous_token.py:399-400 via tool_agent_loop.py:274-282), so the policy-gradient, entropy
+and KL terms trained the model on text it never chose (DESIGN.md 3c). Here the loop itself writes the turn, with
+loss mask 0 like any observation: the policy is trained only on what it sampled, and the rollout/actor
+consistency metrics (computed over mask-1 tokens) see only sampled tokens.
+
+The trajectory's `extra_fields` count the calls the loop scripted; the sampler logs them as
+`search/scripted_calls`, and `search/model_calls` (executed calls less scripted ones) as the calls the model
+wrote itself (trainer/metrics.py).
+
+Registered as `searchrl_tool_agent` when this module is imported; the CPU runs import it in every process
+(trainer/cpu_plugin.py) and select it with `rollout.agent.default_agent_loop`. A GPU run keeps verl's
+`tool_agent`: it never scripts a turn, and every call it executes is the model's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import register
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+
+from searchrl.trainer import sabotage
+from searchrl.trainer.metrics import SCRIPTED_CALLS
+
+log = logging.getLogger(__name__)
+
+AGENT_NAME = "searchrl_tool_agent"
+_QUESTION = re.compile(r"Question:\s*(.+?)\s*(?:\n|$)")
+
+
+def scripted_tool_call(question: str) -> str:
+    """The scripted first turn: one hermes tool call searching the question (trainer/tool.py's schema)."""
+    arguments = {"query_list": [question]}
+    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': arguments})}\n</tool_call>"
+
+
+def question_of(text: str) -> str | None:
+    """The question a user turn states (searchrl/prompt.py ends its prompt with `Question: ...`)."""
+    found = _QUESTION.findall(text)
+    return found[-1] if found else None
+
+
+def _content(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    return ""
+
+
+def _scripting_enabled(rollout_config: Any) -> bool:
+    """`actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn` (set by the CPU runs only)."""
+    engine_kwargs = getattr(rollout_config, "engine_kwargs", None) or {}
+    hf = engine_kwargs.get("hf") if hasattr(engine_kwargs, "get") else None
+    return bool(hf.get("scripted_first_turn", False)) if hf is not None and hasattr(hf, "get") else False
+
+
+class _LastOutput:
+    """The server client, remembering the last TokenOutput (one agent loop instance runs one trajectory)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.last: Any = None
+
+    async def generate(self, **kwargs: Any) -> Any:
+        self.last = await self.inner.generate(**kwargs)
+        return self.last
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@register(AGENT_NAME)
+class SearchToolAgentLoop(ToolAgentLoop):
+    """ToolAgentLoop whose scripted first turn (when enabled) is environment, not policy (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scripted_first_turn = _scripting_enabled(self.rollout_config)
+        self.server_manager = _LastOutput(self.server_manager)
+
+    async def _handle_generating_state(
+        self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
+    ) -> AgentState:
+        if self.scripted_first_turn and agent_data.assistant_turns == 0:
+            state = await self._scripted_turn(agent_data)
+            if state is not None:
+                return state
+        state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
+        # verl copies the server's extra_fields (global_steps, min/max_global_steps, which the trainer's step
+        # metrics read) only into an empty dict; after a scripted call the search tool's counters are there first
+        last = self.server_manager.last
+        for key, value in (getattr(last, "extra_fields", None) or {}).items():
+            agent_data.extra_fields.setdefault(key, value)
+        return state
+
+    async def _scripted_turn(self, agent_data: AgentData) -> AgentState | None:
+        """Append the scripted call with loss mask 0; None when the prompt states no question to search."""
+        users = [m for m in agent_data.messages if m.get("role") == "user"]
+        question = question_of(_content(users[-1])) if users else None
+        if question is None:
+            return None
+        ids = self.tokenizer.encode(scripted_tool_call(question), add_special_tokens=False)
+        ids.append(self.tokenizer.eos_token_id)
+        before = len(agent_data.response_mask)
+        agent_data.assistant_turns += 1
+        agent_data.response_ids = ids
+        merge_result, response_mask, response_logprobs = await self.ct_merge_assistant_token(
+            agent_data.prompt_ids,
+            ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs,
+            assistant_logprobs=[0.0] * len(ids),  # never read: mask 0 keeps them out of every metric and loss
+        )
+        agent_data.prompt_ids = merge_result.token_ids
+        agent_data.response_mask = response_mask[:before] + [0] * (len(response_mask) - before)
+        if response_logprobs is not None:
+            agent_data.response_logprobs = response_logprobs
+        if len(agent_data.response_mask) >= self.response_length:
+            return AgentState.TERMINATED
+        tools = [tool.tool_schema for tool in getattr(agent_data, "_active_tools", self.tools).values()]
+        content, agent_data.tool_calls = await self.tool_parser.extract_tool_calls(ids, tools)
+        agent_data.messages.append(self._build_assistant_message(content, agent_data))
+        if not agent_data.tool_calls:
+            raise RuntimeError(
+                f"the scripted first turn did not parse as a tool call: {self.tokenizer.decode(ids)!r}"
+            )
+        scripted = len(agent_data.tool_calls[: self.max_parallel_calls])
+        agent_data.extra_fields[SCRIPTED_CALLS] = (
+            int(agent_data.extra_fields.get(SCRIPTED_CALLS, 0)) + scripted
+        )
+        return AgentState.PROCESSING_TOOLS
+
+    async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
+        before = len(agent_data.response_mask)
+        state = await super()._handle_processing_tools_state(agent_data)
+        if sabotage.active(sabotage.OBSERVATIONS_IN_LOSS):
+            grown = len(agent_data.response_mask) - before
+            agent_data.response_mask = agent_data.response_mask[:before] + [1] * grown
+        return state
+
+
+__all__ = ["AGENT_NAME", "SearchToolAgentLoop", "question_of", "scripted_tool_call"]

@@ -1,0 +1,411 @@
+"""`make learn-cpu` / `searchrl train cpu --learn`: verl's GRPO loop on CPU *learns*, and the run proves it.
+
+`make train-cpu` shows that every part of the loop runs; its reward is 0 on every step, so a stale weight sync, a
+flipped advantage or a tool response left in the loss would print the same table. This run uses the same
+plumbing (trainer/cpu_smoke.py: data prep -> parquet `ground_truth` -> verl's reward worker -> GRPO advantages ->
+FSDP2 update -> naive weight sync -> `hf` rollout with our search tool against the bundled service -> checkpoint,
+resume, verl's merger) on a reward the random tiny model reaches by chance and can climb (trainer/learn_task.py),
+and fails with one line unless all of these hold:
+
+1. **The reward rose**: the mean of the last `WINDOW` steps exceeds the first `WINDOW` by `MIN_RISE` (set from the
+   seeds' spread, docs/training.md).
+2. **The sync held on every step** of both invocations, the step after the resume included:
+   `training/rollout_probs_diff_max` <= SYNC_MAX_PROB_DIFF (trainer/cpu_report.py), and the rollout server
+   received one weight update when each invocation started (after the checkpoint load on the resume) and one
+   after every step (`hf_rollout.UPDATE_LINE`).
+3. **Observations stayed out of the loss**: `loss/observation_tokens_in_loss` is 0 on every step.
+4. **Advantages and updates are real**: `critic/advantages/max` > 0 on at least half the steps (a step whose
+   groups each scored alike has none, legitimately), `actor/pg_loss` != 0 on every step with an advantage, and
+   the merged weights differ from the initial ones.
+5. **The probe moved**: greedy decoding (no sampling) from the initial and the merged model on fixed contexts
+   (each train question, the scripted call, and the search tool's real response) scores higher after training.
+
+The first assistant turn is scripted, as in the smoke run, but as environment (loss mask 0, trainer/agent_loop.py):
+the policy is trained only on what it sampled. `model-written searches` counts calls the model wrote itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import shutil
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.cpu_report import StepRow, check_steps, step_table
+from searchrl.trainer.cpu_smoke import DEV_QA, cpu_overrides, run_training, tokenizer_texts, write_qa
+from searchrl.trainer.hf_rollout import UPDATE_PATTERN
+from searchrl.trainer.overrides import hydra_value
+from searchrl.trainer.settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = "cpu-learn"
+STEPS = 20
+RESUME_STEP = 10  # the first invocation stops here (a checkpoint), the second resumes from it to STEPS
+WINDOW = 5  # steps averaged at each end of the reward curve
+MIN_RISE = 0.10  # mean reward, last WINDOW steps minus first WINDOW (docs/training.md: the seeds' spread)
+PROBE_MIN_RISE = 0.05  # greedy-probe score, merged minus initial model
+PROBE_TOKENS = 48
+REWARD_FN_PATH = "pkg://searchrl.trainer.learn_task"
+REWARD_FN_NAME = "compute_score"
+
+
+def learn_settings(
+    out_dir: Path, model_dir: Path, url: str, *, seed: int, steps: int = STEPS, lr: float = 3e-2
+) -> TrainSettings:
+    """2 prompts x 8 samples a step, one on-policy Adam step each, no KL or entropy term (DESIGN.md 3c)."""
+    from searchrl.trainer.agent_loop import AGENT_NAME
+
+    return TrainSettings(
+        _env_file=None,
+        model_name=str(model_dir),
+        qa_source=str(out_dir / "qa.jsonl"),
+        dataset_size="small",
+        data_dir=out_dir / "data",
+        checkpoint_dir=out_dir / "checkpoints",
+        experiment_name=EXPERIMENT,
+        retrieval_urls=[url],
+        agent_loop=AGENT_NAME,
+        seed=seed,
+        train_batch_size=2,
+        ppo_mini_batch_size=2,
+        micro_batch_size_per_gpu=8,
+        rollout_n=8,
+        total_steps=steps,
+        save_freq=RESUME_STEP,
+        test_freq=-1,
+        val_before_train=False,
+        max_turns=2,
+        max_prompt_length=1024,
+        # the response budget holds the scripted call (~46 tiny-tokenizer tokens), one passage (~70) and the
+        # model's own turn (the rest, ~75): the tiny tokenizer never saw the corpus, so passages cost ~2 chars/token
+        max_response_length=192,
+        topk=1,
+        passage_max_chars=120,
+        nnodes=1,
+        gpus_per_node=1,
+        lr=lr,
+        lr_warmup_ratio=0.0,
+        kl_coef=0.0,
+        entropy_coeff=0.0,
+        logger="console",
+        allow_small_corpus=True,
+        health_deadline_s=300.0,
+        checkpoint_wait_s=0.0,
+    )
+
+
+def learn_overrides(seed: int) -> list[str]:
+    """The CPU overrides plus the learning reward and a seeded rollout (its sampling differs per seed)."""
+    pairs: list[tuple[str, object]] = [
+        ("reward.custom_reward_function.path", REWARD_FN_PATH),
+        ("reward.custom_reward_function.name", REWARD_FN_NAME),
+        ("actor_rollout_ref.rollout.seed", seed),
+    ]
+    return [*cpu_overrides(), *(f"{key}={hydra_value(value)}" for key, value in pairs)]
+
+
+def count_updates(log_text: str) -> list[int]:
+    """The global step of every weight update the rollout server logged, in order."""
+    return [int(step) for _, step in re.findall(UPDATE_PATTERN, log_text)]
+
+
+@dataclass
+class LearnRun:
+    """One seed's learning run: its steps, what the rollout server received, the probe and the merged weights."""
+
+    seed: int
+    out_dir: Path
+    rows: list[StepRow] = field(default_factory=list)
+    updates: dict[str, list[int]] = field(default_factory=dict)  # invocation label -> steps of updates
+    phases: dict[str, float] = field(default_factory=dict)
+    probe_initial: float = math.nan
+    probe_merged: float = math.nan
+    weight_change: float = math.nan  # max |merged - initial| over all parameters
+
+    def rewards(self) -> list[float]:
+        return [row.get("reward") for row in self.rows]
+
+    def reward_ends(self) -> tuple[float, float]:
+        rewards = self.rewards()
+        return statistics.fmean(rewards[:WINDOW]), statistics.fmean(rewards[-WINDOW:])
+
+    def max_sync_diff(self) -> float:
+        return max((row.get("sync_diff") for row in self.rows), default=math.nan)
+
+    def observation_tokens_in_loss(self) -> float:
+        return sum(row.get("obs_in_loss") for row in self.rows)
+
+    def model_searches(self) -> float:
+        return sum(row.get("search_calls") for row in self.rows)
+
+    def problems(self, steps: int = STEPS) -> list[str]:
+        """Every check of the module docstring that failed, as short phrases (empty: it learned)."""
+        problems = check_steps(self.rows, steps)
+        if len(self.rows) >= 2 * WINDOW:
+            first, last = self.reward_ends()
+            if not last - first >= MIN_RISE:
+                problems.append(f"reward did not rise: {first:.3f} -> {last:.3f} (needs +{MIN_RISE:.2f})")
+        # A step whose every GRPO group scored alike has zero advantages and no policy gradient (legitimately:
+        # late in the run a group may all score 1); most steps must carry both, and an advantage must move the loss.
+        advantaged = [row for row in self.rows if row.get("advantage_max") > 0]
+        if len(advantaged) < len(self.rows) / 2:
+            problems.append(f"only {len(advantaged)} of {len(self.rows)} steps had a positive advantage")
+        for row in advantaged:
+            if not row.get("policy_loss") != 0:
+                problems.append(
+                    f"step {row.step}: advantages up to {row.get('advantage_max'):.3g} but policy loss 0"
+                )
+        for label, updated in self.updates.items():
+            logged = [row.step for row in self.rows if row.run == label]
+            # one sync when the invocation starts (after loading the checkpoint on a resume), one after each step
+            expected = list(range(logged[0] - 1, logged[-1] + 1)) if logged else []
+            if updated != expected:
+                problems.append(
+                    f"run {label}: the rollout server received weight updates for steps {updated}, "
+                    f"expected {expected}"
+                )
+        if not self.weight_change > 0:
+            problems.append("the merged weights equal the initial weights")
+        if not self.probe_merged - self.probe_initial >= PROBE_MIN_RISE:
+            problems.append(
+                f"greedy probe did not move: {self.probe_initial:.3f} -> {self.probe_merged:.3f} "
+                f"(needs +{PROBE_MIN_RISE:.2f})"
+            )
+        return problems
+
+
+def learned_line(runs: Sequence[LearnRun]) -> str:
+    """The run's last line: the reward's ends (mean over seeds), the worst sync figure, the mask and call counts."""
+    ends = [run.reward_ends() for run in runs if run.rows]
+    first = statistics.fmean(a for a, _ in ends) if ends else math.nan
+    last = statistics.fmean(b for _, b in ends) if ends else math.nan
+    sync = max((run.max_sync_diff() for run in runs), default=math.nan)
+    return (
+        f"learned: reward {first:.3f} -> {last:.3f} ({last - first:+.3f}); sync max prob diff {sync:.2g}; "
+        f"observation tokens in loss {sum(run.observation_tokens_in_loss() for run in runs):.0f}; "
+        f"model-written searches {sum(run.model_searches() for run in runs):.0f}"
+    )
+
+
+def probe_contexts(settings: TrainSettings, tokenizer: Any) -> list[tuple[list[int], list[str]]]:
+    """(context ids, golden answers) per train question: its prompt, the scripted call and the tool's response.
+
+    The response comes from the search tool built from the run's own tool YAML, as verl builds it, against the
+    run's service: the same text the rollouts saw, so the probe asks the model the question training asked.
+    """
+    import pandas as pd
+    from verl.tools.tool_registry import load_all_tools
+
+    from searchrl.prompt import SEARCH_TOOL_SCHEMA
+    from searchrl.trainer.agent_loop import scripted_tool_call
+    from searchrl.trainer.reward import golden_answers
+
+    async def observations(questions: list[str]) -> list[str]:
+        (tool,) = load_all_tools(str(settings.resolved_tool_config_path), None)
+        try:
+            texts = []
+            for question in questions:
+                response, _, _ = await tool.execute("probe", {"query_list": [question]})
+                texts.append(response.text or "")
+            return texts
+        finally:
+            await tool.aclose()
+
+    rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
+    questions = [row["extra_info"]["question"] for row in rows]
+    contexts = []
+    for row, question, observation in zip(rows, questions, asyncio.run(observations(questions)), strict=True):
+        messages = [
+            *[dict(m) for m in row["prompt"]],
+            {"role": "assistant", "content": scripted_tool_call(question)},
+            {"role": "tool", "content": observation},
+        ]
+        ids = tokenizer.apply_chat_template(
+            messages, tools=[SEARCH_TOOL_SCHEMA], add_generation_prompt=True, tokenize=True
+        )
+        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids
+        contexts.append((list(ids), golden_answers(row["reward_model"]["ground_truth"])))
+    return contexts
+
+
+def greedy_probe(
+    model_dir: Path, contexts: Sequence[tuple[list[int], list[str]]], tokens: int = PROBE_TOKENS
+) -> float:
+    """Mean learning reward of each context's greedy continuation (deterministic: no sampling)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from searchrl.trainer.learn_task import answer_char_share
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    scores = []
+    with torch.no_grad():
+        for ids, answers in contexts:
+            out = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=tokens,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            text = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+            scores.append(answer_char_share(text, answers))
+    return statistics.fmean(scores)
+
+
+def weight_change(initial: Path, merged: Path) -> float:
+    """The largest absolute difference between two checkpoints' parameters (same architecture)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).state_dict()
+    if set(a) != set(b):
+        raise SmokeCheckError(
+            f"merged model has other weights than the initial one: {sorted(set(a) ^ set(b))[:5]}"
+        )
+    return max(float((a[name] - b[name]).abs().max()) for name in a)
+
+
+def run_learn(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    qa_source: Path = DEV_QA,
+    questions: int = 12,
+    steps: int = STEPS,
+    timeout_s: float = 1200.0,
+) -> LearnRun:
+    """One seed's learning run (module docstring); the checks are LearnRun.problems()."""
+    from transformers import AutoTokenizer
+
+    from searchrl.retrieval.process import served
+    from searchrl.trainer.merge import merge_latest
+    from searchrl.trainer.tiny_model import write_tiny_model
+
+    out_dir = out_dir.expanduser().resolve()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    run = LearnRun(seed=seed, out_dir=out_dir)
+    if not qa_source.is_file():
+        raise ConfigError(
+            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
+        )
+    started = time.monotonic()
+    qa = write_qa(out_dir, qa_source, questions)
+    model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa), seed=seed)
+    run.phases["model"] = time.monotonic() - started
+    with served(["--backend", "bm25"], out_dir / "serve.log") as url:
+        settings = learn_settings(out_dir, model_dir, url, seed=seed, steps=steps)
+        resume = min(RESUME_STEP, steps - 1)
+        for label, extra in (
+            ("1", [*learn_overrides(seed), f"trainer.total_training_steps={resume}"]),
+            ("2 (resumed)", learn_overrides(seed)),
+        ):
+            started = time.monotonic()
+            rows, text = run_training(settings, extra, out_dir / f"train-{label[0]}.log", label, timeout_s)
+            run.rows += rows
+            run.updates[label] = count_updates(text)
+            run.phases[f"train {label}"] = time.monotonic() - started
+        started = time.monotonic()
+        merged = merge_latest(settings.run_dir)
+        run.weight_change = weight_change(model_dir, merged.target_dir)
+        contexts = probe_contexts(settings, AutoTokenizer.from_pretrained(model_dir))
+        run.probe_initial = greedy_probe(model_dir, contexts)
+        run.probe_merged = greedy_probe(merged.target_dir, contexts)
+        run.phases["merge and probe"] = time.monotonic() - started
+    (out_dir / "steps.md").write_text(step_table(run.rows) + "\n", encoding="utf-8")
+    return run
+
+
+def run_seeds(out_dir: Path, seeds: Sequence[int], **kwargs: Any) -> list[LearnRun]:
+    """`run_learn` per seed into <out>/seed-N, then the reward curve (<out>/reward_curve.png) and seeds table."""
+    out_dir = out_dir.expanduser().resolve()
+    if not seeds:
+        raise ConfigError("--seeds names no seed: pass e.g. --seeds 0 or --seeds 0,1,2,3,4")
+    runs = []
+    for seed in seeds:
+        log.info("learning run, seed %d of %s", seed, list(seeds))
+        runs.append(run_learn(out_dir / f"seed-{seed}", seed=seed, **kwargs))
+        plot_rewards(runs, out_dir / "reward_curve.png")
+    (out_dir / "seeds.md").write_text(seeds_table(runs) + "\n", encoding="utf-8")
+    return runs
+
+
+def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
+    """The per-step mean reward of each seed, and the seeds' mean with a min-max band where several ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    curves = [[row.get("reward") for row in run.rows] for run in runs]
+    width = min(len(c) for c in curves)
+    steps = list(range(1, width + 1))
+    for run, curve in zip(runs, curves, strict=True):
+        ax.plot(steps, curve[:width], lw=0.8, alpha=0.5, label=f"seed {run.seed}")
+    if len(runs) > 1:
+        columns = list(zip(*(c[:width] for c in curves), strict=True))
+        ax.fill_between(
+            steps, [min(c) for c in columns], [max(c) for c in columns], alpha=0.15, label="seeds' range"
+        )
+        ax.plot(steps, [statistics.fmean(c) for c in columns], lw=2, color="black", label="mean over seeds")
+    ax.axvline(RESUME_STEP + 0.5, ls=":", color="grey", label="resume")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("mean reward of the step's 16 samples")
+    ax.set_title("make learn-cpu: answer-character reward, tiny random Qwen2, 2 CPU cores")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def seeds_table(runs: Sequence[LearnRun]) -> str:
+    """One row per seed: the reward's ends, the probe, the sync and mask figures, the wall time."""
+    lines = [
+        "| seed | reward first 5 | reward last 5 | rise | probe initial | probe merged | sync max prob diff "
+        "| observation tokens in loss | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        first, last = run.reward_ends()
+        lines.append(
+            f"| {run.seed} | {first:.3f} | {last:.3f} | {last - first:+.3f} | {run.probe_initial:.3f} | "
+            f"{run.probe_merged:.3f} | {run.max_sync_diff():.2g} | {run.observation_tokens_in_loss():.0f} | "
+            f"{sum(run.phases.values()):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+__all__ = [
+    "MIN_RISE",
+    "PROBE_MIN_RISE",
+    "STEPS",
+    "WINDOW",
+    "LearnRun",
+    "count_updates",
+    "greedy_probe",
+    "learned_line",
+    "learn_overrides",
+    "learn_settings",
+    "plot_rewards",
+    "probe_contexts",
+    "run_learn",
+    "run_seeds",
+    "seeds_table",
+    "weight_change",
+]
