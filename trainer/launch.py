@@ -234,9 +234,31 @@ def record_run(
     return folder
 
 
-def _run_trainer(cmd: Sequence[str]) -> int:
+STEPS_LOG = "steps.log"  # verl's `step:N - ...` console lines of every invocation, in <run>/searchrl/
+
+
+def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
+    """verl in the foreground, its output passed through; each step line is also appended to `steps_log` and
+    checked as it arrives (trainer/cpu_report.py `gpu_step_problems`: a warning line at once, not at the end)."""
+    from searchrl.trainer.cpu_report import gpu_step_problems, parse_steps
+
     log.info("starting verl: %s -m verl.trainer.main_ppo (%d overrides)", cmd[0], len(cmd) - 3)
-    return subprocess.run(list(cmd), check=False).returncode
+    if steps_log is None:
+        return subprocess.run(list(cmd), check=False).returncode
+    proc = subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    assert proc.stdout is not None
+    with open(steps_log, "a", encoding="utf-8") as steps:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            for row in parse_steps(line, "gpu"):
+                steps.write(line if line.endswith("\n") else line + "\n")
+                steps.flush()
+                failures, warnings = gpu_step_problems(row)
+                for problem in failures + warnings:
+                    log.warning("%s", problem)
+    return proc.wait()
 
 
 def resume_overrides(run_dir: Path, step: int) -> list[str]:
@@ -329,13 +351,18 @@ def train_local(
     *,
     gpus: int | None = None,
     nvidia_smi: str = "nvidia-smi",
-    runner: Callable[[Sequence[str]], int] = _run_trainer,
+    runner: Callable[[Sequence[str]], int] | None = None,
 ) -> int:
-    """Prepare and run verl in the foreground; return its exit code (SMOKE=1: then check the run)."""
+    """Prepare and run verl in the foreground; return its exit code (SMOKE=1: then check the run).
+
+    Every step line verl prints is kept in <run>/searchrl/steps.log; a smoke run fails on a step past verl's
+    rollout/actor consistency limit or with tool-response tokens in the loss (trainer/smoke.py).
+    """
     plan = prepare_launch(settings, gpus=gpus, nvidia_smi=nvidia_smi)
     if not plan.command:
         return 0
-    code = runner(plan.command)
+    steps_log = plan.record_dir / STEPS_LOG if plan.record_dir is not None else None
+    code = (runner or (lambda cmd: _run_trainer(cmd, steps_log)))(plan.command)
     if code == 0 and settings.smoke:
         from searchrl.trainer.smoke import check_smoke_run
 
@@ -346,6 +373,7 @@ def train_local(
 
 __all__ = [
     "RESUME_KEYS",
+    "STEPS_LOG",
     "LaunchPlan",
     "RunState",
     "check_corpus",

@@ -5,7 +5,10 @@ So after verl returns, `searchrl train local` with SMOKE=1 checks, and fails wit
   1. at least one search happened: verl's rollout dumps (`trainer.rollout_data_dir` = <run>/rollouts, one
      `<step>.jsonl` per step) carry our reward's `search_calls` for every trajectory (trainer/reward.py);
   2. a checkpoint was written for the last step (verl's `latest_checkpointed_iteration.txt`);
-  3. verl's merger turns it into a Hugging Face folder, and that folder loads with transformers (trainer/merge.py).
+  3. verl's merger turns it into a Hugging Face folder, and that folder loads with transformers (trainer/merge.py);
+  4. every step verl logged (<run>/searchrl/steps.log, kept by `searchrl train local`) is within verl's FAQ limit
+     for the rollout/actor probability difference (mean < 0.01; above 0.005 a warning) and trained on no
+     tool-response token (trainer/cpu_report.py `gpu_step_problems`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchrl.errors import CheckpointError, SmokeCheckError
+from searchrl.trainer.cpu_report import PROB_DIFF_MEAN, gpu_step_problems, parse_steps
 from searchrl.trainer.merge import MergeResult, find_latest_checkpoint, merge_latest
 from searchrl.trainer.settings import TrainSettings
 
@@ -57,8 +61,31 @@ def count_searches(rollout_dir: Path) -> tuple[int, int, int]:
     return trajectories, searches, failed
 
 
+def check_steps_log(path: Path) -> int:
+    """Check 4 on verl's step lines; returns how many steps were checked."""
+    rows = parse_steps(path.read_text(encoding="utf-8", errors="replace"), "gpu") if path.is_file() else []
+    if not rows:
+        raise SmokeCheckError(
+            f"no step lines in {path}: verl logged no training step (is trainer.logger console?)"
+        )
+    for row in rows:
+        if PROB_DIFF_MEAN not in row.metrics:
+            raise SmokeCheckError(
+                f"step {row.step}: verl logged no {PROB_DIFF_MEAN}, so the weight sync is unchecked "
+                "(actor_rollout_ref.rollout.calculate_log_probs must stay True)"
+            )
+        failures, warnings = gpu_step_problems(row)
+        if failures:
+            raise SmokeCheckError(failures[0])
+        for warning in warnings:
+            log.warning("%s", warning)
+    return len(rows)
+
+
 def check_smoke_run(settings: TrainSettings) -> SmokeReport:
-    """Checks 1-3 of the module docstring on settings.run_dir; raise SmokeCheckError naming the first miss."""
+    """Checks 1-4 of the module docstring on settings.run_dir; raise SmokeCheckError naming the first miss."""
+    from searchrl.trainer.launch import RECORD_DIR, STEPS_LOG
+
     run_dir = settings.run_dir.expanduser().resolve()
     trajectories, searches, failed = count_searches(run_dir / "rollouts")
     if searches == 0:
@@ -84,7 +111,8 @@ def check_smoke_run(settings: TrainSettings) -> SmokeReport:
         merged = merge_latest(run_dir, verify=True)
     except CheckpointError as exc:
         raise SmokeCheckError(f"the smoke checkpoint does not merge into a loadable model: {exc}") from None
+    check_steps_log(run_dir / RECORD_DIR / STEPS_LOG)
     return SmokeReport(trajectories, searches, failed, step, merged)
 
 
-__all__ = ["SmokeReport", "check_smoke_run", "count_searches"]
+__all__ = ["SmokeReport", "check_smoke_run", "check_steps_log", "count_searches"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import SmokeCheckError
+from searchrl.trainer.launch import RECORD_DIR, STEPS_LOG
 from searchrl.trainer.merge import TRACKER_FILE
 from searchrl.trainer.reward import compute_score
 from searchrl.trainer.settings import TrainSettings
@@ -49,11 +50,22 @@ def _settings(tmp_path: Path) -> TrainSettings:
 
 
 def _train_like_verl(
-    settings: TrainSettings, tokenizer, searches: list[tuple[int, int]], last_step: int
+    settings: TrainSettings,
+    tokenizer,
+    searches: list[tuple[int, int]],
+    last_step: int,
+    prob_diff_mean: float = 1e-3,
 ) -> None:
     run = settings.run_dir.resolve()
+    steps_log = run / RECORD_DIR / STEPS_LOG
+    steps_log.parent.mkdir(parents=True, exist_ok=True)
     for step in range(1, last_step + 1):
         _dump_rollouts(run / "rollouts", step, searches)
+        with open(steps_log, "a") as out:  # the console line verl prints, as `searchrl train local` keeps it
+            out.write(
+                f"(TaskRunnerV1 pid=1) step:{step} - training/rollout_probs_diff_mean:{prob_diff_mean} - "
+                "loss/observation_tokens_in_loss:0.0 - critic/score/mean:0.0\n"
+            )
     _write_fsdp_checkpoints(run, tokenizer, [(last_step, 0)], version=2)
     (run / TRACKER_FILE).write_text(str(last_step))
 
@@ -126,3 +138,24 @@ def test_smoke_launch_checks_search_checkpoint_and_merge(
     assert "smoke run passed: 12 searches (4 failed) in 8 trajectories, checkpoint at step 4" in caplog.text
     merged = settings.run_dir.resolve() / "merged" / "global_step_4"
     assert json.loads((merged / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mean", "outcome"),
+    [(0.02, "fails"), (0.007, "warns"), (0.001, "passes")],
+)
+def test_the_rollout_actor_probability_gap_fails_or_warns_at_verls_faq_limits(
+    tmp_path, offline_tokenizer, caplog, mean, outcome
+):
+    """verl's FAQ: a mean rollout/actor probability difference above 0.01 is a precision or sync bug, above
+    0.005 suspicious. The smoke run reads the step lines `searchrl train local` kept and says so."""
+    settings = _settings(tmp_path)
+    _train_like_verl(settings, offline_tokenizer, [(1, 0)], last_step=4, prob_diff_mean=mean)
+    if outcome == "fails":
+        with pytest.raises(SmokeCheckError, match=r"step 1: rollout/actor mean prob diff 0\.02 >= 0\.01"):
+            check_smoke_run(settings)
+        return
+    caplog.set_level("WARNING", logger="searchrl.trainer.smoke")
+    check_smoke_run(settings)
+    assert ("mean prob diff 0.007 > 0.005" in caplog.text) is (outcome == "warns")
