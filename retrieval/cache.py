@@ -13,8 +13,9 @@ Modes (`cache_mode`):
 
 Key: (namespace, normalised query, topk). The namespace names the backend and what determines its answers
 (corpus, encoder and index for local backends, a hash of the engine id for Google, the instance for SearXNG), so
-two corpora never share entries. Queries are normalised (NFKC, lower case, whitespace collapsed) and the
-normalised text is what goes upstream, so an entry is a pure function of its key.
+two corpora never share entries. Queries are normalised by the batcher's `normalize_query` (whitespace collapsed,
+nothing else: case and width change what a cased encoder or a web engine returns, so "US" and "us" are two
+entries), and the normalised text is what goes upstream, so an entry is a pure function of its key.
 
 Concurrency: identical misses in flight at once are sent upstream once (single flight); SQLite is used from
 worker threads behind a lock, in WAL mode so several server processes can share the file.
@@ -29,13 +30,13 @@ import logging
 import sqlite3
 import threading
 import time
-import unicodedata
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchrl.errors import BackendError, CacheMissError, ConfigError
 from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.batcher import normalize_query
 from searchrl.retrieval.schemas import ScoredDocument
 
 if TYPE_CHECKING:
@@ -54,11 +55,6 @@ CREATE TABLE IF NOT EXISTS entries (
     PRIMARY KEY (namespace, query, topk)
 )
 """
-
-
-def normalise_query(query: str) -> str:
-    """The cache key form of a query: NFKC, lower case, runs of whitespace collapsed to one space."""
-    return " ".join(unicodedata.normalize("NFKC", query).lower().split())
 
 
 def _short_hash(value: str) -> str:
@@ -258,7 +254,7 @@ class CachedBackend(Backend):
         return {**base, "query_cache": self.stats()}
 
     async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
-        keys = [normalise_query(q) for q in queries]
+        keys = [normalize_query(q) for q in queries]
         if self.mode == "record":
             found: dict[str, list[ScoredDocument]] = {}
         else:
@@ -350,5 +346,4 @@ __all__ = [
     "build_cached_backend",
     "cache_namespace",
     "default_cache_path",
-    "normalise_query",
 ]

@@ -12,7 +12,8 @@ from pydantic import SecretStr
 
 from searchrl.errors import BackendError, ConfigError
 from searchrl.retrieval.backends import build_backend
-from searchrl.retrieval.cache import CachedBackend, QueryCache, cache_namespace, normalise_query
+from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.cache import CachedBackend, QueryCache, cache_namespace
 from searchrl.retrieval.schemas import Document, ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.retrieval.fake_web import CSE_ID, GOOGLE_KEY, FakeSearchAPIs, web_settings
@@ -32,10 +33,35 @@ async def searched(backend: Any, queries: list[str], topk: int) -> list[list[Sco
         await backend.close()
 
 
-def test_normalise_query() -> None:
-    assert normalise_query("  The\tSeventh   SEAL\n") == "the seventh seal"
-    assert normalise_query("ｆｕｌｌ width") == "full width"  # NFKC
-    assert normalise_query("a b") != normalise_query("ab")
+class CasedBackend(Backend):
+    """A backend whose answer depends on case, as a cased encoder's does: it records what reaches it."""
+
+    name = "cased"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+        self.seen += queries
+        return [[hit(f"doc-for-{q}")] for q in queries]
+
+
+def test_the_cache_keeps_case_and_sends_the_queries_text_upstream(tmp_path: Path) -> None:
+    """Issue 33 bug 3: the cache used to key (and send upstream) a lowercased query while the batcher keeps case,
+    so "US" and "us" shared one entry although a cased encoder ranks them differently."""
+    inner = CasedBackend()
+    cached = CachedBackend(inner, QueryCache(tmp_path / "c.sqlite"), namespace="ns", mode="on")
+    first = asyncio.run(searched(cached, ["US  troops", "us troops"], 3))
+    assert inner.seen == ["US troops", "us troops"]  # whitespace collapsed, as the batcher does; case kept
+    assert [r[0].document.id for r in first] == ["doc-for-US troops", "doc-for-us troops"]
+    again = asyncio.run(
+        searched(
+            CachedBackend(inner, QueryCache(tmp_path / "c.sqlite"), namespace="ns", mode="on"),
+            ["US troops"],
+            3,
+        )
+    )
+    assert again[0][0].document.id == "doc-for-US troops" and inner.seen == ["US troops", "us troops"]
 
 
 def test_store_round_trip_survives_reopen(tmp_path: Path) -> None:
@@ -122,13 +148,13 @@ def test_on_mode_serves_repeats_from_the_cache(tmp_path: Path, fake: FakeSearchA
     async def go() -> None:
         await backend.start()
         first = await backend.search(["The Seventh Seal", "black death"], 3)
-        again = await backend.search(["the   seventh seal", "BLACK DEATH", "chess"], 3)
+        again = await backend.search(["The   Seventh Seal", " black death", "chess"], 3)
         assert again[:2] == first
         await backend.close()
 
     asyncio.run(go())
-    assert fake.count("google") == 3  # seventh seal, black death, chess: each once
-    assert [r["params"]["q"] for r in fake.requests] == ["the seventh seal", "black death", "chess"]
+    assert fake.count("google") == 3  # seventh seal, black death, chess: each once (whitespace is not a query)
+    assert [r["params"]["q"] for r in fake.requests] == ["The Seventh Seal", "black death", "chess"]
     assert backend.stats()["hits"] == 2 and backend.stats()["misses"] == 3 and backend.stats()["stores"] == 3
 
 
@@ -210,7 +236,7 @@ def test_replay_over_a_local_backend_needs_no_index(tmp_path: Path, bm25_setting
     replay_settings = record.model_copy(update={"cache_mode": "replay", "data_dir": tmp_path / "empty"})
     replay = build_backend(replay_settings)
     assert isinstance(replay, CachedBackend) and replay.inner is None
-    assert asyncio.run(searched(replay, ["Who directed the Seventh Seal", "platypus"], 3)) == recorded
+    assert asyncio.run(searched(replay, ["who  directed the seventh seal ", "platypus"], 3)) == recorded
     assert not (tmp_path / "empty").exists()
 
 
