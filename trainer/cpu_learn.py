@@ -183,6 +183,23 @@ class LearnRun:
         return problems
 
 
+_STEP_PROBLEM = re.compile(r"^step (\d+): (.*)$")
+
+
+def summarize(problems: Sequence[str]) -> str:
+    """One line: each kind of problem once, at its first step, with how many more steps had it."""
+    kinds: dict[str, list[str]] = {}
+    for problem in problems:
+        match = _STEP_PROBLEM.match(problem)
+        kind = re.sub(r"[-+.\de]+", "#", match.group(2)) if match else problem
+        kinds.setdefault(kind, []).append(problem)
+    parts = []
+    for same in kinds.values():
+        more = f" (and {len(same) - 1} more steps)" if len(same) > 1 else ""
+        parts.append(same[0] + more)
+    return "; ".join(parts)
+
+
 def learned_line(runs: Sequence[LearnRun]) -> str:
     """The run's last line: the reward's ends (mean over seeds), the worst sync figure, the mask and call counts."""
     ends = [run.reward_ends() for run in runs if run.rows]
@@ -400,6 +417,7 @@ __all__ = [
     "count_updates",
     "greedy_probe",
     "learned_line",
+    "summarize",
     "learn_overrides",
     "learn_settings",
     "plot_rewards",

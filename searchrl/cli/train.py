@@ -223,7 +223,7 @@ def _cpu(args: argparse.Namespace) -> int:
 
 def _learn(args: argparse.Namespace, qa: Path) -> int:
     from searchrl.errors import ConfigError, SmokeCheckError
-    from searchrl.trainer.cpu_learn import learned_line, run_seeds, seeds_table
+    from searchrl.trainer.cpu_learn import learned_line, run_seeds, seeds_table, summarize
     from searchrl.trainer.cpu_report import step_table
 
     try:
@@ -241,7 +241,7 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
     print(learned_line(runs))  # noqa: T201
     if failed:
         run, problems = failed[0]
-        raise SmokeCheckError(f"the learning run (seed {run.seed}) failed: {'; '.join(problems)}")
+        raise SmokeCheckError(f"the learning run (seed {run.seed}) failed: {summarize(problems)}")
     return 0
 
 

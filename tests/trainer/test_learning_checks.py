@@ -14,7 +14,7 @@ import torch
 
 from searchrl.errors import ConfigError
 from searchrl.trainer import sabotage
-from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line
+from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line, summarize
 from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, sync_and_mask_problems
 from searchrl.trainer.hf_rollout import UPDATE_LINE, HFGenerateServer, missing_weights, sampled_log_probs
 from searchrl.trainer.learn_task import answer_char_share, compute_score, own_turn
@@ -221,4 +221,17 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     assert learned_line([_learn_run(rising)]) == (
         "learned: reward 0.300 -> 0.600 (+0.300); sync max prob diff 1e-07; observation tokens in loss 0; "
         "model-written searches 0"
+    )
+
+
+def test_the_error_line_names_each_failed_check_once():
+    problems = [
+        "step 2: sync max prob diff 0.002 above 1e-04 (stale)",
+        "step 3: sync max prob diff 0.0025 above 1e-04 (stale)",
+        "step 4: observation tokens in loss 40 (trained on)",
+        "reward did not rise: 0.491 -> 0.497 (needs +0.10)",
+    ]
+    assert summarize(problems) == (
+        "step 2: sync max prob diff 0.002 above 1e-04 (stale) (and 1 more steps); "
+        "step 4: observation tokens in loss 40 (trained on); reward did not rise: 0.491 -> 0.497 (needs +0.10)"
     )
