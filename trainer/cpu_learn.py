@@ -40,7 +40,14 @@ from typing import Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu_report import StepRow, check_steps, step_table
-from searchrl.trainer.cpu_smoke import DEV_QA, cpu_overrides, run_training, tokenizer_texts, write_qa
+from searchrl.trainer.cpu_smoke import (
+    DEV_QA,
+    cpu_overrides,
+    cpu_settings,
+    run_training,
+    tokenizer_texts,
+    write_qa,
+)
 from searchrl.trainer.hf_rollout import UPDATE_PATTERN
 from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.settings import TrainSettings
@@ -61,45 +68,26 @@ REWARD_FN_NAME = "compute_score"
 def learn_settings(
     out_dir: Path, model_dir: Path, url: str, *, seed: int, steps: int = STEPS, lr: float = 3e-2
 ) -> TrainSettings:
-    """2 prompts x 8 samples a step, one on-policy Adam step each, no KL or entropy term (DESIGN.md 3c)."""
-    from searchrl.trainer.agent_loop import AGENT_NAME
-
-    return TrainSettings(
-        _env_file=None,
-        model_name=str(model_dir),
-        qa_source=str(out_dir / "qa.jsonl"),
-        dataset_size="small",
-        data_dir=out_dir / "data",
-        checkpoint_dir=out_dir / "checkpoints",
-        experiment_name=EXPERIMENT,
-        retrieval_urls=[url],
-        agent_loop=AGENT_NAME,
-        seed=seed,
-        train_batch_size=2,
-        ppo_mini_batch_size=2,
-        micro_batch_size_per_gpu=8,
-        rollout_n=8,
-        total_steps=steps,
-        save_freq=RESUME_STEP,
-        test_freq=-1,
-        val_before_train=False,
-        max_turns=2,
-        max_prompt_length=1024,
-        # the response budget holds the scripted call (~46 tiny-tokenizer tokens), one passage (~70) and the
-        # model's own turn (the rest, ~75): the tiny tokenizer never saw the corpus, so passages cost ~2 chars/token
-        max_response_length=192,
-        topk=1,
-        passage_max_chars=120,
-        nnodes=1,
-        gpus_per_node=1,
-        lr=lr,
-        lr_warmup_ratio=0.0,
-        kl_coef=0.0,
-        entropy_coeff=0.0,
-        logger="console",
-        allow_small_corpus=True,
-        health_deadline_s=300.0,
-        checkpoint_wait_s=0.0,
+    """The smoke run's settings, then: 2 prompts x 8 samples a step, one on-policy Adam step each, no KL or
+    entropy term, no warm-up (DESIGN.md 3c)."""
+    return cpu_settings(out_dir, model_dir, url, steps=steps).model_copy(
+        update={
+            "experiment_name": EXPERIMENT,
+            "seed": seed,
+            "micro_batch_size_per_gpu": 8,
+            "rollout_n": 8,
+            "save_freq": RESUME_STEP,
+            # the response budget holds the scripted call (~46 tiny-tokenizer tokens), one passage (~70) and the
+            # model's own turn (the rest): the tiny tokenizer never saw the corpus, so a passage costs ~2
+            # characters a token
+            "max_response_length": 192,
+            "topk": 1,
+            "passage_max_chars": 120,
+            "lr": lr,
+            "lr_warmup_ratio": 0.0,
+            "kl_coef": 0.0,
+            "entropy_coeff": 0.0,
+        }
     )
 
 

@@ -153,7 +153,9 @@ def test_on_mode_serves_repeats_from_the_cache(tmp_path: Path, fake: FakeSearchA
         await backend.close()
 
     asyncio.run(go())
-    assert fake.count("google") == 3  # seventh seal, black death, chess: each once (whitespace is not a query)
+    assert (
+        fake.count("google") == 3
+    )  # seventh seal, black death, chess: each once (whitespace is not a query)
     assert [r["params"]["q"] for r in fake.requests] == ["The Seventh Seal", "black death", "chess"]
     assert backend.stats()["hits"] == 2 and backend.stats()["misses"] == 3 and backend.stats()["stores"] == 3
 
