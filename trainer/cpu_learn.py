@@ -17,8 +17,9 @@ and fails with one line unless all of these hold:
 4. **Advantages and updates are real**: `critic/advantages/max` > 0 on at least half the steps (a step whose
    groups each scored alike has none, legitimately), `actor/pg_loss` != 0 on every step with an advantage, and
    the merged weights differ from the initial ones.
-5. **The probe moved**: greedy decoding (no sampling) from the initial and the merged model on fixed contexts
-   (each train question, the scripted call, and the search tool's real response) scores higher after training.
+5. **The probe moved**: on fixed contexts (each train question, the scripted call, and the search tool's real
+   response), the reward the merged model expects of its first own token, with no sampling, exceeds the initial
+   model's (`probe_score`).
 
 The first assistant turn is scripted, as in the smoke run, but as environment (loss mask 0, trainer/agent_loop.py):
 the policy is trained only on what it sampled. `model-written searches` counts calls the model wrote itself.
@@ -59,8 +60,7 @@ STEPS = 20
 RESUME_STEP = 10  # the first invocation stops here (a checkpoint), the second resumes from it to STEPS
 WINDOW = 5  # steps averaged at each end of the reward curve
 MIN_RISE = 0.10  # mean reward, last WINDOW steps minus first WINDOW (docs/training.md: the seeds' spread)
-PROBE_MIN_RISE = 0.05  # greedy-probe score, merged minus initial model
-PROBE_TOKENS = 48
+PROBE_MIN_RISE = 0.05  # probe_score, merged minus initial model
 REWARD_FN_PATH = "pkg://searchrl.trainer.learn_task"
 REWARD_FN_NAME = "compute_score"
 
@@ -165,7 +165,7 @@ class LearnRun:
             problems.append("the merged weights equal the initial weights")
         if not self.probe_merged - self.probe_initial >= PROBE_MIN_RISE:
             problems.append(
-                f"greedy probe did not move: {self.probe_initial:.3f} -> {self.probe_merged:.3f} "
+                f"probe did not move: {self.probe_initial:.3f} -> {self.probe_merged:.3f} "
                 f"(needs +{PROBE_MIN_RISE:.2f})"
             )
         return problems
@@ -242,10 +242,16 @@ def probe_contexts(settings: TrainSettings, tokenizer: Any) -> list[tuple[list[i
     return contexts
 
 
-def greedy_probe(
-    model_dir: Path, contexts: Sequence[tuple[list[int], list[str]]], tokens: int = PROBE_TOKENS
-) -> float:
-    """Mean learning reward of each context's greedy continuation (deterministic: no sampling)."""
+def probe_score(model_dir: Path, contexts: Sequence[tuple[list[int], list[str]]]) -> float:
+    """The learning reward the model expects of its first own token, averaged over the contexts.
+
+    For each context: the next-token distribution (one forward pass, no sampling, so the figure is a pure
+    function of the weights), and the reward each vocabulary token would earn as the whole turn (its share of
+    answer characters; tokens that decode to nothing or only white space are left out and the rest renormalised).
+    A random policy sits near the share of answer letters in the vocabulary; learning raises it, a flipped
+    advantage lowers it. (Greedy decoding was tried first: a random model's greedy turn is empty, so it scored 0
+    and could only rise, whatever the update did.)
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -253,19 +259,14 @@ def greedy_probe(
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
     scores = []
     with torch.no_grad():
         for ids, answers in contexts:
-            out = model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=tokens,
-                do_sample=False,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-            text = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
-            scores.append(answer_char_share(text, answers))
+            probs = torch.softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)[: len(pieces)]
+            reward = torch.tensor([answer_char_share(p, answers) if p.strip() else math.nan for p in pieces])
+            keep = ~torch.isnan(reward)
+            scores.append(float((probs[keep] * reward[keep]).sum() / probs[keep].sum()))
     return statistics.fmean(scores)
 
 
@@ -327,8 +328,8 @@ def run_learn(
         merged = merge_latest(settings.run_dir)
         run.weight_change = weight_change(model_dir, merged.target_dir)
         contexts = probe_contexts(settings, AutoTokenizer.from_pretrained(model_dir))
-        run.probe_initial = greedy_probe(model_dir, contexts)
-        run.probe_merged = greedy_probe(merged.target_dir, contexts)
+        run.probe_initial = probe_score(model_dir, contexts)
+        run.probe_merged = probe_score(merged.target_dir, contexts)
         run.phases["merge and probe"] = time.monotonic() - started
     (out_dir / "steps.md").write_text(step_table(run.rows) + "\n", encoding="utf-8")
     return run
@@ -403,13 +404,13 @@ __all__ = [
     "WINDOW",
     "LearnRun",
     "count_updates",
-    "greedy_probe",
     "learned_line",
     "summarize",
     "learn_overrides",
     "learn_settings",
     "plot_rewards",
     "probe_contexts",
+    "probe_score",
     "run_learn",
     "run_seeds",
     "seeds_table",

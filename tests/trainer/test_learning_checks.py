@@ -217,7 +217,7 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     problems = "; ".join(run.problems(steps=20))
     assert "run 2 (resumed): the rollout server received weight updates for steps [10, 11" in problems
     assert "the merged weights equal the initial weights" in problems
-    assert "greedy probe did not move: 0.300 -> 0.310" in problems
+    assert "probe did not move: 0.300 -> 0.310" in problems
     assert learned_line([_learn_run(rising)]) == (
         "learned: reward 0.300 -> 0.600 (+0.300); sync max prob diff 1e-07; observation tokens in loss 0; "
         "model-written searches 0"
