@@ -43,6 +43,7 @@ def _learn(out: Path, sabotaged: str | None = None) -> subprocess.CompletedProce
 
 @pytest.mark.slow
 @pytest.mark.live
+@pytest.mark.timeout(2400)  # ~5 min on a quiet 2-core machine, ~14 with other work on the same cores
 def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(tmp_path):
     proc = _learn(tmp_path / "learn")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -59,6 +60,7 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(tmp
 
 @pytest.mark.slow
 @pytest.mark.live
+@pytest.mark.timeout(2400)
 @pytest.mark.skipif(not SABOTAGE_TESTS, reason="three more learning runs: make test-sabotage")
 @pytest.mark.parametrize(
     ("sabotaged", "named"),
