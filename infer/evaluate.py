@@ -718,9 +718,13 @@ def build_protocol(
 async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerLLM, ChatRenderer | None]:
     if settings.engine == "local":
         from searchrl.infer.local import LocalLLM
+        from searchrl.models import resolve_model
 
+        # a known name (`searchrl model get`) loads from its folder, got on first use; the protocol keeps the name
+        model = await asyncio.to_thread(resolve_model, settings.model)
+        tokenizer = await asyncio.to_thread(resolve_model, settings.tokenizer) if settings.tokenizer else None
         llm_local = await asyncio.to_thread(
-            LocalLLM.from_pretrained, settings.model, tokenizer=settings.tokenizer, device=settings.device
+            LocalLLM.from_pretrained, model, tokenizer=tokenizer, device=settings.device
         )
         return llm_local, ChatRenderer(llm_local.tokenizer)
     client_kwargs: dict[str, Any] = {
