@@ -53,7 +53,7 @@ from searchrl.infer.agent import (
     SearchAgent,
     run_questions,
 )
-from searchrl.infer.llm import PINNED_DECODING, ChatRenderer, ServerLLM, TextGenerator
+from searchrl.infer.llm import PINNED_DECODING, ChatRenderer, ServerLLM, TextGenerator, load_tokenizer
 from searchrl.infer.settings import InferSettings
 from searchrl.prompt import POLICY_FAILURES, prompt_version
 from searchrl.scoring import score_response
@@ -664,6 +664,8 @@ def build_protocol(
             settings.engine, f"local:{settings.device}"
         ),
         "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
+        # which template rendered: the model's own (checked to keep tools=) or the repo's (--chat-template searchrl)
+        "chat_template_source": settings.chat_template,
         # what the server (model path, weight version) or the local files say identifies the weights
         "model_identity": model_identity or {},
         "search": settings.search,
@@ -722,7 +724,11 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
 
         # a known name (`searchrl model get`) loads from its folder, got on first use; the protocol keeps the name
         model = await asyncio.to_thread(resolve_model, settings.model)
-        tokenizer = await asyncio.to_thread(resolve_model, settings.tokenizer) if settings.tokenizer else None
+        tok_path = await asyncio.to_thread(resolve_model, settings.tokenizer) if settings.tokenizer else model
+        # the template check needs only the tokenizer: a template that drops the tool stops the run before the
+        # weights load
+        tokenizer = await asyncio.to_thread(load_tokenizer, tok_path)
+        _prepare_template(tokenizer, settings)
         llm_local = await asyncio.to_thread(
             LocalLLM.from_pretrained, model, tokenizer=tokenizer, device=settings.device
         )
@@ -756,13 +762,25 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
         server.identity = await server.model_identity()
         renderer = None
         if settings.api == "completions":
-            renderer = await asyncio.to_thread(
-                ChatRenderer.from_pretrained, settings.tokenizer or settings.model
-            )
+            tokenizer = await asyncio.to_thread(load_tokenizer, settings.tokenizer or settings.model)
+            _prepare_template(tokenizer, settings)
+            renderer = ChatRenderer(tokenizer)
     except BaseException:
         await server.aclose()
         raise
     return server, renderer
+
+
+def _prepare_template(tokenizer: Any, settings: InferSettings) -> str:
+    """The chat template the run renders with: the repo's when asked, else the model's once it keeps tools=."""
+    from searchrl.chat_template import prepare_chat_template
+
+    return prepare_chat_template(
+        tokenizer,
+        model=settings.model,
+        choice=settings.chat_template,
+        tools=settings.search and settings.prompt_format == "searchrl",
+    )
 
 
 def result_paths(protocol: dict[str, Any], output_dir: Path) -> tuple[Path, Path]:

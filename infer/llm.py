@@ -126,6 +126,19 @@ class TextGenerator(Protocol):
     async def aclose(self) -> None: ...
 
 
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer (a few MB) of a HF model id or local folder, or one clear error."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise InferenceError(
+            f"cannot load the tokenizer {name_or_path!r} ({exc.__class__.__name__}); set --tokenizer to the "
+            "HF id or folder of the served model"
+        ) from exc
+
+
 class ChatRenderer:
     """Renders prompts and turn boundaries exactly as verl's ToolAgentLoop builds them in training."""
 
@@ -148,16 +161,7 @@ class ChatRenderer:
     @classmethod
     def from_pretrained(cls, name_or_path: str) -> ChatRenderer:
         """Load only the tokenizer (a few MB) of a HF model id or local folder."""
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(name_or_path)
-        except (OSError, ValueError) as exc:
-            raise InferenceError(
-                f"cannot load the tokenizer {name_or_path!r} ({exc.__class__.__name__}); set --tokenizer to the "
-                "HF id or folder of the served model"
-            ) from exc
-        return cls(tok)
+        return cls(load_tokenizer(name_or_path))
 
     def _render(
         self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None, gen: bool
@@ -531,4 +535,5 @@ __all__ = [
     "Sampling",
     "ServerLLM",
     "TextGenerator",
+    "load_tokenizer",
 ]

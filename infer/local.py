@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import InferenceError
-from searchrl.infer.llm import Completion, Sampling
+from searchrl.infer.llm import Completion, Sampling, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -98,15 +98,20 @@ class LocalLLM:
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str, *, tokenizer: str | None = None, device: str = "auto"
+        cls, name_or_path: str, *, tokenizer: str | Any | None = None, device: str = "auto"
     ) -> LocalLLM:
-        """Load a HF model id or folder (downloads through huggingface_hub when it is an id)."""
+        """Load a HF model id or folder (downloads through huggingface_hub when it is an id).
+
+        `tokenizer`: a folder/id, or an already loaded tokenizer (whose chat template the caller checked).
+        """
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         dev = _pick_device(device)
+        tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, str) else None
+        if tok is None:
+            tok = load_tokenizer(tokenizer or name_or_path)
         try:
-            tok = AutoTokenizer.from_pretrained(tokenizer or name_or_path)
             model = AutoModelForCausalLM.from_pretrained(
                 name_or_path, dtype=torch.bfloat16 if dev.startswith("cuda") else torch.float32
             )

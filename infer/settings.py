@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from searchrl.chat_template import ChatTemplateChoice
 from searchrl.config import StrictSettings
 from searchrl.prompt import observation_budget
 from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
@@ -86,6 +87,9 @@ class InferSettings(StrictSettings):
     )
     max_parallel_calls: int = Field(default=ROLLOUT_DEFAULTS.max_parallel_calls, ge=1)  # calls run per turn
     prompt_format: PromptFormat = ROLLOUT_DEFAULTS.prompt_format  # searchrl | search-r1 (released ckpts)
+    # model: the tokenizer's own chat template (refused when it drops tools=) | searchrl: the repo's ChatML/hermes
+    # tool template (searchrl/chat_template.py), for ChatML models whose own template has no tool support
+    chat_template: ChatTemplateChoice = "model"
     topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=50)  # passages per query
     passage_max_chars: int = Field(default=ROLLOUT_DEFAULTS.passage_max_chars, ge=50)  # as the trainer's tool
     max_observation_chars: int | None = Field(

@@ -38,6 +38,7 @@ _SHARED = [
     "max_response_tokens",
     "max_parallel_calls",
     "prompt_format",
+    "chat_template",
     "max_failure_rate",
     "retry_failed",
     "stop_when_invalid",
@@ -130,6 +131,12 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
         dest="prompt_format",
         help="searchrl (hermes tool calls, default) | search-r1 (<search> tags, for Search-R1's released "
         "checkpoints, evaluated as Search-R1 did: 500 tokens per turn, observations cut at 500 tokens)",
+    )
+    p.add_argument(
+        "--chat-template",
+        dest="chat_template",
+        help="model (the tokenizer's own; refused when it ignores tools=, default) | searchrl (the repo's "
+        "ChatML/hermes tool template, for ChatML models whose template has no tool support)",
     )
     p.add_argument(
         "--max-observation-tokens",
