@@ -54,6 +54,9 @@ class InferSettings(StrictSettings):
     # 0 = a refused connection fails at once
     wait_for_llm_s: float = Field(default=0.0, ge=0)
     device: str = "auto"  # local engine only: auto | cpu | cuda
+    # local engine: torch threads for generation; 0 = torch's default (all cores). On a machine shared with other
+    # jobs 1 can be several times faster: OpenMP threads that do not get a core wait on each other.
+    local_threads: int = Field(default=0, ge=0)
     sglang_command: str | None = None  # engine=sglang: what starts the server; None = this Python's sglang
     # engine=sglang: pass --enable-deterministic-inference (greedy and seeded runs give the same tokens whatever
     # the batch; slower). Off: batch composition changes results, so no two runs are token-identical.

@@ -27,6 +27,7 @@ _SHARED = [
     "llm_url",
     "wait_for_llm_s",
     "device",
+    "local_threads",
     "sglang_command",
     "sglang_args",
     "temperature",
@@ -99,6 +100,12 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
         "default 0: a refused connection fails at once",
     )
     p.add_argument("--device", help="local engine: auto | cpu | cuda")
+    p.add_argument(
+        "--local-threads",
+        dest="local_threads",
+        type=int,
+        help="local engine: torch threads (default 0 = all cores; on a busy shared machine 1 can be faster)",
+    )
     p.add_argument("--temperature", type=float, help="0 = greedy (default)")
     p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling (default 1.0)")
     p.add_argument("--seed", type=int, help="decoding seed sent with every request (default 0)")

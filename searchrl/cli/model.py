@@ -3,6 +3,7 @@
     searchrl model get smollm2-135m                       # prints data/models/smollm2-135m
     searchrl model get smollm2-135m --models-dir /scratch/models
     searchrl model list
+    searchrl model bench smollm2-135m --concurrency 1,16   # local engine tokens/s, one at a time vs batched
 
 The folder path goes to stdout (for `--model "$(searchrl model get smollm2-135m)"`); what was installed,
 converted or reused goes to stderr.
@@ -31,6 +32,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.set_defaults(handler=_get)
     ls = verbs.add_parser("list", help="the models `get` knows")
     ls.set_defaults(handler=_list)
+    b = verbs.add_parser(
+        "bench",
+        help="tokens/s of the local engine: one request at a time vs batched (infer/local_bench.py)",
+        description="Send the same eval prompts through the local engine with 1 and more requests in flight "
+        "and print tokens/s per point (a few minutes on 2 cores at the defaults).",
+    )
+    b.add_argument("model", help="a known model name or a HF model folder")
+    b.add_argument("--concurrency", default="1,16", help="comma-separated requests in flight (default 1,16)")
+    b.add_argument("--questions", type=int, default=16, help="prompts per point (default 16)")
+    b.add_argument(
+        "--max-tokens", dest="max_tokens", type=int, default=64, help="new tokens cap (default 64)"
+    )
+    b.add_argument("--threads", type=int, default=0, help="torch threads (default 0: all cores)")
+    b.set_defaults(handler=_bench)
 
 
 def _get(args: argparse.Namespace) -> int:
@@ -48,6 +63,29 @@ def _get(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     print(folder)  # noqa: T201  (stdout: the folder, for --model)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from searchrl.errors import ConfigError
+    from searchrl.infer.local_bench import bench_local, bench_table
+    from searchrl.logs import setup_logging
+
+    setup_logging()
+    try:
+        levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise ConfigError(f"--concurrency takes numbers like 1,16, not {args.concurrency!r}") from None
+    if not levels or min(levels) < 1 or args.questions < 1 or args.max_tokens < 1:
+        raise ConfigError("--concurrency, --questions and --max-tokens must be positive")
+    result = bench_local(
+        args.model,
+        concurrencies=levels,
+        questions=args.questions,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+    )
+    print(bench_table(result))  # noqa: T201
     return 0
 
 
