@@ -173,8 +173,10 @@ BACKENDS ?= wiki=http://127.0.0.1:8000
 TOOLS    ?= on,off
 QA       ?= dev
 REPORT   ?= reports
-compare: $(VENV)/.dev  ## models x backends x search on/off -> REPORT/report.{md,html,png}
-	$(BIN)/searchrl compare --models $(MODELS) --backends $(BACKENDS) --tools $(TOOLS) --qa $(QA) --out $(REPORT)
+# RESULTS: result files/folders of `searchrl eval` runs to report on instead of running the matrix (make compare RESULTS=results/)
+RESULTS  ?=
+compare: $(VENV)/.dev  ## models x backends x search on/off (or RESULTS=dir: runs already made) -> REPORT/report.{md,html,png}
+	$(BIN)/searchrl compare $(if $(RESULTS),$(RESULTS),--models $(MODELS) --backends $(BACKENDS) --tools $(TOOLS) --qa $(QA)) --out $(REPORT)
 
 # --- quality --------------------------------------------------------------------------------------------------
 test: $(VENV)/.dev $(SKY_VENV)/.sky  ## run the whole test suite (what README and CI run)
