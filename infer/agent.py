@@ -102,7 +102,10 @@ class Episode:
     prompt_tokens: int = 0
     response_tokens: int = 0  # tokens after the prompt, observations included (training's response length)
     completion_tokens: int = 0
-    latency_s: float = 0.0
+    latency_s: float = 0.0  # the question's own time: model_s + search_s (no wait for a free engine slot)
+    model_s: float = 0.0  # time in the model over its turns (server round trips; local: its batches)
+    search_s: float = 0.0  # time in retrieval calls
+    wall_s: float = 0.0  # start to end, waits for the engine included (grows with --concurrency)
     transcript: list[dict[str, Any]] = field(default_factory=list)  # chat messages, tool turns with queries
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,7 +206,9 @@ class SearchAgent:
         except RequestRejectedError as exc:
             ep.stop_reason, ep.error = STOP_LLM_ERROR, str(exc)
             log.warning("question %r: %s", question[:80], exc)
-        ep.latency_s = time.perf_counter() - start
+        ep.wall_s = time.perf_counter() - start
+        # chat replies carry no model time: there the whole wall time is the latency, as before
+        ep.latency_s = ep.model_s + ep.search_s if ep.model_s else ep.wall_s
         return ep
 
     # --- one turn's tool calls ------------------------------------------------------------------------------
@@ -293,6 +298,7 @@ class SearchAgent:
                 text += "</tool_call>"  # the stop string itself is not returned
             ep.turns += 1
             ep.completion_tokens += out.completion_tokens
+            ep.model_s += out.model_s
             ep.length_truncated_turns += out.finish_reason == "length"
             ep.transcript.append({"role": "assistant", "content": text, "finish_reason": out.finish_reason})
             # A length-cut turn has no end-of-turn token: verl appends the generated tokens verbatim.
@@ -317,9 +323,11 @@ class SearchAgent:
     async def _search(self, queries: list[str], ep: Episode) -> list[list[Hit]] | str:
         """The hits, or the failure kind (counted in `ep`); a fatal kind (quota, 401/403, replay miss) raises."""
         assert self.retrieval is not None
+        t0 = time.perf_counter()
         try:
             hits = await self.retrieval.search(queries, self.spec.topk)
         except RetrievalUnavailableError as exc:
+            ep.search_s += time.perf_counter() - t0
             ep.count_failure(exc.kind)
             if exc.kind in FATAL_KINDS:
                 raise FatalSearchError(
@@ -337,6 +345,7 @@ class SearchAgent:
                         status=exc.status,
                     ) from exc
             return exc.kind
+        ep.search_s += time.perf_counter() - t0
         self._failures_in_a_row = 0
         return hits
 
@@ -391,6 +400,7 @@ class SearchAgent:
             text = cut_search_r1_turn(text)
             ep.turns += 1
             ep.completion_tokens += out.completion_tokens
+            ep.model_s += out.model_s
             ep.length_truncated_turns += out.finish_reason == "length"
             ep.transcript.append({"role": "assistant", "content": text, "finish_reason": out.finish_reason})
             prompt += text

@@ -93,6 +93,7 @@ FORMAT_FIELDS = [
     "malformed_feedback",
     "prompt_version",
     "chat_template_sha256",
+    "chat_template_source",  # the model's own template or the repo's (--chat-template searchrl)
 ]
 _AXIS_LEAVES = {"rollout.prompt_format"}  # an axis, not a rule
 

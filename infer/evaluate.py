@@ -53,7 +53,7 @@ from searchrl.infer.agent import (
     SearchAgent,
     run_questions,
 )
-from searchrl.infer.llm import PINNED_DECODING, ChatRenderer, ServerLLM, TextGenerator
+from searchrl.infer.llm import PINNED_DECODING, ChatRenderer, ServerLLM, TextGenerator, load_tokenizer
 from searchrl.infer.settings import InferSettings
 from searchrl.prompt import POLICY_FAILURES, prompt_version
 from searchrl.scoring import score_response
@@ -248,7 +248,9 @@ def score_episode(item: QAItem, ep: Episode) -> dict[str, Any]:
         "prompt_tokens": ep.prompt_tokens,
         "response_tokens": ep.response_tokens,
         "completion_tokens": ep.completion_tokens,
-        "latency_s": round(ep.latency_s, 4),
+        "latency_s": round(ep.latency_s, 4),  # model + search time, without waits for the engine
+        "model_s": round(ep.model_s, 4),
+        "wall_s": round(ep.wall_s, 4),  # waits for a free engine slot included
         "response": ep.response,
         "transcript": ep.transcript,
     }
@@ -314,7 +316,8 @@ def _stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "searches": _mean([r["searches"] for r in rows]),
         "turns": _mean([r["turns"] for r in rows]),
         "format_valid": _mean([float(r["format_valid"]) for r in rows]),
-        "latency_s": _mean([r["latency_s"] for r in rows]),
+        "latency_s": _mean([r["latency_s"] for r in rows]),  # model + search time per question
+        "wall_s": _mean([float(r.get("wall_s", r["latency_s"])) for r in rows]),  # waits for the engine too
         "failure_rate": _mean([float(b) for b in bad]),
         # failed/n, and EM both ways: failed questions scored 0, and over the questions that did not fail
         "failed": sum(bad),
@@ -475,10 +478,16 @@ def run_label(run: dict[str, Any]) -> str:
 
 
 def default_label(settings: InferSettings, backend: str) -> str:
+    """`model, backend, search|no-search`, then what else sets one run of a model apart from another: a prompt
+    format other than searchrl, and the repo's chat template in place of the model's (`searchrl compare` needs
+    one label per run)."""
     model = settings.model.rstrip("/").split("/")[-1]
-    return (
-        f"{model}, {backend if settings.search else 'none'}, {'search' if settings.search else 'no-search'}"
-    )
+    parts = [model, backend if settings.search else "none", "search" if settings.search else "no-search"]
+    if settings.prompt_format != "searchrl":
+        parts.append(f"{settings.prompt_format} format")
+    if settings.chat_template != "model":
+        parts.append(f"{settings.chat_template} template")
+    return ", ".join(parts)
 
 
 def slugify(label: str) -> str:
@@ -664,6 +673,8 @@ def build_protocol(
             settings.engine, f"local:{settings.device}"
         ),
         "chat_template_sha256": hashlib.sha256(chat_template.encode()).hexdigest() if chat_template else None,
+        # which template rendered: the model's own (checked to keep tools=) or the repo's (--chat-template searchrl)
+        "chat_template_source": settings.chat_template,
         # what the server (model path, weight version) or the local files say identifies the weights
         "model_identity": model_identity or {},
         "search": settings.search,
@@ -718,9 +729,21 @@ def build_protocol(
 async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerLLM, ChatRenderer | None]:
     if settings.engine == "local":
         from searchrl.infer.local import LocalLLM
+        from searchrl.models import resolve_model
 
+        # a known name (`searchrl model get`) loads from its folder, got on first use; the protocol keeps the name
+        model = await asyncio.to_thread(resolve_model, settings.model)
+        tok_path = await asyncio.to_thread(resolve_model, settings.tokenizer) if settings.tokenizer else model
+        # the template check needs only the tokenizer: a template that drops the tool stops the run before the
+        # weights load
+        tokenizer = await asyncio.to_thread(load_tokenizer, tok_path)
+        _prepare_template(tokenizer, settings)
         llm_local = await asyncio.to_thread(
-            LocalLLM.from_pretrained, settings.model, tokenizer=settings.tokenizer, device=settings.device
+            LocalLLM.from_pretrained,
+            model,
+            tokenizer=tokenizer,
+            device=settings.device,
+            threads=settings.local_threads,
         )
         return llm_local, ChatRenderer(llm_local.tokenizer)
     client_kwargs: dict[str, Any] = {
@@ -752,13 +775,25 @@ async def _open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerL
         server.identity = await server.model_identity()
         renderer = None
         if settings.api == "completions":
-            renderer = await asyncio.to_thread(
-                ChatRenderer.from_pretrained, settings.tokenizer or settings.model
-            )
+            tokenizer = await asyncio.to_thread(load_tokenizer, settings.tokenizer or settings.model)
+            _prepare_template(tokenizer, settings)
+            renderer = ChatRenderer(tokenizer)
     except BaseException:
         await server.aclose()
         raise
     return server, renderer
+
+
+def _prepare_template(tokenizer: Any, settings: InferSettings) -> str:
+    """The chat template the run renders with: the repo's when asked, else the model's once it keeps tools=."""
+    from searchrl.chat_template import prepare_chat_template
+
+    return prepare_chat_template(
+        tokenizer,
+        model=settings.model,
+        choice=settings.chat_template,
+        tools=settings.search and settings.prompt_format == "searchrl",
+    )
 
 
 def result_paths(protocol: dict[str, Any], output_dir: Path) -> tuple[Path, Path]:
@@ -870,8 +905,10 @@ async def evaluate(
             raise
     aborted: str | None = None
     fatal: BaseException | None = None
+    generated = [0]  # tokens generated by the questions run in this session (a resume skips the others)
     try:
         llm, renderer = await _open_engine(settings)
+        t_gen = time.perf_counter()
         try:
             protocol = build_protocol(
                 settings,
@@ -906,6 +943,7 @@ async def evaluate(
                 def record(index: int, ep: Episode) -> None:
                     key, item = todo[index]
                     rec = score_episode(item, ep)
+                    generated[0] += ep.completion_tokens
                     done[key] = rec
                     sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     sink.flush()
@@ -927,6 +965,8 @@ async def evaluate(
                 except RunCannotBeValidError as exc:
                     aborted, fatal = f"stopped early: {exc}", exc
         finally:
+            gen_s = time.perf_counter() - t_gen
+            engine = getattr(llm, "stats", None)
             dropped = sorted(getattr(llm, "dropped_fields", ()))
             await llm.aclose()
     finally:
@@ -937,6 +977,12 @@ async def evaluate(
     summary, per_dataset = summarize(questions, max_failure_rate=settings.max_failure_rate, aborted=aborted)
     if info is not None:
         summary["retrieval_after"] = await _service_counters_after(settings)
+    # throughput of this session: generated tokens over the time since the engine was up (searches included);
+    # the local engine also says what it did inside generate() (batches, tokens/s of model time)
+    summary["generated_tokens"] = generated[0]
+    summary["tokens_per_s"] = round(generated[0] / gen_s, 2) if gen_s > 0 else 0.0
+    if engine is not None and hasattr(engine, "as_dict"):
+        summary["engine"] = engine.as_dict()
     if dropped:  # the server refused these pinned fields by name; its defaults applied to them
         protocol["decoding_dropped_by_server"] = dropped
     protocol["started_at"] = started.isoformat(timespec="seconds")
@@ -950,7 +996,7 @@ async def evaluate(
     json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     result["path"] = str(json_path)
     log.info(
-        "%s: %d questions, EM %.3f [%.3f, %.3f], %d search failures, %d LLM errors, %s in %.1fs",
+        "%s: %d questions, EM %.3f [%.3f, %.3f], %d search failures, %d LLM errors, %s in %.1fs (%.1f tok/s)",
         protocol["label"],
         len(questions),
         summary["em"],
@@ -959,6 +1005,7 @@ async def evaluate(
         summary["llm_errors"],
         "valid" if summary["valid"] else f"INVALID ({summary['invalid_reason']})",
         protocol["wall_s"],
+        summary["tokens_per_s"],
     )
     if isinstance(fatal, RunCannotBeValidError):
         raise InvalidRunError(

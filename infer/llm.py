@@ -23,6 +23,7 @@ import json
 import logging
 import random
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -77,6 +78,9 @@ class Completion:
     # (sglang `matched_stop`, vLLM `stop_reason`); `stop_reported` False = the server does not tell.
     matched_stop: str | None = None
     stop_reported: bool = False
+    # seconds the model spent on this turn (the request's round trip; the local engine: its batch), without the
+    # wait for a free slot: what a question's latency is made of
+    model_s: float = field(default=0.0, compare=False)
 
     def stopped_at(self, stop: str) -> bool:
         """Whether generation ended at the stop string `stop` (which servers do not return in the text).
@@ -126,6 +130,19 @@ class TextGenerator(Protocol):
     async def aclose(self) -> None: ...
 
 
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer (a few MB) of a HF model id or local folder, or one clear error."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise InferenceError(
+            f"cannot load the tokenizer {name_or_path!r} ({exc.__class__.__name__}); set --tokenizer to the "
+            "HF id or folder of the served model"
+        ) from exc
+
+
 class ChatRenderer:
     """Renders prompts and turn boundaries exactly as verl's ToolAgentLoop builds them in training."""
 
@@ -148,16 +165,7 @@ class ChatRenderer:
     @classmethod
     def from_pretrained(cls, name_or_path: str) -> ChatRenderer:
         """Load only the tokenizer (a few MB) of a HF model id or local folder."""
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(name_or_path)
-        except (OSError, ValueError) as exc:
-            raise InferenceError(
-                f"cannot load the tokenizer {name_or_path!r} ({exc.__class__.__name__}); set --tokenizer to the "
-                "HF id or folder of the served model"
-            ) from exc
-        return cls(tok)
+        return cls(load_tokenizer(name_or_path))
 
     def _render(
         self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None, gen: bool
@@ -469,7 +477,9 @@ class ServerLLM:
         return out
 
     async def complete(self, prompt: str, sampling: Sampling) -> Completion:
+        t0 = time.perf_counter()
         payload = await self._generate("/completions", {**self._sampling_body(sampling), "prompt": prompt})
+        took = time.perf_counter() - t0
         try:
             choice = payload["choices"][0]
             usage = payload.get("usage") or {}
@@ -481,6 +491,7 @@ class ServerLLM:
                 completion_tokens=int(usage.get("completion_tokens") or 0),
                 matched_stop=matched,
                 stop_reported=reported,
+                model_s=took,
             )
         except (KeyError, IndexError, TypeError) as exc:
             raise InferenceError(f"{self.base_url}/completions answered without choices[0].text") from exc
@@ -531,4 +542,5 @@ __all__ = [
     "Sampling",
     "ServerLLM",
     "TextGenerator",
+    "load_tokenizer",
 ]

@@ -1,11 +1,21 @@
 """Local generation with Hugging Face transformers, for small models and people without an inference server.
 
     searchrl eval --engine local --model Qwen/Qwen2.5-0.5B-Instruct --qa dev --retrieval-url http://127.0.0.1:8000
+    searchrl eval --engine local --model smollm2-135m ...     # a known name: `searchrl model get` (searchrl/models.py)
 
 `LocalLLM.complete` behaves like `/v1/completions` on sglang/vLLM: it takes the rendered prompt text, stops at
-the tokenizer's EOS (or `max_tokens`), and returns the new text without the EOS token, so the agent loop is
-the same for both engines. Generation runs in a worker thread, one request at a time (a single model on one
-device gains little from interleaving), so the event loop stays free for retrieval calls.
+the tokenizer's EOS, a stop string or `max_tokens`, and returns the new text without the EOS token or the stop
+string, so the agent loop is the same for both engines.
+
+Batching: the questions in flight (`--concurrency`) call `complete` at once; requests that arrive within
+`batch_wait_s` of each other and share their sampling settings run as one left-padded `generate()` call (up to
+`max_batch` rows), in a worker thread so the event loop stays free for retrieval calls. Generation at batch 1 used
+a fraction of the CPU (SmolLM2-135M, 2 cores: ~21 tok/s at batch 1, ~70-85 at 8-16; ../shared/DESIGN.md 5d).
+Each row stops on its own: its EOS, its stop strings (transformers' `StopStringCriteria`, checked as tokens are
+generated, so nothing after a stop is generated) or its own `max_tokens`; a finished row only waits, padded, for
+the batch's longest. Greedy results can differ from batch-1 results in the last bits of the logits (other matmul
+shapes), and a sampled batch shares one seed: as with sglang without deterministic inference, a sampled run is
+reproducible only with `--concurrency 1`.
 """
 
 from __future__ import annotations
@@ -13,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from searchrl.errors import InferenceError
-from searchrl.infer.llm import Completion, Sampling
+from searchrl.infer.llm import Completion, Sampling, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +89,116 @@ def weights_identity(name_or_path: str) -> dict[str, Any]:
     return out
 
 
-class LocalLLM:
-    """A causal LM and its tokenizer loaded in this process."""
+@dataclass
+class _Request:
+    prompt: str
+    sampling: Sampling
+    future: asyncio.Future[Completion]
 
-    def __init__(self, model: Any, tokenizer: Any, *, device: str = "cpu") -> None:
+
+@dataclass
+class EngineStats:
+    """What the engine did over its life: the eval summary's tokens/s and batch sizes come from here."""
+
+    batches: int = 0
+    sequences: int = 0
+    generated_tokens: int = 0  # tokens each row generated up to its own end (EOS, stop or cap), EOS included
+    padded_tokens: int = 0  # steps finished rows spent waiting for the batch's longest row
+    model_s: float = 0.0  # seconds inside generate()
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batches": self.batches,
+            "sequences": self.sequences,
+            "mean_batch": round(self.sequences / self.batches, 2) if self.batches else 0.0,
+            "generated_tokens": self.generated_tokens,
+            "padded_tokens": self.padded_tokens,
+            "model_s": round(self.model_s, 3),
+            "tokens_per_s": round(self.generated_tokens / self.model_s, 2) if self.model_s else 0.0,
+            "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+        }
+
+
+class _RowEnds:
+    """A stopping criterion that ends each row on its own and records why and when.
+
+    transformers ORs the criteria and pads finished rows with `pad_token_id`, which is often the EOS id itself,
+    so the output alone cannot tell a row that hit its cap from one that generated EOS; this records it.
+    """
+
+    def __init__(
+        self,
+        start: int,
+        limits: list[int],
+        eos_ids: list[int],
+        stops: Any,
+        stop_strings: tuple[str, ...] = (),
+        tokenizer: Any = None,
+    ) -> None:
+        import torch
+
+        self.start = start
+        self.stop_strings = stop_strings
+        self.tokenizer = tokenizer
+        self.limits = torch.tensor(limits)
+        self.eos = torch.tensor(eos_ids)
+        self.stops = stops  # transformers.StopStringCriteria or None
+        self.ended_at: list[int | None] = [None] * len(limits)
+        self.reason: list[str] = ["length"] * len(limits)
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        step = input_ids.shape[1] - self.start
+        eos = torch.isin(input_ids[:, -1], self.eos.to(input_ids.device))
+        stop = (
+            self.stops(input_ids, scores).to(eos.device) if self.stops is not None else torch.zeros_like(eos)
+        )
+        # StopStringCriteria also matches a stop string that begins in the prompt ("\n" ending the assistant
+        # header + a generated "\n\n"); servers match in the generated text only, so a hit must be in it
+        for i in torch.nonzero(stop).flatten().tolist():
+            text = self.tokenizer.decode(input_ids[i, self.start :], skip_special_tokens=True)
+            if not any(s in text for s in self.stop_strings):
+                stop[i] = False
+        cap = torch.full_like(eos, False) | (step >= self.limits.to(eos.device))
+        done = eos | stop | cap
+        for i in torch.nonzero(done).flatten().tolist():
+            if self.ended_at[i] is None:
+                self.ended_at[i] = step
+                self.reason[i] = "eos" if eos[i] else "stop" if stop[i] else "length"
+        return done
+
+
+class LocalLLM:
+    """A causal LM and its tokenizer loaded in this process, batching the requests that arrive together."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: str = "cpu",
+        max_batch: int = 16,
+        batch_wait_s: float = 0.02,
+        threads: int = 0,
+    ) -> None:
+        import torch
+
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
-        self._lock = asyncio.Lock()
+        self.max_batch = max_batch  # rows per generate(); 16 measured best on 2 cores (DESIGN.md 5d)
+        self.batch_wait_s = (
+            batch_wait_s  # how long a batch waits for requests still coming (a search returns)
+        )
+        self.stats = EngineStats()
+        # torch threads for generate(), set in the worker thread itself: a thread that has not set them runs
+        # OpenMP/MKL at their defaults, not at what the main thread chose (measured: 15x slower matmuls under
+        # load). 0 = what this process uses now (torch's default: all cores).
+        self.threads = threads or torch.get_num_threads()
+        self._pending: list[_Request] = []
+        self._worker: asyncio.Task[None] | None = None
         eos = tokenizer.eos_token_id
         self._eos_ids: list[int] = [eos] if isinstance(eos, int) else list(eos or [])
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -95,18 +209,31 @@ class LocalLLM:
             raise InferenceError(
                 "the tokenizer has no eos_token; set one so generation knows where a turn ends"
             )
+        pad = tokenizer.pad_token_id
+        self._pad_id: int = pad if pad is not None else self._eos_ids[0]
+        self._stop_criteria: dict[tuple[str, ...], Any] = {}
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str, *, tokenizer: str | None = None, device: str = "auto"
+        cls,
+        name_or_path: str,
+        *,
+        tokenizer: str | Any | None = None,
+        device: str = "auto",
+        threads: int = 0,
     ) -> LocalLLM:
-        """Load a HF model id or folder (downloads through huggingface_hub when it is an id)."""
+        """Load a HF model id or folder (downloads through huggingface_hub when it is an id).
+
+        `tokenizer`: a folder/id, or an already loaded tokenizer (whose chat template the caller checked).
+        """
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         dev = _pick_device(device)
+        tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, str) else None
+        if tok is None:
+            tok = load_tokenizer(tokenizer or name_or_path)
         try:
-            tok = AutoTokenizer.from_pretrained(tokenizer or name_or_path)
             model = AutoModelForCausalLM.from_pretrained(
                 name_or_path, dtype=torch.bfloat16 if dev.startswith("cuda") else torch.float32
             )
@@ -118,19 +245,41 @@ class LocalLLM:
         log.info(
             "loaded %s on %s (%d parameters)", name_or_path, dev, sum(p.numel() for p in model.parameters())
         )
-        return cls(model, tok, device=dev)
+        return cls(model, tok, device=dev, threads=threads)
 
-    def _generate(self, prompt: str, sampling: Sampling) -> Completion:
+    # --- one batch ---------------------------------------------------------------------------------------------
+    def _stops(self, stop: tuple[str, ...]) -> Any:
+        if not stop:
+            return None
+        if stop not in self._stop_criteria:  # builds a table over the vocabulary: once per stop set
+            from transformers import StopStringCriteria
+
+            self._stop_criteria[stop] = StopStringCriteria(tokenizer=self.tokenizer, stop_strings=list(stop))
+        return self._stop_criteria[stop]
+
+    def _generate_batch(self, prompts: list[str], samplings: list[Sampling]) -> list[Completion]:
+        """One left-padded generate() over prompts that share sampling settings (max_tokens may differ)."""
         import torch
+        from transformers import StoppingCriteriaList
 
-        enc = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.device)
-        n_prompt = int(enc["input_ids"].shape[1])
+        torch.set_num_threads(self.threads)
+        sampling = samplings[0]
+        rows = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
+        limits = [s.max_tokens for s in samplings]
+        ends = _RowEnds(
+            width, limits, self._eos_ids, self._stops(sampling.stop), sampling.stop, self.tokenizer
+        )
         kwargs: dict[str, Any] = {
-            "max_new_tokens": sampling.max_tokens,
+            "max_new_tokens": max(limits),
             "eos_token_id": self._eos_ids,
-            "pad_token_id": self.tokenizer.pad_token_id
-            if self.tokenizer.pad_token_id is not None
-            else self._eos_ids[0],
+            "pad_token_id": self._pad_id,
+            "stopping_criteria": StoppingCriteriaList([ends]),
         }
         # Every knob explicit: generate() otherwise takes the model's generation_config.json (Qwen2.5 instruct:
         # repetition_penalty 1.05, top_k 20), as servers do for fields a request leaves out (infer/llm.py).
@@ -146,37 +295,97 @@ class LocalLLM:
             )
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        t0 = time.perf_counter()
         with torch.inference_mode():
-            out = self.model.generate(**enc, **kwargs)
-        new_ids = out[0, n_prompt:].tolist()
-        finish = "length"
-        if new_ids and new_ids[-1] in self._eos_ids:
-            new_ids, finish = new_ids[:-1], "stop"
-        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)  # as vLLM and sglang do
-        matched = None
-        for stop in sampling.stop:  # stop strings are cut after the fact, as the server would not return them
-            idx = text.find(stop)
-            if idx >= 0:
-                text, finish, matched = text[:idx], "stop", stop
-        return Completion(
-            text=text,
-            finish_reason=finish,
-            prompt_tokens=n_prompt,
-            completion_tokens=len(new_ids),
-            matched_stop=matched,
-            stop_reported=True,
-        )
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs
+            )
+        took = time.perf_counter() - t0
+        steps = int(out.shape[1]) - width
+        results = []
+        for i, r in enumerate(rows):
+            n = ends.ended_at[i] if ends.ended_at[i] is not None else steps
+            new_ids = out[i, width : width + n].tolist()
+            self.stats.generated_tokens += len(new_ids)
+            self.stats.padded_tokens += steps - len(new_ids)
+            finish = "stop" if ends.reason[i] in ("eos", "stop") else "length"
+            if ends.reason[i] == "eos" and new_ids and new_ids[-1] in self._eos_ids:
+                new_ids = new_ids[:-1]
+            text = self.tokenizer.decode(new_ids, skip_special_tokens=True)  # as vLLM and sglang do
+            matched = None
+            for stop in samplings[i].stop:  # servers return the text before the stop string, without it
+                idx = text.find(stop)
+                if idx >= 0 and (matched is None or idx < text.find(matched)):
+                    matched = stop
+            if matched is not None:
+                text, finish = text[: text.find(matched)], "stop"
+            results.append(
+                Completion(
+                    text=text,
+                    finish_reason=finish,
+                    prompt_tokens=len(r),
+                    completion_tokens=len(new_ids),
+                    matched_stop=matched,
+                    stop_reported=True,
+                    model_s=took,
+                )
+            )
+        self.stats.batches += 1
+        self.stats.sequences += len(rows)
+        self.stats.model_s += took
+        self.stats.batch_sizes[len(rows)] = self.stats.batch_sizes.get(len(rows), 0) + 1
+        log.debug("batch of %d: %d steps in %.2fs", len(rows), steps, took)
+        return results
+
+    def _generate(self, prompt: str, sampling: Sampling) -> Completion:
+        """One prompt alone (batch 1), as `complete` runs it when nothing else is in flight."""
+        return self._generate_batch([prompt], [sampling])[0]
+
+    # --- the queue ---------------------------------------------------------------------------------------------
+    def _take_batch(self) -> list[_Request]:
+        """The oldest request and the next ones that share its sampling settings (other max_tokens allowed)."""
+        key = replace(self._pending[0].sampling, max_tokens=0)
+        batch = [r for r in self._pending if replace(r.sampling, max_tokens=0) == key][: self.max_batch]
+        taken = {id(r) for r in batch}
+        self._pending = [r for r in self._pending if id(r) not in taken]
+        return [r for r in batch if not r.future.done()]  # a caller cancelled while queued
+
+    async def _drain(self) -> None:
+        while self._pending:
+            if len(self._pending) < self.max_batch and self.batch_wait_s > 0:
+                await asyncio.sleep(self.batch_wait_s)  # let the requests of this moment join
+            batch = self._take_batch()
+            if not batch:
+                continue
+            try:
+                results = await asyncio.to_thread(
+                    self._generate_batch, [r.prompt for r in batch], [r.sampling for r in batch]
+                )
+            except Exception as exc:  # the callers get the error; the worker goes on with the queue
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+                continue
+            for r, res in zip(batch, results, strict=True):
+                if not r.future.done():
+                    r.future.set_result(res)
 
     def weights_identity(self) -> dict[str, Any]:
         """What identifies the loaded weights (infer/weights.py), for the protocol hash."""
         return weights_identity(str(getattr(self.model, "name_or_path", "") or ""))
 
     async def complete(self, prompt: str, sampling: Sampling) -> Completion:
-        async with self._lock:
-            return await asyncio.to_thread(self._generate, prompt, sampling)
+        loop = asyncio.get_running_loop()
+        req = _Request(prompt, sampling, loop.create_future())
+        self._pending.append(req)
+        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
+            self._worker = loop.create_task(self._drain())
+        return await req.future
 
     async def aclose(self) -> None:
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
         return None
 
 
-__all__ = ["LocalLLM"]
+__all__ = ["EngineStats", "LocalLLM"]

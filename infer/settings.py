@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from searchrl.chat_template import ChatTemplateChoice
 from searchrl.config import StrictSettings
 from searchrl.prompt import observation_budget
 from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
@@ -53,6 +54,9 @@ class InferSettings(StrictSettings):
     # 0 = a refused connection fails at once
     wait_for_llm_s: float = Field(default=0.0, ge=0)
     device: str = "auto"  # local engine only: auto | cpu | cuda
+    # local engine: torch threads for generation; 0 = torch's default (all cores). On a machine shared with other
+    # jobs 1 can be several times faster: OpenMP threads that do not get a core wait on each other.
+    local_threads: int = Field(default=0, ge=0)
     sglang_command: str | None = None  # engine=sglang: what starts the server; None = this Python's sglang
     # engine=sglang: pass --enable-deterministic-inference (greedy and seeded runs give the same tokens whatever
     # the batch; slower). Off: batch composition changes results, so no two runs are token-identical.
@@ -86,6 +90,9 @@ class InferSettings(StrictSettings):
     )
     max_parallel_calls: int = Field(default=ROLLOUT_DEFAULTS.max_parallel_calls, ge=1)  # calls run per turn
     prompt_format: PromptFormat = ROLLOUT_DEFAULTS.prompt_format  # searchrl | search-r1 (released ckpts)
+    # model: the tokenizer's own chat template (refused when it drops tools=) | searchrl: the repo's ChatML/hermes
+    # tool template (searchrl/chat_template.py), for ChatML models whose own template has no tool support
+    chat_template: ChatTemplateChoice = "model"
     topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=50)  # passages per query
     passage_max_chars: int = Field(default=ROLLOUT_DEFAULTS.passage_max_chars, ge=50)  # as the trainer's tool
     max_observation_chars: int | None = Field(

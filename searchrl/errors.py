@@ -14,7 +14,8 @@
     ├── CheckpointError                checkpoint missing or merge output not loadable
     ├── SmokeCheckError                a smoke run exited 0 but did not search, checkpoint or merge
     ├── DeployError                    SkyPilot task invalid, endpoint not ready, launch failed
-    └── InferenceError                 the LLM server (or local model) cannot be reached, loaded or parsed
+    ├── InferenceError                 the LLM server (or local model) cannot be reached, loaded or parsed
+    └── ModelGetError                  a known model (`searchrl model get`) cannot be installed or converted
 
 `searchrl.cli.main()` catches `SearchRLError` only: it prints `error: <message>` as one line on stderr and exits
 with code 2. Anything else is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and
@@ -101,6 +102,10 @@ class InferenceError(SearchRLError):
     """The LLM server could not be reached or answered with an error, or a local model failed to load."""
 
 
+class ModelGetError(SearchRLError):
+    """A known model could not be installed, found or converted (searchrl/models.py)."""
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when empty), for a one-line error: library errors
     (SkyPilot's, huggingface_hub's, transformers') span many lines of tables and hints."""
@@ -118,6 +123,7 @@ __all__ = [
     "DeployError",
     "IndexLoadError",
     "InferenceError",
+    "ModelGetError",
     "OverloadedError",
     "QuotaExceededError",
     "RetrievalUnavailableError",

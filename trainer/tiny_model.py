@@ -5,9 +5,9 @@ verl's agent loop the same way. Neither may download weights, so both are made h
 
 - the tokenizer: a byte-level BPE trained in milliseconds with the `tokenizers` library on the texts the run will
   see (so any of them round-trips exactly), the ChatML special tokens, `<tool_call>`/`</tool_call>` as added
-  tokens (as in Qwen2.5), and a ChatML + hermes chat template that renders tools into the system turn, assistant
-  tool calls as `<tool_call>{json}</tool_call>`, and tool results as a user turn of `<tool_response>` blocks, the
-  layout Qwen2.5-Instruct uses. verl picks its Qwen token builder from `hf_model_type="qwen2"`, and its Qwen2 chat
+  tokens (as in Qwen2.5), and the ChatML + hermes chat template of searchrl/chat_template.py, which renders tools
+  into the system turn, assistant tool calls as `<tool_call>{json}</tool_call>`, and tool results as a user turn
+  of `<tool_response>` blocks, the layout Qwen2.5-Instruct uses. verl picks its Qwen token builder from `hf_model_type="qwen2"`, and its Qwen2 chat
   handling needs `"\\n"` to be one token, which a byte-level alphabet guarantees.
 - the model: `Qwen2ForCausalLM` from a transformers config (a few hundred thousand random weights, seeded), saved
   as a Hugging Face folder that verl's FSDP engine, its model merger and our eval engine all load like any other.
@@ -21,49 +21,10 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from searchrl.chat_template import CHATML_HERMES_TEMPLATE  # re-exported: trainer/cpu_smoke.py uses it
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
-
-CHATML_HERMES_TEMPLATE = """\
-{%- set default_system = 'You are a helpful assistant.' -%}
-{%- if messages and messages[0].role == 'system' -%}
-  {%- set system_text = messages[0].content -%}
-  {%- set rest = messages[1:] -%}
-{%- else -%}
-  {%- set system_text = default_system -%}
-  {%- set rest = messages -%}
-{%- endif -%}
-{{- '<|im_start|>system\\n' + system_text -}}
-{%- if tools -%}
-  {{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' -}}
-  {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}
-  {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
-  {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' -}}
-  {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' -}}
-  {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>' -}}
-{%- endif -%}
-{{- '<|im_end|>\\n' -}}
-{%- for message in rest -%}
-  {%- if message.role == 'tool' -%}
-    {%- if loop.first or rest[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-    {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' -}}
-    {%- if loop.last or rest[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
-  {%- elif message.role == 'assistant' -%}
-    {{- '<|im_start|>assistant' -}}
-    {%- if message.content -%}{{- '\\n' + message.content -}}{%- endif -%}
-    {%- for call in (message.tool_calls or []) -%}
-      {%- set fn = call.function if call.function is defined else call -%}
-      {{- '\\n<tool_call>\\n{"name": "' + fn.name + '", "arguments": ' -}}
-      {%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}
-      {{- '}\\n</tool_call>' -}}
-    {%- endfor -%}
-    {{- '<|im_end|>\\n' -}}
-  {%- else -%}
-    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}
-  {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
-"""
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 2000) -> PreTrainedTokenizerFast:

@@ -21,7 +21,7 @@ from searchrl import __version__
 from searchrl.errors import SearchRLError
 
 # Area modules, in help order. A module that fails to import (missing extra) still lets the others work.
-AREAS = ["serve", "index", "health", "train", "sky", "eval", "bench", "reliability", "smoke"]
+AREAS = ["serve", "index", "health", "train", "sky", "eval", "model", "bench", "reliability", "smoke"]
 
 
 def build_parser() -> argparse.ArgumentParser:

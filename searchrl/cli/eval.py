@@ -27,6 +27,7 @@ _SHARED = [
     "llm_url",
     "wait_for_llm_s",
     "device",
+    "local_threads",
     "sglang_command",
     "sglang_args",
     "temperature",
@@ -38,6 +39,7 @@ _SHARED = [
     "max_response_tokens",
     "max_parallel_calls",
     "prompt_format",
+    "chat_template",
     "max_failure_rate",
     "retry_failed",
     "stop_when_invalid",
@@ -98,6 +100,12 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
         "default 0: a refused connection fails at once",
     )
     p.add_argument("--device", help="local engine: auto | cpu | cuda")
+    p.add_argument(
+        "--local-threads",
+        dest="local_threads",
+        type=int,
+        help="local engine: torch threads (default 0 = all cores; on a busy shared machine 1 can be faster)",
+    )
     p.add_argument("--temperature", type=float, help="0 = greedy (default)")
     p.add_argument("--top-p", dest="top_p", type=float, help="nucleus sampling (default 1.0)")
     p.add_argument("--seed", type=int, help="decoding seed sent with every request (default 0)")
@@ -130,6 +138,12 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
         dest="prompt_format",
         help="searchrl (hermes tool calls, default) | search-r1 (<search> tags, for Search-R1's released "
         "checkpoints, evaluated as Search-R1 did: 500 tokens per turn, observations cut at 500 tokens)",
+    )
+    p.add_argument(
+        "--chat-template",
+        dest="chat_template",
+        help="model (the tokenizer's own; refused when it ignores tools=, default) | searchrl (the repo's "
+        "ChatML/hermes tool template, for ChatML models whose template has no tool support)",
     )
     p.add_argument(
         "--max-observation-tokens",

@@ -333,3 +333,23 @@ def test_answer_in_observation() -> None:
     assert answer_in_observation(transcript, ["Ingmar Bergman"])
     assert not answer_in_observation(transcript[:1], ["Ingmar Bergman"])  # the question does not count
     assert not answer_in_observation(transcript, ["Kurosawa", " "])
+
+
+def test_default_labels_tell_one_models_runs_apart() -> None:
+    """Two prompt formats of one model used to share a label, and `searchrl compare` refused them."""
+    from searchrl.infer.evaluate import default_label
+    from searchrl.infer.settings import InferSettings
+
+    s = InferSettings(model="data/models/smollm2-135m")
+    labels = [
+        default_label(s, "bm25"),
+        default_label(InferSettings(model=s.model, prompt_format="search-r1"), "bm25"),
+        default_label(InferSettings(model=s.model, chat_template="searchrl"), "bm25"),
+        default_label(InferSettings(model=s.model, search=False, prompt_format="search-r1"), "bm25"),
+    ]
+    assert labels == [
+        "smollm2-135m, bm25, search",
+        "smollm2-135m, bm25, search, search-r1 format",
+        "smollm2-135m, bm25, search, searchrl template",
+        "smollm2-135m, none, no-search, search-r1 format",
+    ]

@@ -86,3 +86,74 @@ def test_searchrl_eval_local_engine(tiny_model_dir: Path, live_bm25_url: str, tm
     for q in doc["questions"]:
         assert q["turns"] >= 1 and q["completion_tokens"] <= 16 * q["turns"]
         assert q["em"] == verl_em.compute_score(q["response"], {"target": q["golden_answers"]})
+
+
+def _prompts(llm: LocalLLM, n: int) -> list[str]:
+    renderer = ChatRenderer(llm.tokenizer)
+    questions = [QUESTION, "Who wrote Hamlet?", "What is the capital of Sweden?", "When did the war end?"]
+    return [renderer.initial(build_messages(questions[i % 4] + " " * (i // 4)), None) for i in range(n)]
+
+
+async def _together(llm: LocalLLM, prompts: list[str], samplings: list[Sampling]) -> list:
+    return list(await asyncio.gather(*[llm.complete(p, s) for p, s in zip(prompts, samplings, strict=True)]))
+
+
+def test_concurrent_requests_run_as_one_left_padded_batch(tiny_model_dir: Path) -> None:
+    llm = LocalLLM.from_pretrained(str(tiny_model_dir), device="cpu")
+    prompts = _prompts(llm, 4)  # different lengths: the batch is left-padded
+    assert len({llm.tokenizer(p)["input_ids"].__len__() for p in prompts}) > 1
+    caps = [12, 3, 12, 7]  # each row stops at its own max_tokens
+    batched = asyncio.run(_together(llm, prompts, [Sampling(max_tokens=c) for c in caps]))
+    assert llm.stats.batches == 1 and llm.stats.sequences == 4
+    alone = [llm._generate(p, Sampling(max_tokens=c)) for p, c in zip(prompts, caps, strict=True)]
+    assert llm.stats.as_dict()["batch_sizes"] == {"1": 4, "4": 1}
+    for b, a, cap in zip(batched, alone, caps, strict=True):
+        assert b.completion_tokens <= cap and b.prompt_tokens == a.prompt_tokens
+        assert b.text == a.text and b.finish_reason == a.finish_reason  # padding changes nothing (greedy)
+        assert b.model_s > 0
+    stats = llm.stats.as_dict()
+    assert stats["generated_tokens"] > 0 and stats["tokens_per_s"] > 0
+
+
+def test_requests_with_other_sampling_settings_get_their_own_batch(tiny_model_dir: Path) -> None:
+    llm = LocalLLM.from_pretrained(str(tiny_model_dir), device="cpu")
+    prompts = _prompts(llm, 3)
+    samplings = [Sampling(max_tokens=4), Sampling(max_tokens=4, stop=("x",)), Sampling(max_tokens=5)]
+    asyncio.run(_together(llm, prompts, samplings))
+    assert llm.stats.as_dict()["batch_sizes"] == {"1": 1, "2": 1}
+
+
+def test_generation_stops_at_a_stop_string_instead_of_running_on(tiny_model_dir: Path) -> None:
+    """The old engine generated to max_tokens and cut the text after the fact (27% of SmolLM2's tokens wasted)."""
+    llm = LocalLLM.from_pretrained(str(tiny_model_dir), device="cpu")
+    (prompt,) = _prompts(llm, 1)
+    free = llm._generate(prompt, Sampling(max_tokens=40))
+    ids = llm.tokenizer(free.text, add_special_tokens=False)["input_ids"]
+    assert free.completion_tokens >= 20 and free.finish_reason == "length", "the random model ran on"
+    # the text of the first 3 generated tokens as the stop string: it completes at the 3rd token
+    stop = llm.tokenizer.decode(ids[:3])
+    assert stop and free.text.startswith(stop)
+    cut = llm._generate(prompt, Sampling(max_tokens=40, stop=(stop,)))
+    assert cut.finish_reason == "stop" and cut.matched_stop == stop and cut.text == ""
+    assert cut.completion_tokens <= 3 < free.completion_tokens  # nothing generated after the stop
+
+
+def test_model_bench_compares_one_at_a_time_with_batched(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "model",
+        "bench",
+        str(tiny_model_dir),
+        "--concurrency",
+        "1,4",
+        "--questions",
+        "4",
+        "--max-tokens",
+        "4",
+    ]
+    assert main(args) == 0
+    rows = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert [r.split("|")[1:3] for r in rows[1:]] == [[" 1 ", " 1.0 "], [" 4 ", " 4.0 "]]
