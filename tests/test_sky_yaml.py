@@ -700,3 +700,11 @@ def test_the_endpoint_wait_outlasts_the_probe_delay() -> None:
     assert (
         endpoint.ENDPOINT_TIMEOUT_S >= delay + 300
     )  # a replica may use all of its delay, after provisioning
+
+
+def test_the_heads_health_wait_covers_a_replica_start() -> None:
+    """A resume after an outage may find SkyServe replacing a replica: the head waits as long as `searchrl sky
+    endpoint` would (the probe delay plus provisioning), not 300 s, before it calls it an outage (exit 75)."""
+    config = yaml.safe_load((SKY / "train.yaml").read_text())
+    assert float(config["envs"]["HEALTH_DEADLINE_S"]) >= endpoint.ENDPOINT_TIMEOUT_S
+    assert 'step searchrl health "$RETRIEVAL_SERVICE_URL" --deadline "$HEALTH_DEADLINE_S"' in config["run"]
