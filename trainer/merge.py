@@ -104,6 +104,11 @@ def merge_latest(
     from searchrl.trainer.checkpoint import wait_for_checkpoint, wait_for_tracker
 
     run_dir = run_dir.expanduser().resolve()
+    if not run_dir.is_dir():  # a wrong path, not a slow upload: the launch wrote <run>/searchrl/ on this node
+        raise CheckpointError(
+            f"no {TRACKER_FILE} in {run_dir}: the folder does not exist; pass the run folder, i.e. "
+            "<checkpoint_dir>/<experiment_name>"
+        )
     started = time.monotonic()  # one budget for both waits
     step = wait_for_tracker(run_dir, deadline_s=wait_s, started_at=started)
     actor_dir = run_dir / f"global_step_{step}" / "actor"
