@@ -205,6 +205,28 @@ def test_train_single_stops_its_ray_however_it_ends(tmp_path: Path, fail_on: str
     assert "ray stop" not in calls  # it would kill SkyPilot's own Ray (6380) and the job
 
 
+def test_train_nodes_never_keep_an_old_ray_and_prepare_data_before_run(tmp_path: Path) -> None:
+    """Fault 5: the head called start_cluster, which keeps a running Ray as it is, without stopping a Ray left by
+    a force-cancelled attempt (the old .venv's code), and every node prepared data in run, before start_cluster,
+    so nodes finishing it more than 300 s apart failed its joins. Now setup (which ends on every node before run
+    starts on any) kills our Ray (6379, never SkyPilot's 6380) and prepares the data; the head checks again."""
+    _, setup = harness.run_setup("train.yaml", tmp_path / "setup", attempts=1)
+    lines = setup.splitlines()
+    kill = lines.index("pkill -9 -f ray.*[=:]6379")
+    venv = next(i for i, ln in enumerate(lines) if ln.startswith("uv venv"))
+    assert kill < venv  # before the venv is replaced
+    data, tool = lines.index("searchrl train data"), lines.index("searchrl train tool-config")
+    assert lines.index("uv pip install --no-deps -e .") < data < tool
+    for rank in (0, 1):
+        rc, stdout, calls = harness.run_node("train.yaml", tmp_path / f"node{rank}", rank=rank, nodes=2)
+        assert rc == 0, stdout[-2000:]
+        run = calls.splitlines()
+        start = next(i for i, ln in enumerate(run) if ln.startswith("start_cluster"))
+        assert "searchrl train data" not in calls and "searchrl train tool-config" not in calls
+        assert ("stop_cluster" in run[:start]) is (rank == 0)  # the head stops an old Ray first
+        assert "ray stop" not in calls
+
+
 # --- GPU_STACK=image: the image's packages are pinned too ---------------------------------------------------------
 
 

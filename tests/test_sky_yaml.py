@@ -366,7 +366,9 @@ def test_head_run_script_exits_0_after_the_flush_loop(yaml_name: str, last: str,
     if yaml_name != "infer.yaml":
         assert "start_cluster UV_OVERRIDE=" in calls and "searchrl-pins.txt" in calls
     if yaml_name == "train.yaml":
-        assert calls.index("searchrl train merge") < calls.index("stop_cluster") < calls.index("sleep 10")
+        assert (
+            calls.index("searchrl train merge") < calls.rindex("stop_cluster") < calls.index("sleep 10")
+        )  # the exit trap
         assert calls.index("searchrl train local") < calls.index("searchrl train merge")
 
 
@@ -487,6 +489,7 @@ def run_setup(
         f'  cp "{bin_dir}/../searchrl-stub" "$HOME/sky_workdir/.venv/bin/searchrl"; exit 0; fi\n'
         '[ "$1 $2" != "pip freeze" ] || echo "click==8.5.1"',
         "pip": 'echo "pip $*" >> "$HOME/calls.log"',
+        "pkill": 'echo "pkill $*" >> "$HOME/calls.log"',  # never the real one: it would look at this machine
         "nvidia-smi": "echo 580.95.05",
     }
     (home / "searchrl-stub").write_text(searchrl_stub)
