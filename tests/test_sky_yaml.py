@@ -711,3 +711,34 @@ def test_the_heads_health_wait_covers_a_replica_start() -> None:
     config = yaml.safe_load((SKY / "train.yaml").read_text())
     assert float(config["envs"]["HEALTH_DEADLINE_S"]) >= endpoint.ENDPOINT_TIMEOUT_S
     assert 'step searchrl health "$RETRIEVAL_SERVICE_URL" --deadline "$HEALTH_DEADLINE_S"' in config["run"]
+
+
+def test_every_task_that_installs_uv_pins_the_same_version() -> None:
+    """retrieval.yaml and index-build.yaml installed whatever uv PyPI had that day; the train tasks pin it."""
+    found = {
+        path.name: re.findall(r"pip install -q (\S+)", line)[0]
+        for path in YAMLS
+        for line in path.read_text().splitlines()
+        if re.search(r"pip install -q \S*uv\b", line)
+    }
+    assert set(found) == {
+        "retrieval.yaml",
+        "index-build.yaml",
+        "train.yaml",
+        "train-single.yaml",
+        "infer.yaml",
+    }
+    assert set(found.values()) == {'"uv==0.13.9"'}, found
+
+
+def test_sky_train_says_the_service_keeps_billing() -> None:
+    proc = searchrl(
+        "sky", "train", "--dry-run", "--env", "CHECKPOINT_BUCKET=b", "--secret", "RETRIEVAL_API_KEY",
+        env={"RETRIEVAL_API_KEY": TOKEN},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (
+        "reminder: the retrieval service searchrl-retrieval (its replicas and the serve controller) keeps billing "
+        "after the job ends, until `sky serve down searchrl-retrieval`" in proc.stderr
+    )
+    assert TOKEN not in proc.stdout + proc.stderr

@@ -166,6 +166,14 @@ def launch_serve(plan: ServePlan, *, service_name: str = DEFAULT_SERVICE) -> str
     return str(name)
 
 
+def billing_reminder(service: str) -> str:
+    """The line `searchrl sky train` ends with: the job's nodes go away by themselves, the service does not."""
+    return (
+        f"reminder: the retrieval service {service} (its replicas and the serve controller) keeps billing after "
+        f"the job ends, until `sky serve down {service}`; the job's GPU nodes are deleted when it ends"
+    )
+
+
 def launch_train(plan: TrainPlan, *, job_name: str = DEFAULT_JOB) -> str:
     """Launch the planned task as a managed job (recovers from preemption) and stream its launch log."""
     sky = _sky()
