@@ -714,6 +714,9 @@ class HealthResult:
     reason: str  # one line: "ok: 3 passages in 12 ms" or why not
     latency_s: float | None = None
     hits: list[Hit] = field(default_factory=list)
+    # True when the last try got no answer at all (unreachable, timed out, 5xx/429): an outage that waiting or a
+    # restart may end, apart from answers that cannot get better (401, malformed, no passages)
+    outage: bool = False
 
 
 def check_health(
@@ -750,7 +753,7 @@ def check_health(
                     )
                     reason = _health_reason(exc)
                     if not retryable or time.monotonic() + interval_s > deadline:
-                        return HealthResult(False, reason)
+                        return HealthResult(False, reason, outage=retryable)
                     await asyncio.sleep(interval_s)
                     continue
                 latency = time.monotonic() - started

@@ -8,7 +8,8 @@
     │   ├── QuotaExceededError         a web backend's request budget is spent (HTTP 429)
     │   └── CacheMissError             replay mode and the query was never recorded (HTTP 404: no retry helps)
     ├── RetrievalUnavailableError      /retrieve unreachable, timed out, or answered with an error
-    │   └── SearchFailureRateError     too many failed searches during training: the run stops (trainer/reward.py)
+    │   ├── SearchFailureRateError     too many failed searches during training: the run stops (trainer/reward.py)
+    │   └── ServiceUnavailableError    an outage (refused, timed out, 5xx/429) until the deadline: exit 75, not 2
     ├── OverloadedError                the service is past its queue bound (HTTP 503 + Retry-After)
     ├── DataError                      QA data or training data that cannot be prepared
     ├── CheckpointError                checkpoint missing or merge output not loadable
@@ -18,7 +19,8 @@
     └── ModelGetError                  a known model (`searchrl model get`) cannot be installed or converted
 
 `searchrl.cli.main()` catches `SearchRLError` only: it prints `error: <message>` as one line on stderr and exits
-with code 2. Anything else is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and
+with the error's `exit_code`: 2 (a refusal: fixing the input fixes it), except ServiceUnavailableError's 75
+(EX_TEMPFAIL: the same command may pass later; trainer/refusal.py never counts it as a refusal). Anything else is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and
 never contain a secret.
 """
 
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 class SearchRLError(Exception):
     """Base class of every error searchrl raises on purpose."""
+
+    exit_code = 2  # what `searchrl` exits with: argparse's usage-error code
 
 
 class ConfigError(SearchRLError, ValueError):
@@ -61,6 +65,14 @@ class RetrievalUnavailableError(SearchRLError):
         # kind is a short machine-readable label ("timeout", "connect", "http_401", ...) used for metrics.
         self.kind = kind
         self.status = status
+
+
+class ServiceUnavailableError(RetrievalUnavailableError):
+    """The service did not answer at all until the deadline (unreachable, timed out, 5xx, 429): an outage, e.g.
+    SkyServe's load balancer answering 503 while its only replica is replaced. Not a refusal: waiting or a restart
+    can fix it, so it exits 75 (sysexits EX_TEMPFAIL) and a managed job restarts instead of stopping."""
+
+    exit_code = 75
 
 
 class SearchFailureRateError(RetrievalUnavailableError):
@@ -127,6 +139,7 @@ __all__ = [
     "OverloadedError",
     "QuotaExceededError",
     "RetrievalUnavailableError",
+    "ServiceUnavailableError",
     "SearchFailureRateError",
     "SearchRLError",
     "SmokeCheckError",

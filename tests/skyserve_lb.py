@@ -69,9 +69,14 @@ def self_signed_cert(folder: Path, ip: str = "127.0.0.1") -> tuple[Path, Path]:
 
 @contextlib.contextmanager
 def skyserve_load_balancer(
-    replicas: list[str], *, tls: tuple[Path, Path] | None = None, timeout_s: float = 60.0
+    replicas: list[str],
+    *,
+    tls: tuple[Path, Path] | None = None,
+    timeout_s: float = 60.0,
+    ready_status: int = 200,
 ) -> Iterator[str]:
-    """Yield the load balancer's URL once it proxies to `replicas` (its first controller sync is after 5 s)."""
+    """Yield the load balancer's URL once it proxies to `replicas` (its first controller sync is after 5 s); with
+    no replicas, once it answers `ready_status` 503 ("no ready replicas", what it says during an outage)."""
     port = free_port()
     key, cert = (str(tls[0]), str(tls[1])) if tls else ("", "")
     proc = subprocess.Popen(
@@ -91,7 +96,7 @@ def skyserve_load_balancer(
                 raise RuntimeError(f"SkyServe's load balancer exited: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
             try:  # /health passes through the proxy to a replica once the controller sync listed it
                 verify = ssl.create_default_context(cafile=cert) if tls else True
-                if httpx.get(url + "/health", verify=verify, timeout=2).status_code == 200:
+                if httpx.get(url + "/health", verify=verify, timeout=2).status_code == ready_status:
                     break
             except httpx.HTTPError:
                 pass

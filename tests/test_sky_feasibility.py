@@ -52,8 +52,10 @@ clouds.Kubernetes.existing_allowed_contexts = classmethod(lambda cls, silent=Fal
 clouds.Kubernetes.regions_with_offering = classmethod(lambda cls, *a, **k: [clouds.Region("gpu-cluster")])
 
 how, path, tier = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-if how == "plan_train":  # exactly what `searchrl sky train --dry-run` / `make train DRY_RUN=1` builds
-    task = launch.plan_train(envs={"CHECKPOINT_BUCKET": "b"}, yaml_path=path, dry_run=True, network_tier=tier)
+if how.startswith("plan_train"):  # exactly what `searchrl sky train --dry-run` / `make train DRY_RUN=1` builds
+    infra = how.partition(":")[2] or None  # plan_train:lambda = `searchrl sky train --infra lambda`
+    task = launch.plan_train(envs={"CHECKPOINT_BUCKET": "b"}, yaml_path=path, dry_run=True, network_tier=tier,
+                             infra=infra)
     task = task.task
 else:
     need_envs, need_secrets = tasks.required_names(path)
@@ -90,14 +92,62 @@ def fits(catalogs: Path, how: str, path: Path, tier: str, clouds: list[str] = CL
     return out
 
 
-def test_the_default_multinode_train_request_has_candidates_on_every_documented_cloud(catalogs: Path) -> None:
-    got = fits(catalogs, "plan_train", REPO / "sky/train.yaml", "standard")
+def test_the_multinode_train_request_has_candidates_on_every_documented_cloud(catalogs: Path) -> None:
+    """The file as it is (`sky jobs launch sky/train.yaml`), and what `--infra` opens up."""
+    got = fits(catalogs, "load", REPO / "sky/train.yaml", "standard")
     for cloud in ["aws", "gcp", "azure", "lambda", "nebius", "kubernetes"]:
         assert got[cloud]["types"], f"{cloud}: {got[cloud]['reason']}"
     assert got["aws"]["types"] == ["p5.48xlarge"] and got["kubernetes"]["types"] == ["32CPU--128GB--H100:8"]
     # RunPod has no multi-node in SkyPilot (and no bucket mounts): docs/deploy.md says so
     assert not got["runpod"]["types"]
     assert "multi-node: Multi-node not supported" in got["runpod"]["reason"]
+    for cloud in ["azure", "lambda", "kubernetes"]:  # `searchrl sky train --infra CLOUD`: the user's choice
+        pinned = fits(catalogs, f"plan_train:{cloud}", REPO / "sky/train.yaml", "standard")
+        assert sorted(c for c, v in pinned.items() if v["types"]) == [cloud], pinned
+
+
+DEFAULT_IMAGES = r"""
+import json
+from sky import catalog, clouds
+from sky.clouds import aws as aws_mod
+from sky.clouds import azure as azure_mod
+from sky.utils import resources_utils
+from searchrl.deploy import feasibility
+
+# The image each cloud's own code picks for an H100:8 node with no image_id (tags, not resolved AMIs: the
+# catalog's tag -> id table is a download).
+aws_mod.catalog.get_image_id_from_tag = lambda tag, region, clouds=None: tag
+images = {
+    "aws": clouds.AWS._get_default_ami("us-east-1", "p5.48xlarge"),
+    "gcp": clouds.GCP._get_gpu_image_id("H100"),
+    "azure": clouds.Azure()._get_default_image_tag("V2", "Standard_ND96isr_H100_v5"),
+    "lambda": None if clouds.Lambda._CLOUD_UNSUPPORTED_FEATURES.get(
+        clouds.CloudImplementationFeatures.IMAGE_ID) is None else "none: IMAGE_ID unsupported",
+}
+# Nebius asks its API for the project (credentials): the one call replaced; the image choice is Nebius's own code.
+from sky.provision.nebius import utils as nebius_utils
+nebius_utils.get_project_by_region = lambda region: "project-e00offline"
+r = clouds.Nebius().get_feasible_launchable_resources(
+    __import__("sky").Resources(infra="nebius", accelerators="H100:8")).resources_list[0]
+images["nebius"] = clouds.Nebius().make_deploy_resources_variables(
+    r, resources_utils.ClusterName("c", "c-abcd"), clouds.Region("eu-north1"), None, 2)["image_id"]
+print(json.dumps({"images": images, "ok": list(feasibility.DRIVER_OK_CLOUDS)}))
+"""
+
+
+def test_the_default_launch_goes_only_where_the_default_image_has_the_580_driver(catalogs: Path) -> None:
+    """Fault 4: Lambda was the cheapest candidate; its node (and Azure's default image) fails the driver check,
+    and FAILOVER retried the same cloud into the same refusal. The clouds `searchrl sky train` allows without
+    --infra are exactly those whose own default GPU image is the CUDA 13 one."""
+    env = {"SKY_RUNTIME_DIR": str(catalogs)}
+    got = sky_json(DEFAULT_IMAGES, env=env, timeout=180)
+    cuda13 = sorted(c for c, image in got["images"].items() if image and "cuda13" in image)
+    assert cuda13 == sorted(got["ok"]) == ["aws", "gcp", "nebius"], got["images"]
+    assert got["images"]["azure"] == "skypilot:custom-gpu-ubuntu-v2"
+    plan = fits(catalogs, "plan_train", REPO / "sky/train.yaml", "standard")
+    assert sorted(c for c, v in plan.items() if v["types"]) == ["aws", "gcp", "nebius"], plan
+    for cloud in ["azure", "lambda", "kubernetes", "runpod"]:
+        assert "the task allows" in plan[cloud]["reason"], plan[cloud]
 
 
 def test_the_file_itself_asks_for_no_network_tier(catalogs: Path) -> None:
@@ -107,7 +157,8 @@ def test_the_file_itself_asks_for_no_network_tier(catalogs: Path) -> None:
 
 
 def test_network_tier_best_keeps_only_aws_gcp_and_nebius(catalogs: Path) -> None:
-    got = fits(catalogs, "plan_train", REPO / "sky/train.yaml", "best")
+    """The tier alone (the file with `--network-tier best` applied), apart from the default launch's own choice."""
+    got = fits(catalogs, "load", REPO / "sky/train.yaml", "best")
     assert sorted(c for c, v in got.items() if v["types"]) == ["aws", "gcp", "nebius"]
     for cloud in ["azure", "lambda", "kubernetes"]:
         assert got[cloud]["reason"].startswith("custom_network_tier: Custom network tier is"), got[cloud]

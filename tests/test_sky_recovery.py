@@ -74,35 +74,73 @@ def refuse(state: Path, task_id: str | None, message: str = "EXPERIMENT_NAME=x w
     )  # fmt: skip
 
 
-def test_a_repeated_refusal_stops_the_managed_job_after_one_restart(tmp_path: Path) -> None:
+def guard(state: Path, task_id: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """trainer/refusal.py with these arguments, as one attempt of managed job `task_id` runs it."""
+    return subprocess.run(
+        [sys.executable, str(GUARD), "--state", str(state), *args],
+        env={**os.environ, "SKYPILOT_TASK_ID": task_id}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def attempts(state: Path, task_id: str, step: list[str], n: int = 6) -> tuple[list[int], str]:
+    """`n` attempts of one managed job as train.yaml runs them: setup's `--check`, then the guarded step. Returns
+    each attempt's exit code (what SkyPilot's controller sees) and all of their stderr."""
+    codes, err = [], ""
+    for _ in range(n):
+        check = guard(state, task_id, "--check")
+        err += check.stderr
+        if check.returncode:
+            codes.append(check.returncode)
+            continue
+        ran = guard(state, task_id, "--", *step)
+        err += ran.stderr
+        codes.append(ran.returncode)
+    return codes, err
+
+
+def test_a_repeated_refusal_stops_the_managed_job_as_failed(tmp_path: Path) -> None:
     """The controller's real restart decision, fed with what the guard returns on each attempt."""
     state = tmp_path / "bucket/.searchrl-refusals"
-    codes = []
-    for _ in range(6):  # each iteration = one attempt of the same managed job
-        rc = refuse(state, "sky-managed-2026-11-25_searchrl-train_7-0").returncode
-        codes.append(rc)
-        if rc == 0:
-            break
-    assert codes == [2, 0]  # refused, restarted once (a transient cause gets its retry), then a clean stop
-    decisions = controller("train.yaml", [[c] for c in codes if c])["decisions"]
-    assert decisions == [True]  # SkyPilot restarted the first refusal; the second attempt ended it (exit 0)
-    # without the guard the same refusal burns every restart: 4 launches of 2 x 8 H100
-    assert controller("train.yaml", [[2]] * 4)["decisions"] == [True, True, True, False]
-    # the stop is recorded: later steps of this attempt and its setup/run checks are skipped, and say why
-    stopped = subprocess.run(
-        [sys.executable, str(GUARD), "--state", str(state), "--stopped"],
-        env={**os.environ, "SKYPILOT_TASK_ID": "sky-managed-2026-11-25_searchrl-train_7-0"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert stopped.returncode == 0
-    assert "the same refusal as the previous attempt" in stopped.stderr
-    assert "error: EXPERIMENT_NAME=x was started with other settings" in stopped.stderr
-    skipped = subprocess.run(
-        [sys.executable, str(GUARD), "--state", str(state), "--", "false"],
-        env={**os.environ, "SKYPILOT_TASK_ID": "sky-managed-2026-11-25_searchrl-train_7-0"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert skipped.returncode == 0 and "stopped: skipping `false`" in skipped.stderr
+    task = "sky-managed-2026-11-25_searchrl-train_7-0"
+    refusal = [sys.executable, "-c", "import sys; print('error: EXPERIMENT_NAME=x was started with other settings',"
+               " file=sys.stderr); sys.exit(2)"]  # fmt: skip
+    codes, err = attempts(state, task, refusal, n=4)
+    # refused, restarted once (a transient cause gets its retry), then stopped: 78, and every later attempt ends
+    # at setup's first line with 78 (seconds, on the nodes FAILOVER kept)
+    assert codes == [2, 78, 78, 78]
+    decisions = controller("train.yaml", [[c] for c in codes])["decisions"]
+    assert decisions == [True, True, True, False]  # the job ends FAILED(_SETUP), not SUCCEEDED as before (0)
+    assert "stopped: the same refusal as the previous attempt" in err
+    assert "error: EXPERIMENT_NAME=x was started with other settings" in err
+    assert err.count("stopped: ") == 3  # the stop, then each later attempt says why it ends (sky jobs logs)
+    skipped = guard(state, task, "--", "false")  # a step reached anyway is skipped, and fails too
+    assert skipped.returncode == 78 and "stopped: skipping `false`" in skipped.stderr
+    # the old flag still answers "was it stopped" for scripts
+    assert guard(state, task, "--stopped").returncode == 0
+
+
+@pytest.mark.live
+def test_a_retrieval_outage_is_restarted_never_stopped(tmp_path: Path) -> None:
+    """Fault 2: SkyServe's own load balancer with no READY replica (its only one being replaced) answers 503.
+    Before, `searchrl health` exited 2 with the same line twice, the guard took it for a refusal and the job
+    ended SUCCEEDED at step N. Now it exits 75, the guard never counts it, and SkyPilot restarts the job."""
+    from tests.skyserve_lb import skyserve_load_balancer
+
+    state = tmp_path / "refusals"
+    with skyserve_load_balancer([], ready_status=503) as url:
+        # the balancer tries 3 times (1 s back-off) before its 503: each attempt waits past that
+        health = [sys.executable, "-m", "searchrl", "health", url, "--deadline", "5"]
+        codes, err = attempts(state, "sky-managed-x_searchrl-train_9-0", health, n=4)
+    assert codes == [75, 75, 75, 75], err[-2000:]
+    assert "503" in err and "outage: " in err and "stopped: " not in err
+    assert not list(state.glob("*"))  # nothing recorded: an outage never counts towards a stop
+    decisions = controller("train.yaml", [[c] for c in codes])["decisions"]
+    assert decisions == [
+        True,
+        True,
+        True,
+        False,
+    ]  # restarted while restarts last, then FAILED, never SUCCEEDED
 
 
 def test_crashes_and_different_refusals_keep_skypilots_restarts(tmp_path: Path) -> None:
@@ -165,6 +203,28 @@ def test_train_single_stops_its_ray_however_it_ends(tmp_path: Path, fail_on: str
     assert stops[-1] > lines.index(f"searchrl train {'local' if fail_on else 'merge'}")  # the exit trap
     assert stops[-1] < max(i for i, ln in enumerate(lines) if ln.startswith("sleep 10"))  # before the flush
     assert "ray stop" not in calls  # it would kill SkyPilot's own Ray (6380) and the job
+
+
+def test_train_nodes_never_keep_an_old_ray_and_prepare_data_before_run(tmp_path: Path) -> None:
+    """Fault 5: the head called start_cluster, which keeps a running Ray as it is, without stopping a Ray left by
+    a force-cancelled attempt (the old .venv's code), and every node prepared data in run, before start_cluster,
+    so nodes finishing it more than 300 s apart failed its joins. Now setup (which ends on every node before run
+    starts on any) kills our Ray (6379, never SkyPilot's 6380) and prepares the data; the head checks again."""
+    _, setup = harness.run_setup("train.yaml", tmp_path / "setup", attempts=1)
+    lines = setup.splitlines()
+    kill = lines.index("pkill -9 -f ray.*[=:]6379")
+    venv = next(i for i, ln in enumerate(lines) if ln.startswith("uv venv"))
+    assert kill < venv  # before the venv is replaced
+    data, tool = lines.index("searchrl train data"), lines.index("searchrl train tool-config")
+    assert lines.index("uv pip install --no-deps -e .") < data < tool
+    for rank in (0, 1):
+        rc, stdout, calls = harness.run_node("train.yaml", tmp_path / f"node{rank}", rank=rank, nodes=2)
+        assert rc == 0, stdout[-2000:]
+        run = calls.splitlines()
+        start = next(i for i, ln in enumerate(run) if ln.startswith("start_cluster"))
+        assert "searchrl train data" not in calls and "searchrl train tool-config" not in calls
+        assert ("stop_cluster" in run[:start]) is (rank == 0)  # the head stops an old Ray first
+        assert "ray stop" not in calls
 
 
 # --- GPU_STACK=image: the image's packages are pinned too ---------------------------------------------------------

@@ -366,7 +366,9 @@ def test_head_run_script_exits_0_after_the_flush_loop(yaml_name: str, last: str,
     if yaml_name != "infer.yaml":
         assert "start_cluster UV_OVERRIDE=" in calls and "searchrl-pins.txt" in calls
     if yaml_name == "train.yaml":
-        assert calls.index("searchrl train merge") < calls.index("stop_cluster") < calls.index("sleep 10")
+        assert (
+            calls.index("searchrl train merge") < calls.rindex("stop_cluster") < calls.index("sleep 10")
+        )  # the exit trap
         assert calls.index("searchrl train local") < calls.index("searchrl train merge")
 
 
@@ -487,6 +489,7 @@ def run_setup(
         f'  cp "{bin_dir}/../searchrl-stub" "$HOME/sky_workdir/.venv/bin/searchrl"; exit 0; fi\n'
         '[ "$1 $2" != "pip freeze" ] || echo "click==8.5.1"',
         "pip": 'echo "pip $*" >> "$HOME/calls.log"',
+        "pkill": 'echo "pkill $*" >> "$HOME/calls.log"',  # never the real one: it would look at this machine
         "nvidia-smi": "echo 580.95.05",
     }
     (home / "searchrl-stub").write_text(searchrl_stub)
@@ -700,3 +703,42 @@ def test_the_endpoint_wait_outlasts_the_probe_delay() -> None:
     assert (
         endpoint.ENDPOINT_TIMEOUT_S >= delay + 300
     )  # a replica may use all of its delay, after provisioning
+
+
+def test_the_heads_health_wait_covers_a_replica_start() -> None:
+    """A resume after an outage may find SkyServe replacing a replica: the head waits as long as `searchrl sky
+    endpoint` would (the probe delay plus provisioning), not 300 s, before it calls it an outage (exit 75)."""
+    config = yaml.safe_load((SKY / "train.yaml").read_text())
+    assert float(config["envs"]["HEALTH_DEADLINE_S"]) >= endpoint.ENDPOINT_TIMEOUT_S
+    assert 'step searchrl health "$RETRIEVAL_SERVICE_URL" --deadline "$HEALTH_DEADLINE_S"' in config["run"]
+
+
+def test_every_task_that_installs_uv_pins_the_same_version() -> None:
+    """retrieval.yaml and index-build.yaml installed whatever uv PyPI had that day; the train tasks pin it."""
+    found = {
+        path.name: re.findall(r"pip install -q (\S+)", line)[0]
+        for path in YAMLS
+        for line in path.read_text().splitlines()
+        if re.search(r"pip install -q \S*uv\b", line)
+    }
+    assert set(found) == {
+        "retrieval.yaml",
+        "index-build.yaml",
+        "train.yaml",
+        "train-single.yaml",
+        "infer.yaml",
+    }
+    assert set(found.values()) == {'"uv==0.13.9"'}, found
+
+
+def test_sky_train_says_the_service_keeps_billing() -> None:
+    proc = searchrl(
+        "sky", "train", "--dry-run", "--env", "CHECKPOINT_BUCKET=b", "--secret", "RETRIEVAL_API_KEY",
+        env={"RETRIEVAL_API_KEY": TOKEN},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (
+        "reminder: the retrieval service searchrl-retrieval (its replicas and the serve controller) keeps billing "
+        "after the job ends, until `sky serve down searchrl-retrieval`" in proc.stderr
+    )
+    assert TOKEN not in proc.stdout + proc.stderr

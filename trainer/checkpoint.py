@@ -27,6 +27,12 @@ from searchrl.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
+# Seconds between polls: longer than rclone's 10 s directory cache (SkyPilot mounts with `--dir-cache-time 10s`),
+# so each poll sees what other nodes have uploaded since the last one.
+POLL_INTERVAL_S = 15.0
+# How long the tracker file is re-read before its step is trusted: three polls, so a value read through a stale
+# directory cache (the node whose rank 0 wrote it uploads on its own schedule) is replaced by the newer one.
+TRACKER_SETTLE_S = 30.0
 _SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
 
 
@@ -73,13 +79,24 @@ def shard_problem(path: Path) -> str | None:
     return None
 
 
-def inspect_checkpoint(actor_dir: Path) -> CheckpointState:
-    """Check every rank's shard of one checkpoint (see the module docstring for what complete means)."""
+def inspect_checkpoint(actor_dir: Path, require: tuple[str, ...] = ()) -> CheckpointState:
+    """Check every rank's shard of one checkpoint (see the module docstring for what complete means).
+
+    `require` names more files (relative to `actor_dir`) that must be there, e.g. `huggingface/config.json`,
+    which verl's merger reads and rank 0 writes beside `fsdp_config.json` (fsdp_checkpoint_manager.py:364-410).
+    """
     config_path = actor_dir / "fsdp_config.json"
+    missing = [
+        f"{actor_dir / name} missing (rank 0 has not saved it)"
+        for name in require
+        if not (actor_dir / name).is_file()
+    ]
     try:
         world_size = int(json.loads(config_path.read_text())["world_size"])
     except FileNotFoundError:
-        return CheckpointState(actor_dir, None, problems=[f"{config_path} missing (rank 0 has not saved)"])
+        return CheckpointState(
+            actor_dir, None, problems=[f"{config_path} missing (rank 0 has not saved)", *missing]
+        )
     except (ValueError, KeyError, TypeError):
         return CheckpointState(actor_dir, None, problems=[f"{config_path} has no world_size"])
     state = CheckpointState(actor_dir, world_size)
@@ -95,6 +112,7 @@ def inspect_checkpoint(actor_dir: Path) -> CheckpointState:
                 state.shards.append(Shard(kind, rank, path, path.stat().st_size))
             else:
                 state.problems.append(f"rank {rank} {kind} shard {path.name} is {problem}")
+    state.problems.extend(missing)
     return state
 
 
@@ -102,18 +120,20 @@ def wait_for_checkpoint(
     actor_dir: Path,
     *,
     deadline_s: float,
-    interval_s: float = 15.0,
+    interval_s: float | None = None,
+    require: tuple[str, ...] = (),
+    started_at: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> CheckpointState:
-    """Poll until every rank's shard is present and whole; past `deadline_s`, raise one CheckpointError line.
-
-    The interval is longer than rclone's 10 s directory cache (SkyPilot mounts with `--dir-cache-time 10s`), so
-    each poll sees what other nodes have uploaded since the last one.
+    """Poll until every rank's shard (and each `require`d file) is there and whole; past `deadline_s`, raise one
+    CheckpointError line. Polls every `interval_s` (default POLL_INTERVAL_S), the last one at the deadline;
+    `started_at` (a `clock()` value) counts an earlier part of the same wait.
     """
-    start = clock()
+    interval = POLL_INTERVAL_S if interval_s is None else interval_s
+    start = clock() if started_at is None else started_at
     while True:
-        state = inspect_checkpoint(actor_dir)
+        state = inspect_checkpoint(actor_dir, require)
         if state.complete:
             log.info(
                 "checkpoint %s complete: %d shards of world size %s, %.2f GB",
@@ -124,7 +144,7 @@ def wait_for_checkpoint(
             )
             return state
         waited = clock() - start
-        if waited + interval_s > deadline_s:
+        if waited >= deadline_s:
             more = f" (+{len(state.problems) - 1} more)" if len(state.problems) > 1 else ""
             raise CheckpointError(
                 f"checkpoint {actor_dir} incomplete after {deadline_s:.0f}s: {state.problems[0]}{more}; "
@@ -138,7 +158,54 @@ def wait_for_checkpoint(
             waited,
             deadline_s,
         )
-        sleep(interval_s)
+        sleep(min(interval, deadline_s - waited))
+
+
+def wait_for_tracker(
+    run_dir: Path,
+    *,
+    deadline_s: float,
+    settle_s: float | None = None,
+    interval_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    started_at: float | None = None,
+) -> int:
+    """The step verl's tracker file names, once it has been there and been re-read for `settle_s`.
+
+    On a multi-node run the tracker is written on the node where verl's trainer process runs, which Ray places
+    anywhere, and reaches this node's view of the bucket after that node's rclone upload and this node's 10 s
+    directory cache: a missing tracker is "not yet" until `deadline_s`, and the first value read may be the
+    previous save's. It is re-read every `interval_s` for `settle_s` (default TRACKER_SETTLE_S, never past the
+    deadline) and the newest step seen wins (verl only moves it forward).
+    """
+    interval = POLL_INTERVAL_S if interval_s is None else interval_s
+    settle = min(TRACKER_SETTLE_S if settle_s is None else settle_s, deadline_s)
+    start = clock() if started_at is None else started_at
+    best: int | None = None
+    first_seen: float | None = None
+    problem = f"no {TRACKER_FILE} in {run_dir}"
+    while True:
+        try:
+            step = latest_step(run_dir)
+        except CheckpointError as exc:  # half-written through the mount: not yet
+            step, problem = None, str(exc)
+        now = clock() - start
+        if step is not None:
+            best = step if best is None else max(best, step)
+            first_seen = now if first_seen is None else first_seen
+        if best is not None and first_seen is not None and (now - first_seen >= settle or now >= deadline_s):
+            return best
+        if best is None and now >= deadline_s:
+            raise CheckpointError(
+                f"{problem} after waiting {deadline_s:.0f}s: no finished checkpoint yet (verl writes one every "
+                "save_freq steps); pass the run folder, i.e. <checkpoint_dir>/<experiment_name>"
+            )
+        if best is None:
+            log.info("waiting for %s: %s; waited %.0fs of %.0fs", TRACKER_FILE, problem, now, deadline_s)
+            sleep(min(interval, deadline_s - now))
+        else:
+            sleep(min(interval, (first_seen or 0.0) + settle - now, deadline_s - now))
 
 
 def latest_step(run_dir: Path) -> int | None:
@@ -200,7 +267,9 @@ def check_resume(run_dir: Path, *, deadline_s: float, **wait: object) -> int | N
 
 
 __all__ = [
+    "POLL_INTERVAL_S",
     "TRACKER_FILE",
+    "TRACKER_SETTLE_S",
     "CheckpointState",
     "Shard",
     "check_resume",
@@ -209,4 +278,5 @@ __all__ = [
     "newest_complete_step",
     "shard_problem",
     "wait_for_checkpoint",
+    "wait_for_tracker",
 ]

@@ -38,7 +38,7 @@ from searchrl.deploy.corpus_check import (
     corpus_identity,
     fetch_service_info,
 )
-from searchrl.errors import ConfigError, RetrievalUnavailableError
+from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
 from searchrl.trainer.checkpoint import check_resume as check_checkpoint
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
@@ -169,7 +169,7 @@ def check_retrieval(settings: TrainSettings) -> list[str]:
     from searchrl.retrieval.client import check_health
 
     api_key = os.environ.get(settings.retrieval_api_key_env) or None
-    healthy, reasons = [], []
+    healthy, reasons, outages = [], [], 0
     for url in settings.retrieval_urls:
         result = check_health(url, api_key, deadline_s=settings.health_deadline_s)
         log.info("retrieval %s: %s", redact_url(url), result.reason)
@@ -177,8 +177,11 @@ def check_retrieval(settings: TrainSettings) -> list[str]:
             healthy.append(url)
         else:
             reasons.append(f"{redact_url(url)}: {result.reason}")
+            outages += result.outage
     if not healthy:
-        raise RetrievalUnavailableError(
+        # every URL down (not one refusing) is an outage: exit 75, which a managed job restarts (trainer/refusal.py)
+        unavailable = ServiceUnavailableError if outages == len(reasons) else RetrievalUnavailableError
+        raise unavailable(
             "no retrieval service answers /retrieve (" + "; ".join(reasons) + "); start one with "
             "`searchrl serve` or set RETRIEVAL_SERVICE_URL",
             kind="unhealthy",

@@ -4,7 +4,11 @@ Run: `searchrl train merge` (settings give the run folder, <checkpoint_dir>/<exp
 `searchrl train merge --run-dir checkpoints/my-run --target-dir models/my-run`.
 
 verl writes `<run>/latest_checkpointed_iteration.txt` only after a checkpoint is complete, so the step named there
-is the newest usable one (a newer `global_step_N` folder may be half-written by a preempted job). The merge
+is the newest usable one (a newer `global_step_N` folder may be half-written by a preempted job). Waits first,
+then reads: on a multi-node run the tracker, rank 0's `fsdp_config.json` and `huggingface/` and every rank's
+shards reach the merging node's view of the bucket on other nodes' upload schedules (verl places rank 0 by
+sorting node IPs as strings, not on the head), so anything missing is "not yet" until the `--wait` deadline
+(trainer/checkpoint.py). The merge
 itself is verl's: `python -m verl.model_merger merge --backend fsdp --local_dir <run>/global_step_N/actor
 --target_dir <out>`; then the output is loaded with transformers (config, tokenizer, weights) before we call it
 done.
@@ -23,6 +27,7 @@ from searchrl.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+HF_CONFIG = "huggingface/config.json"  # rank 0 writes it beside fsdp_config.json; verl's merger reads it
 
 
 @dataclass(frozen=True)
@@ -90,14 +95,24 @@ def merge_latest(
 ) -> MergeResult:
     """Merge the newest finished checkpoint of `run_dir` (default output: <run>/merged/global_step_N).
 
-    First waits up to `wait_s` for every rank's shard (trainer/checkpoint.py): on a multi-node run the workers'
-    shards reach the bucket after the head's tracker file does.
+    Within one `wait_s` budget: waits for the tracker file and re-reads it until its step can be trusted, then
+    for that step's `fsdp_config.json`, `huggingface/config.json` (what verl's merger reads) and every rank's
+    shard (trainer/checkpoint.py); only past the deadline does a missing one become an error.
     """
-    from searchrl.trainer.checkpoint import wait_for_checkpoint
+    import time
+
+    from searchrl.trainer.checkpoint import wait_for_checkpoint, wait_for_tracker
 
     run_dir = run_dir.expanduser().resolve()
-    step, actor_dir = find_latest_checkpoint(run_dir)
-    wait_for_checkpoint(actor_dir, deadline_s=wait_s)
+    if not run_dir.is_dir():  # a wrong path, not a slow upload: the launch wrote <run>/searchrl/ on this node
+        raise CheckpointError(
+            f"no {TRACKER_FILE} in {run_dir}: the folder does not exist; pass the run folder, i.e. "
+            "<checkpoint_dir>/<experiment_name>"
+        )
+    started = time.monotonic()  # one budget for both waits
+    step = wait_for_tracker(run_dir, deadline_s=wait_s, started_at=started)
+    actor_dir = run_dir / f"global_step_{step}" / "actor"
+    wait_for_checkpoint(actor_dir, deadline_s=wait_s, require=(HF_CONFIG,), started_at=started)
     target = (target_dir or run_dir / "merged" / f"global_step_{step}").expanduser().resolve()
     run_verl_merger(actor_dir, target)
     n_params = verify_hf_model(target) if verify else None
@@ -107,6 +122,7 @@ def merge_latest(
 
 
 __all__ = [
+    "HF_CONFIG",
     "TRACKER_FILE",
     "MergeResult",
     "find_latest_checkpoint",

@@ -72,10 +72,12 @@ class TrainSettings(StrictSettings):
         default=512, ge=1, validation_alias=_alias("TRAIN_BATCH_SIZE", "train_batch_size")
     )  # prompts per step
     ppo_mini_batch_size: int | None = Field(default=None, ge=1)  # prompts per update; None = batch // 2 (256)
-    micro_batch_size_per_gpu: int = Field(default=8, ge=1)  # log-prob micro batch (actor, ref, rollout)
+    micro_batch_size_per_gpu: int = Field(
+        default=8, ge=1
+    )  # most samples per micro batch (actor, ref, rollout)
     max_token_len_per_gpu: int | None = Field(
         default=None, ge=1
-    )  # dynamic-batch token budget; None = 2 x seq
+    )  # tokens per GPU per micro batch, padding included under sdpa; None = 2 x (prompt + response)
     rollout_n: int = Field(
         default=5, ge=1, validation_alias=_alias("ROLLOUT_N", "rollout_n")
     )  # GRPO group size
@@ -237,6 +239,16 @@ class TrainSettings(StrictSettings):
                 f"by the GPU count NUM_NODES x GPUS_PER_NODE ({self.nnodes} x {self.gpus_per_node}); "
                 "change TRAIN_BATCH_SIZE or the GPU count"
             )
+        per_gpu = self.mini_batch_size * self.rollout_n // self.n_gpus
+        if not self.removes_padding and per_gpu % self.micro_batch_rows:
+            # verl's fixed micro batches split each GPU's share evenly (workers/engine/utils.py
+            # prepare_micro_batches asserts it)
+            raise ValueError(
+                f"each GPU's share of a PPO mini batch ({per_gpu} samples) must be a multiple of the micro batch "
+                f"({self.micro_batch_rows} rows = token budget {self.token_budget_per_gpu} // {self.max_seq_len} "
+                "tokens, capped by micro_batch_size_per_gpu); change TRAIN_BATCH_SIZE, ROLLOUT_N or "
+                "SEARCHRL_TRAIN_MICRO_BATCH_SIZE_PER_GPU"
+            )
         if self.gpus_per_node % self.rollout_tp:
             raise ValueError(
                 f"rollout_tp ({self.rollout_tp}) must divide GPUS_PER_NODE ({self.gpus_per_node})"
@@ -260,9 +272,31 @@ class TrainSettings(StrictSettings):
         return self.nnodes * self.gpus_per_node
 
     @property
+    def max_seq_len(self) -> int:
+        """The longest sample verl can hold: prompt plus the whole trajectory."""
+        return self.max_prompt_length + self.max_response_length
+
+    @property
     def token_budget_per_gpu(self) -> int:
-        """Dynamic-batch token budget: room for two full sequences per micro batch."""
-        return self.max_token_len_per_gpu or 2 * (self.max_prompt_length + self.max_response_length)
+        """Per-GPU tokens in one forward/backward pass: room for two full sequences (docs/training.md)."""
+        return self.max_token_len_per_gpu or 2 * self.max_seq_len
+
+    @property
+    def removes_padding(self) -> bool:
+        """verl packs samples without padding only with flash-attn's varlen kernels (trainer/overrides.py)."""
+        return self.attn_implementation == "flash_attention_2"
+
+    @property
+    def micro_batch_rows(self) -> int:
+        """Samples per micro batch (actor update, reference and rollout log-probs) when verl pads.
+
+        Without padding removal verl's FSDP engine pads each micro batch to its longest sample
+        (verl/workers/engine/fsdp/transformer_impl.py, the NO_PADDING branch), while its dynamic batching counts
+        unpadded tokens against the budget: one 5,120-token trajectory among short ones then pads to many times
+        the budget. Fixed micro batches of budget // max_seq_len rows bound the padded micro batch by the budget
+        itself (arithmetic in docs/training.md). `micro_batch_size_per_gpu` caps it further.
+        """
+        return max(1, min(self.micro_batch_size_per_gpu, self.token_budget_per_gpu // self.max_seq_len))
 
     @property
     def rollout(self) -> RolloutSpec:
@@ -374,7 +408,8 @@ SMOKE_PRESET: dict[str, Any] = {
     "val_max_samples": 16,
     "val_batch_size": 16,
     "micro_batch_size_per_gpu": 4,
-    "max_response_length": 2048,
+    # the full run's lengths (max_prompt_length 1024, max_response_length 4096): the first GPU run sees the
+    # real padded micro batch (2 x 5,120 tokens), not half of it
     "gpu_memory_utilization": 0.4,
     "nnodes": 1,
     "gpus_per_node": 1,

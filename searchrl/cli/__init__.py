@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("SEARCHRL_DEBUG") == "1":
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         return 130
     return int(rc or 0)

@@ -5,8 +5,9 @@
     searchrl health http://IP:PORT --api-key-env MY_TOKEN --expect "Seventh Seal"
 
 Exit 0 only when every URL answers the query with well-formed passages (and, with --expect, one of them
-contains the text); otherwise exit 2 with one line saying why: unreachable, 401, malformed response, wrong
-shape, no passages. The token is read from the environment variable named by --api-key-env
+contains the text); otherwise one line saying why and exit 2 (401, malformed response, wrong shape, no
+passages: a refusal) or 75 (unreachable, timed out, 5xx/429 until the deadline: an outage, e.g. SkyServe's load
+balancer answering 503 while a replica is replaced; trainer/refusal.py never counts it as a refusal). The token is read from the environment variable named by --api-key-env
 (RETRIEVAL_API_KEY by default), never from argv. Used by sky/train.yaml to fail fast before GPUs spin.
 """
 
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _health(args: argparse.Namespace) -> int:
-    from searchrl.errors import ConfigError, RetrievalUnavailableError
+    from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
     from searchrl.retrieval.client import HEALTH_QUERY, check_health
 
     key_env = getattr(args, "api_key_env", "RETRIEVAL_API_KEY")
@@ -63,7 +64,8 @@ def _health(args: argparse.Namespace) -> int:
         )
         reason = " ".join(result.reason.split())  # one line, whatever the server sent
         if not result.ok:
-            raise RetrievalUnavailableError(f"{url}: {reason}", kind="health")
+            unavailable = ServiceUnavailableError if result.outage else RetrievalUnavailableError
+            raise unavailable(f"{url}: {reason}", kind="health")
         if expect and not any(expect.lower() in hit.contents.lower() for hit in result.hits):
             titles = ", ".join(repr(h.title) for h in result.hits) or "none"
             raise RetrievalUnavailableError(

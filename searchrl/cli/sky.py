@@ -354,7 +354,9 @@ def _train(args: argparse.Namespace) -> int:
                 "checks its corpus)",
                 file=sys.stderr,
             )
+        print(launch.billing_reminder(plan_service), file=sys.stderr)  # noqa: T201
         return 0
     job = launch.launch_train(plan, job_name=getattr(args, "name", launch.DEFAULT_JOB))
     print(f"launched managed job {job} (sky jobs logs {job})")  # noqa: T201
+    print(launch.billing_reminder(plan_service), file=sys.stderr)  # noqa: T201
     return 0

@@ -23,6 +23,14 @@ DEFAULT_NETWORK_TIER = "standard"
 # Clouds whose SkyPilot implementation has CUSTOM_NETWORK_TIER (EFA, GPUDirect-TCPX, InfiniBand): `best` only helps
 # (and only launches) there.
 BEST_TIER_CLOUDS = ("aws", "gcp", "nebius")
+# Clouds whose default GPU image carries the NVIDIA 580 driver and CUDA 13 that the locks need (trainer/driver.py
+# refuses anything older), per SkyPilot 0.14.1: AWS `skypilot:custom-gpu-ubuntu-cuda13` (sky/clouds/aws.py
+# _DEFAULT_GPU_IMAGE_ID, _get_default_ami), GCP `skypilot:custom-gpu-ubuntu-2204-cuda13` (gcp.py
+# _get_gpu_image_id), Nebius image family `ubuntu24.04-cuda13.0` (nebius.py make_deploy_resources_variables).
+# Azure's default `skypilot:custom-gpu-ubuntu-v2` has no CUDA 13 variant; Lambda sets no image (its driver is
+# Lambda's, not knowable offline); a Kubernetes node's driver is the cluster's. Those need a 580+ driver or an
+# image_id, and `searchrl sky train --infra` names them explicitly (docs/deploy.md).
+DRIVER_OK_CLOUDS = ("aws", "gcp", "nebius")
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,9 @@ def check_clouds(task: sky.Task, cloud_names: list[str]) -> list[CloudFit]:
         types: set[str] = set()
         reasons: list[str] = []
         for resources in task.resources:
+            if resources.cloud is not None and not resources.cloud.is_same_cloud(cloud):
+                reasons.append(f"the task allows {resources.cloud} only")  # as the optimizer filters
+                continue
             candidate = resources.copy(cloud=cloud)
             try:
                 cloud.check_features_are_supported(candidate, task_features(task))
@@ -79,6 +90,18 @@ def check_clouds(task: sky.Task, cloud_names: list[str]) -> list[CloudFit]:
                 reasons.append(_one_line(feasible.hint or "no instance type in the catalog matches"))
         fits.append(CloudFit(name, tuple(sorted(types)), "" if types else "; ".join(reasons)))
     return fits
+
+
+def restrict_clouds(task: sky.Task, cloud_names: tuple[str, ...] = DRIVER_OK_CLOUDS) -> None:
+    """Let the optimizer choose only among `cloud_names`: each of the task's resources becomes one `any_of`
+    alternative per cloud (what `resources: {any_of: [{infra: aws}, ...]}` parses to). Resources that already
+    name a cloud are left as they are."""
+    import sky as sky_mod
+
+    if any(r.cloud is not None for r in task.resources):
+        return
+    clouds = [sky_mod.CLOUD_REGISTRY.from_str(name) for name in cloud_names]
+    task.set_resources({r.copy(cloud=cloud) for r in task.resources for cloud in clouds})
 
 
 def set_network_tier(task: sky.Task, tier: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.deploy.endpoint import DEFAULT_SERVICE, ENDPOINT_TIMEOUT_S, wait_for_endpoint
-from searchrl.deploy.feasibility import DEFAULT_NETWORK_TIER, set_network_tier
+from searchrl.deploy.feasibility import DEFAULT_NETWORK_TIER, restrict_clouds, set_network_tier
 from searchrl.deploy.skypilot import SKY_DIR, _sky
 from searchrl.deploy.tasks import load_task, refuse_problems, render_task, required_names, secrets_from_env
 from searchrl.errors import ConfigError, DeployError, first_line
@@ -52,7 +52,10 @@ def plan_train(
 
     `network_tier` is `sky jobs launch --network-tier`: `standard` (default) keeps every cloud docs/deploy.md names;
     `best` (EFA/GPUDirect/InfiniBand) leaves only AWS, GCP and Nebius (searchrl/deploy/feasibility.py). `infra`
-    (`sky jobs launch --infra aws/us-east-1`) pins the job, and every recovery, where the checkpoint bucket lives.
+    (`sky jobs launch --infra aws/us-east-1`) pins the job, and every recovery, where the checkpoint bucket lives;
+    without it the optimizer chooses only among the clouds whose default image has the 580 driver the locks need
+    (feasibility.DRIVER_OK_CLOUDS): elsewhere the setup's driver check would refuse, and FAILOVER retries the same
+    cloud into the same refusal.
     A `dry_run` without RETRIEVAL_SERVICE_URL waits for nothing: the task gets UNRESOLVED_URL and no health or
     corpus check runs.
     """
@@ -109,6 +112,8 @@ def plan_train(
             task.set_resources_override({"infra": infra})
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"--infra {infra}: SkyPilot rejected it: {first_line(exc)}") from None
+    else:
+        restrict_clouds(task)
     refuse_problems(path, task)
     return TrainPlan(task=task, text=render_task(task, secrets), url=url, resolved=resolved)
 
@@ -159,6 +164,14 @@ def launch_serve(plan: ServePlan, *, service_name: str = DEFAULT_SERVICE) -> str
     sky = _sky()
     name, _endpoint = sky.stream_and_get(sky.serve.up(plan.task, service_name=service_name))
     return str(name)
+
+
+def billing_reminder(service: str) -> str:
+    """The line `searchrl sky train` ends with: the job's nodes go away by themselves, the service does not."""
+    return (
+        f"reminder: the retrieval service {service} (its replicas and the serve controller) keeps billing after "
+        f"the job ends, until `sky serve down {service}`; the job's GPU nodes are deleted when it ends"
+    )
 
 
 def launch_train(plan: TrainPlan, *, job_name: str = DEFAULT_JOB) -> str:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from searchrl.errors import ConfigError, RetrievalUnavailableError
+from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
 from searchrl.trainer.launch import (
     check_corpus,
     check_gpus,
@@ -111,6 +111,7 @@ def test_no_healthy_retrieval_stops_before_training(tmp_path, qa_sample, nvidia_
             runner=lambda cmd: pytest.fail("must not start verl"),
         )
     assert "unreachable" in str(info.value)
+    assert isinstance(info.value, ServiceUnavailableError) and info.value.exit_code == 75  # an outage
     assert not (settings.run_dir / "searchrl").exists()
 
 

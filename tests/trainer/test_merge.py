@@ -4,6 +4,9 @@ merged by `python -m verl.model_merger` through trainer/merge.py, must equal the
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -143,3 +146,149 @@ def test_unloadable_output_is_a_checkpoint_error(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="does not load"):
         verify_hf_model(tmp_path)
+
+
+# --- files that reach this node late (issue 34 item 1) -----------------------------------------------------------
+# On a multi-node run verl's rank 0 (placed by sorting node IPs as strings, not necessarily on the head) writes
+# fsdp_config.json and huggingface/, and each node's rclone uploads its own files on its own schedule: the head,
+# where merge runs, sees them seconds to minutes after the tracker. A thread plays those uploads here.
+
+
+def _shards(actor: Path, world: int = 2) -> None:
+    import torch
+
+    actor.mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        torch.save({"w": torch.full((8, 8), float(rank))}, actor / f"model_world_size_{world}_rank_{rank}.pt")
+
+
+def _rank0_files(actor: Path, world: int = 2) -> None:
+    (actor / "huggingface").mkdir(parents=True, exist_ok=True)
+    (actor / "huggingface" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
+
+
+def _later(*steps: tuple[float, Callable[[], object]]) -> threading.Thread:
+    """Run each (delay after the previous one, action) in a thread: the other nodes' uploads arriving."""
+
+    def play() -> None:
+        for delay, action in steps:
+            time.sleep(delay)
+            action()
+
+    thread = threading.Thread(target=play, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def fast_polls(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Polls every 0.2 s and a 1 s tracker settle (15 s and 30 s on a node); the merger records its input."""
+    from searchrl.trainer import checkpoint, merge
+
+    monkeypatch.setattr(checkpoint, "POLL_INTERVAL_S", 0.2, raising=False)
+    monkeypatch.setattr(checkpoint, "TRACKER_SETTLE_S", 1.0, raising=False)
+    merged: list[Path] = []
+
+    def fake_merger(actor_dir: Path, target_dir: Path, python: str = "") -> None:
+        merged.append(actor_dir)
+        target_dir.mkdir(parents=True)
+
+    monkeypatch.setattr(merge, "run_verl_merger", fake_merger)
+    return merged
+
+
+def test_merge_waits_for_a_step_whose_files_are_not_there_yet(tmp_path: Path, fast_polls: list[Path]) -> None:
+    """The issue's case: the tracker names step 2, its actor folder is still empty. The old code exited 2 at once."""
+    from searchrl.cli import main
+
+    run = tmp_path / "run"
+    actor = run / "global_step_2" / "actor"
+    actor.mkdir(parents=True)
+    (run / TRACKER_FILE).write_text("2")
+    uploads = _later((0.5, lambda: _shards(actor)), (0.5, lambda: _rank0_files(actor)))
+    started = time.monotonic()
+    rc = main(["train", "merge", "--run-dir", str(run), "--wait", "20", "--no-verify"])
+    uploads.join()
+    assert rc == 0 and fast_polls == [actor.resolve()]
+    assert 1.0 <= time.monotonic() - started < 10
+
+
+def test_merge_trusts_the_tracker_only_after_re_reading_it(tmp_path: Path, fast_polls: list[Path]) -> None:
+    """A stale tracker (the previous save's step, complete) is replaced while it is re-read: the newest step is
+    merged, not the one read first. Also: no tracker at all yet is "not yet", and huggingface/ comes last."""
+    from searchrl.cli import main
+
+    run = tmp_path / "run"
+    old, new = run / "global_step_1" / "actor", run / "global_step_2" / "actor"
+    _shards(old)
+    _rank0_files(old)
+
+    def step_two() -> None:
+        _shards(new)
+        (new / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 2}))
+        (run / TRACKER_FILE).write_text("2")
+
+    uploads = _later(
+        (0.4, lambda: (run / TRACKER_FILE).write_text("1")),  # no tracker for the first polls
+        (0.4, step_two),  # within the settle window
+        (0.6, lambda: _rank0_files(new)),  # huggingface/config.json arrives last
+    )
+    rc = main(["train", "merge", "--run-dir", str(run), "--wait", "20", "--no-verify"])
+    uploads.join()
+    assert rc == 0 and fast_polls == [new.resolve()]
+
+
+def test_merge_honours_wait_then_names_what_never_came(
+    tmp_path: Path, fast_polls: list[Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from searchrl.cli import main
+
+    run = tmp_path / "run"
+    actor = run / "global_step_2" / "actor"
+    _shards(actor)
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 2}))
+    (run / TRACKER_FILE).write_text("2")
+    started = time.monotonic()
+    rc = main(["train", "merge", "--run-dir", str(run), "--wait", "2", "--no-verify"])
+    waited = time.monotonic() - started
+    assert rc == 2 and not fast_polls
+    assert 2.0 <= waited < 4.0  # the whole --wait, not one poll, and not much more
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]  # logs aside
+    assert line.startswith("error: checkpoint ") and "incomplete after 2s" in line
+    assert "huggingface/config.json missing" in line
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    started = time.monotonic()
+    assert main(["train", "merge", "--run-dir", str(empty), "--wait", "1", "--no-verify"]) == 2
+    assert time.monotonic() - started >= 1.0
+    assert "no latest_checkpointed_iteration.txt" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_verl_checkpoint_uploaded_out_of_order_still_merges(
+    tmp_path: Path, offline_tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint written by verl's own FSDPCheckpointManager reaches the run folder file by file, tracker first
+    and rank 0's files last; merge_latest waits and verl's merger then merges it."""
+    import shutil
+
+    from searchrl.trainer import checkpoint
+
+    monkeypatch.setattr(checkpoint, "POLL_INTERVAL_S", 0.2)
+    monkeypatch.setattr(checkpoint, "TRACKER_SETTLE_S", 0.5)
+    staged = tmp_path / "written"
+    sources = _write_fsdp_checkpoints(staged, offline_tokenizer, [(3, 0)], version=2)
+    src, run = staged / "global_step_3" / "actor", tmp_path / "run"
+    dst = run / "global_step_3" / "actor"
+    dst.mkdir(parents=True)
+    (run / TRACKER_FILE).write_text("3")
+    shards = [p for p in src.glob("*.pt")]
+    uploads = _later(
+        *[(0.3, lambda p=p: shutil.copy(p, dst / p.name)) for p in shards],
+        (0.3, lambda: shutil.copytree(src / "huggingface", dst / "huggingface")),
+        (0.3, lambda: shutil.copy(src / "fsdp_config.json", dst / "fsdp_config.json")),
+    )
+    result = merge_latest(run, wait_s=60)
+    uploads.join()
+    assert result.step == 3 and result.num_parameters == sum(v.numel() for v in sources[3].values())

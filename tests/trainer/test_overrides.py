@@ -224,3 +224,68 @@ def test_sampling_and_entropy_defaults_are_search_r1s(compose, tmp_path):
     cfg = compose(render_overrides(TrainSettings(_env_file=None, data_dir=tmp_path)))
     assert cfg.actor_rollout_ref.rollout.top_p == pytest.approx(0.95)
     assert cfg.actor_rollout_ref.actor.entropy_coeff == pytest.approx(0.001)
+
+
+# --- the padded micro batch (issue 34 item 3) ---------------------------------------------------------------------
+
+
+def _micro_batches(lengths: list[int], max_len: int, cfg) -> list[int]:
+    """Padded tokens of each micro batch verl's own FSDP engine would run for one GPU's samples of these
+    lengths under the composed actor config (verl/workers/engine/utils.py prepare_micro_batches; without padding
+    removal each micro batch is padded to its longest sample, transformer_impl.py's NO_PADDING branch)."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    mask = torch.zeros(len(lengths), max_len, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    data = TensorDict({"input_ids": torch.ones_like(mask), "attention_mask": mask}, batch_size=[len(lengths)])
+    actor = cfg.actor_rollout_ref.actor
+    tu.assign_non_tensor_data(data, "use_dynamic_bsz", actor.use_dynamic_bsz)
+    tu.assign_non_tensor_data(data, "max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu)
+    tu.assign_non_tensor_data(data, "micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu)
+    batches, _ = prepare_micro_batches(data)
+    return [len(mb) * int(mb["attention_mask"].sum(dim=1).max()) for mb in batches]
+
+
+def test_sdpa_micro_batches_are_bounded_by_the_token_budget_padding_included(compose, tmp_path):
+    """Without padding removal, dynamic batching counted unpadded tokens: two 5,120-token trajectories among 300-token
+    ones filled two micro batches of 18 rows each, padded to 92,160 tokens (9x the 10,240 budget; ~28 GB of bf16
+    logits over Qwen2.5's 151,936-token vocabulary). Fixed micro batches of budget // max_seq_len rows cannot."""
+    settings = TrainSettings(data_dir=tmp_path, nnodes=2)
+    cfg = compose(render_overrides(settings))
+    _validated(cfg)
+    actor, ref, rollout = (
+        cfg.actor_rollout_ref.actor,
+        cfg.actor_rollout_ref.ref,
+        cfg.actor_rollout_ref.rollout,
+    )
+    assert cfg.actor_rollout_ref.model.use_remove_padding is False
+    budget, longest = actor.ppo_max_token_len_per_gpu, settings.max_seq_len
+    assert (budget, longest) == (10_240, 5_120)
+    assert actor.use_dynamic_bsz is False and ref.log_prob_use_dynamic_bsz is False
+    assert rollout.log_prob_use_dynamic_bsz is False  # both log-prob passes inherit it from the actor
+    rows = budget // longest
+    assert actor.ppo_micro_batch_size_per_gpu == ref.log_prob_micro_batch_size_per_gpu == rows == 2
+    assert rollout.log_prob_micro_batch_size_per_gpu == rows
+    worst = ([longest] + [300] * 17) * 2  # two full-length trajectories among short ones on one GPU
+    assert max(_micro_batches(worst, longest, cfg)) <= budget  # rows x longest <= budget, padding included
+    # the same samples under the old overrides (dynamic batching on): the risk, replayed with verl's code
+    old = compose([*render_overrides(settings), "actor_rollout_ref.actor.use_dynamic_bsz=True"])
+    assert max(_micro_batches(worst, longest, old)) == 92_160 == 18 * longest
+    # flash-attn packs samples without padding: dynamic batching is right there and stays on
+    flash = compose(
+        render_overrides(TrainSettings(data_dir=tmp_path, attn_implementation="flash_attention_2"))
+    )
+    assert flash.actor_rollout_ref.actor.use_dynamic_bsz is True
+    assert flash.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
+
+
+def test_a_share_that_does_not_split_into_micro_batches_is_refused(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"share of a PPO mini batch \(5 samples\) must be a multiple of the micro"
+    ):
+        TrainSettings(data_dir=tmp_path, train_batch_size=2, rollout_n=5, gpus_per_node=1)
+    assert TrainSettings(data_dir=tmp_path, smoke=True).micro_batch_rows == 2  # the smoke run: 16 x 2 / 1 GPU
