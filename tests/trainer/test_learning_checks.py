@@ -206,7 +206,7 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
     assert _learn_run(rising).problems(steps=20) == []
     flat = _learn_run([0.3] * 20).problems(steps=20)
-    assert flat == ["reward did not rise: 0.300 -> 0.300 (needs +0.10)"]
+    assert flat == ["reward did not rise: 0.300 -> 0.300 (needs +0.05)"]
     no_adv = _learn_run(rising, critic__advantages__max=0.0, actor__pg_loss=0.0).problems(steps=20)
     assert no_adv == ["only 0 of 20 steps had a positive advantage"]
     no_loss = _learn_run(rising, actor__pg_loss=0.0).problems(steps=20)
