@@ -355,6 +355,7 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     curves = [[row.get("reward") for row in run.rows] for run in runs]
@@ -369,6 +370,7 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
         )
         ax.plot(steps, [statistics.fmean(c) for c in columns], lw=2, color="black", label="mean over seeds")
     ax.axvline(RESUME_STEP + 0.5, ls=":", color="grey", label="resume")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("mean reward of the step's 16 samples")
     ax.set_title("make learn-cpu: answer-character reward, tiny random Qwen2, 2 CPU cores")
