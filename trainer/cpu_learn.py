@@ -59,8 +59,8 @@ EXPERIMENT = "cpu-learn"
 STEPS = 20
 RESUME_STEP = 10  # the first invocation stops here (a checkpoint), the second resumes from it to STEPS
 WINDOW = 5  # steps averaged at each end of the reward curve
-MIN_RISE = 0.05  # mean reward, last WINDOW steps minus first WINDOW: learned runs rose 0.14-0.30, stale 0.01
-PROBE_MIN_RISE = 0.10  # probe_score, merged minus initial: learned 0.40 -> 0.72-0.80, flipped -> 0.06
+MIN_RISE = 0.05  # mean reward, last WINDOW steps minus first: 5 seeds rose +0.11 to +0.44, stale-sync +0.006
+PROBE_MIN_RISE = 0.10  # probe_score, merged minus initial: 5 seeds +0.22 to +0.52, flipped advantage -0.34
 REWARD_FN_PATH = "pkg://searchrl.trainer.learn_task"
 REWARD_FN_NAME = "compute_score"
 
