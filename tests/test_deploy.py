@@ -304,6 +304,17 @@ def test_train_refuses_a_wrong_token_and_missing_inputs(
         launch.plan_train(envs={"RETRIEVAL_SERVICE_URL": auth_url})
 
 
+def _resource(task: dict, key: str) -> object:
+    """A resources field of a printed task: at the top, or the same in every `any_of` alternative (the default
+    train launch offers one alternative per cloud whose image passes the driver check)."""
+    resources = task["resources"]
+    if key in resources:
+        return resources[key]
+    values = [alt.get(key) for alt in resources["any_of"]]
+    assert values and all(v == values[0] for v in values), values
+    return values[0]
+
+
 @pytest.mark.live
 def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_url: str) -> None:
     env = {**os.environ, "RETRIEVAL_API_KEY": TOKEN, "WANDB_API_KEY": "wandb-secret-77"}
@@ -318,7 +329,9 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
         assert secret not in proc.stdout and secret not in proc.stderr
     task = yaml.safe_load(proc.stdout)
     assert task["name"] == "searchrl-train" and task["num_nodes"] == 3
-    assert task["resources"]["accelerators"] == {"H100": 8}
+    assert _resource(task, "accelerators") == {"H100": 8}
+    clouds = sorted(str(alt.get("infra", alt.get("cloud"))).lower() for alt in task["resources"]["any_of"])
+    assert clouds == ["aws", "gcp", "nebius"]  # only clouds whose default image has the 580 driver (issue 34)
     assert task["envs"]["RETRIEVAL_SERVICE_URL"] == auth_url
     assert task["envs"]["DATASET_SIZE"] == "small" and task["envs"]["CHECKPOINT_DIR"] == "/checkpoints"
     assert task["secrets"] == {
@@ -388,8 +401,8 @@ def test_make_train_dry_run_launches_the_asked_node_count(
     assert proc.returncode == 0, proc.stderr[-2000:]
     task = yaml.safe_load(proc.stdout)
     assert task["num_nodes"] == nodes
-    assert task["resources"]["network_tier"] == ("best" if "NETWORK_TIER=best" in make_args else "standard")
-    assert task["resources"]["job_recovery"]["max_restarts_on_errors"] >= 1
+    assert _resource(task, "network_tier") == ("best" if "NETWORK_TIER=best" in make_args else "standard")
+    assert _resource(task, "job_recovery")["max_restarts_on_errors"] >= 1
 
 
 def test_sky_venv_stamp_follows_sky_spec(tmp_path: Path) -> None:
