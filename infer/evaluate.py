@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from searchrl import __version__
+from searchrl.devset import dev_qa_path
 from searchrl.errors import DataError, RetrievalUnavailableError, SearchRLError
 from searchrl.infer.agent import (
     FATAL_KINDS,
@@ -68,8 +69,6 @@ SEARCHR1_REPO = "PeterJinGo/nq_hotpotqa_train"
 SEARCHR1_TEST_FILE = "test.parquet"
 # Column order of the paper's table (arXiv 2503.09516, Table 2); other data sources follow alphabetically.
 PAPER_ORDER = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
-_REPO = Path(__file__).resolve().parents[1]
-_DEV_CANDIDATES = [_REPO / "qa" / "dev_qa.jsonl", _REPO / "tests" / "fixtures" / "dev_qa.jsonl"]
 
 
 class InvalidRunError(SearchRLError):
@@ -159,10 +158,10 @@ def _load_parquet(path: Path) -> list[QAItem]:
 def resolve_qa_path(source: str) -> Path:
     """The file behind a QA source name (downloading the Search-R1 test set when asked)."""
     if source == "dev":
-        for cand in _DEV_CANDIDATES:
-            if cand.exists():
-                return cand
-        raise DataError("the bundled dev set (qa/dev_qa.jsonl) is missing; pass --qa <path.jsonl>")
+        path = dev_qa_path()
+        if path.is_file():
+            return path
+        raise DataError(f"the bundled dev set ({path}) is missing from this install; pass --qa <path.jsonl>")
     if source == "searchr1-test":
         from huggingface_hub import hf_hub_download
 

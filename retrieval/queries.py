@@ -1,6 +1,6 @@
 """Distinct, realistic queries drawn from a corpus: what the encoder quality gate and the benchmarks send.
 
-The dev QA questions (when the file is there) come first, then questions built from corpus titles and
+The dev QA questions (package data, so also inside the Docker image) come first, then questions built from corpus titles and
 sentences (first 6-14 words of a sentence), in a fixed shuffled order, so the bundled 10k corpus yields ~40k
 distinct strings. `limit` stops reading the corpus early: wiki-18 has 21M rows and start-up needs hundreds.
 """
@@ -12,7 +12,9 @@ import random
 import re
 from pathlib import Path
 
-DEV_QA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "dev_qa.jsonl"
+from searchrl.devset import dev_qa_path
+
+DEV_QA = dev_qa_path()
 
 _SENT = re.compile(r"(?<=[.!?])\s+")
 _TEMPLATES = ("What is {t}?", "Who or what is {t}", "{t} history", "Tell me about {t}", "{t} facts")

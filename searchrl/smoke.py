@@ -39,12 +39,13 @@ from typing import Any
 
 import httpx
 
+from searchrl.devset import dev_qa_path
 from searchrl.errors import RetrievalUnavailableError, SearchRLError
 from searchrl.retrieval.process import free_port, served, stop_process
 
 log = logging.getLogger(__name__)
 
-DEFAULT_QA = Path("tests/fixtures/dev_qa.jsonl")
+DEFAULT_QA = dev_qa_path()
 EVAL_LABEL = "scripted pipeline check (not a model)"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 

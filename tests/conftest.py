@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from searchrl.devset import dev_qa_path
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TINY_CORPUS = FIXTURES / "tiny_corpus.jsonl"
-DEV_QA = FIXTURES / "dev_qa.jsonl"
+DEV_QA = dev_qa_path()
 TINY_QA = FIXTURES / "tiny_qa.jsonl"
 
 # Secrets and knobs a developer's shell may carry; tests must never see them.

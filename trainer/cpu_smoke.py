@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchrl.devset import dev_qa_path
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu_report import StepRow, check_steps, parse_steps, step_table
 from searchrl.trainer.overrides import hydra_value
@@ -53,7 +54,7 @@ EXPERIMENT = "cpu-smoke"
 RESUME_STEP = 2
 STEPS = 3
 # The 30-question dev set over the bundled corpus (the repo's copy of ../shared/qa); `--qa` picks another file.
-DEV_QA = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "dev_qa.jsonl"
+DEV_QA = dev_qa_path()
 
 
 # FSDP's mixed-precision policy defaults to bf16 parameters whatever the load dtype (verl/workers/engine/fsdp/

@@ -9,7 +9,7 @@ rather than scores, so the two scales (cosine vs BM25) never need calibrating:
     score(d) = sum_i  w_i / (k + rank_i(d))         rank from 1; a list that misses d adds nothing
 
 Each inner backend returns `hybrid_depth` candidates (at least top-k); ties are broken by the better single
-rank, then by document id, so results are deterministic. Measured recall@3 on tests/fixtures/dev_qa.jsonl:
+rank, then by document id, so results are deterministic. Measured recall@3 on searchrl/data/dev_qa.jsonl:
 `searchrl index recall` (docs/web-search.md has the table).
 """
 

@@ -15,7 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-DEFAULT_QA = Path("tests/fixtures/dev_qa.jsonl")
+from searchrl.devset import dev_qa_path
+
+DEFAULT_QA = dev_qa_path()
 
 
 def register_recall(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from searchrl.cli import main
+from searchrl.devset import dev_qa_path
 from searchrl.infer.scripted import Turn, create_scripted_app
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
@@ -38,7 +39,7 @@ from tests.infer.conftest import build_tokenizer
 from tests.live import serve_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
-DEV = REPO / "tests" / "fixtures" / "dev_qa.jsonl"
+DEV = dev_qa_path()
 ROWS = [json.loads(line) for line in DEV.read_text().splitlines() if line.strip()]
 
 

@@ -132,7 +132,7 @@ def test_query_cache_wraps_the_hybrid_not_its_parts(
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_recall_at_3_on_the_dev_set_over_the_bundled_corpus() -> None:
-    """Hybrid against dense and BM25 alone on tests/fixtures/dev_qa.jsonl (30 questions, bundled 10k corpus).
+    """Hybrid against dense and BM25 alone on searchrl/data/dev_qa.jsonl (30 questions, bundled 10k corpus).
 
     Same measurement as `searchrl index recall`. Uses (and builds if missing) the indexes in data/.
     """

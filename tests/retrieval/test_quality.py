@@ -1,4 +1,4 @@
-"""Retrieval quality on the bundled corpus: recall@3 by supporting title on tests/fixtures/dev_qa.jsonl.
+"""Retrieval quality on the bundled corpus: recall@3 by supporting title on searchrl/data/dev_qa.jsonl.
 
 Indexes the FULL bundled corpus (10,033 passages) into the repo's `data/` (gitignored) through
 `ensure_index`, exactly where `make serve-retrieval` looks, so the first run pays the build (BM25 ~5 s;
