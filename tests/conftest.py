@@ -16,6 +16,10 @@ TINY_CORPUS = FIXTURES / "tiny_corpus.jsonl"
 DEV_QA = dev_qa_path()
 TINY_QA = FIXTURES / "tiny_qa.jsonl"
 
+# No network here but PyPI: a Hub lookup of a model id (the launch's chat-template check) would retry for a
+# minute before failing. Offline, it fails at once and says so.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 # Secrets and knobs a developer's shell may carry; tests must never see them.
 _LEAKY = (
     "RETRIEVAL_API_KEY",

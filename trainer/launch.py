@@ -7,7 +7,8 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   3. Resume check: a run folder that already holds a record must have been started with the same settings
      (RESUME_KEYS); a finished run says so instead of training again. The step verl resumes from has every
      rank's shard (trainer/checkpoint.py), else verl is pointed at the newest complete step (resume_overrides).
-  4. Data: `trainer/data.py` writes (or reuses) <data_dir>/<size>/{train,test}.parquet; the train rows set
+  4. Chat template: the model's template must render the search tool (trainer/template.py), or CHAT_TEMPLATE=
+     searchrl trains with the repo's ChatML/hermes template. Then data: `trainer/data.py` writes (or reuses) <data_dir>/<size>/{train,test}.parquet; the train rows set
      verl's epochs so training reaches TOTAL_STEPS (TrainSettings.epochs_for).
   5. Tool config: `trainer/toolconfig.py` writes the verl tool YAML for the current RETRIEVAL_SERVICE_URL.
   6. Health: a real `POST /retrieve` against every URL; at least one must answer (the rest are failovers).
@@ -45,6 +46,7 @@ from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, 
 from searchrl.trainer.merge import TRACKER_FILE
 from searchrl.trainer.overrides import hydra_value, merge_overrides, render_overrides, verl_command
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
+from searchrl.trainer.template import check_train_template
 from searchrl.trainer.toolconfig import write_tool_config
 
 log = logging.getLogger(__name__)
@@ -325,6 +327,7 @@ def prepare_launch(
         if step is not None and step != state.step:
             resume = resume_overrides(run_dir, step)
         log.info("resuming %s from step %s of %d", settings.experiment_name, step, settings.total_steps)
+    template = check_train_template(settings)
     data = prepare_data(settings)
     log.info("data: %d train / %d test rows in %s", data.train_rows, data.test_rows, data.train_file.parent)
     overrides = merge_overrides(render_overrides(settings, data.train_rows), [*resume, *extra_overrides])
@@ -336,6 +339,7 @@ def prepare_launch(
         "allow_small_corpus": settings.allow_small_corpus,
         "lock": _lock_name(settings),
         "nvidia_driver": driver,
+        "chat_template": template,
         "train_rows": data.train_rows,
         "test_rows": data.test_rows,
     }

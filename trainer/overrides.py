@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from searchrl.chat_template import CHATML_HERMES_TEMPLATE
 from searchrl.trainer.settings import TrainSettings
 
 # Where verl finds our reward function: an importable module, so it works on every Ray node without paths.
@@ -46,7 +47,10 @@ def hydra_value(value: object) -> str:
     text = str(value)
     if _PLAIN_VALUE.match(text) and text.lower() not in {"true", "false", "null", "none"}:
         return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    # hydra's quoted strings take a backslash literally unless it precedes a quote (or ends the string): only
+    # those runs are doubled, so a Jinja template's `\\n` survives (escaping every backslash doubled them)
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
 
 
 def _abs(path: Path) -> str:
@@ -152,6 +156,9 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
     ]
     if s.rollout_data_dir is not None:
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
+    if s.chat_template == "searchrl":
+        # verl's agent loop renders every prompt with it (trainer/template.py checked it fits the tokenizer)
+        pairs.append(("actor_rollout_ref.model.custom_chat_template", CHATML_HERMES_TEMPLATE))
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
 
 

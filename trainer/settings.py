@@ -68,6 +68,11 @@ class TrainSettings(StrictSettings):
     model_name: str = Field(
         default="Qwen/Qwen2.5-3B-Instruct", validation_alias=_alias("MODEL_NAME", "model_name")
     )  # HF id or local folder
+    # "searchrl" trains with the repo's ChatML/hermes tool template (searchrl/chat_template.py) in place of the
+    # model's own, for models whose template drops tools=; `searchrl train` refuses such a template otherwise
+    chat_template: Literal["model", "searchrl"] = Field(
+        default="model", validation_alias=_alias("CHAT_TEMPLATE", "chat_template")
+    )
     train_batch_size: int = Field(
         default=512, ge=1, validation_alias=_alias("TRAIN_BATCH_SIZE", "train_batch_size")
     )  # prompts per step
