@@ -60,9 +60,9 @@ def _content(message: Mapping[str, Any]) -> str:
 
 def _scripting_enabled(rollout_config: Any) -> bool:
     """`actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn` (set by the CPU runs only)."""
-    engine_kwargs = getattr(rollout_config, "engine_kwargs", None) or {}
-    hf = engine_kwargs.get("hf") if hasattr(engine_kwargs, "get") else None
-    return bool(hf.get("scripted_first_turn", False)) if hf is not None and hasattr(hf, "get") else False
+    from searchrl.trainer.hf_rollout import hf_engine_kwargs
+
+    return bool(hf_engine_kwargs(rollout_config).get("scripted_first_turn", False))
 
 
 class _LastOutput:

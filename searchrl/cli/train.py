@@ -27,6 +27,12 @@ _SETTINGS_FLAGS: list[tuple[str, str, type, str]] = [
     ("--data-dir", "data_dir", str, "where verl parquet is written (default data/train)"),
     ("--seed", "seed", int, "sampling and shuffle seed (default 42)"),
     ("--model-name", "model_name", str, "HF model id or folder (env MODEL_NAME)"),
+    (
+        "--chat-template",
+        "chat_template",
+        str,
+        "model (its own; refused if it drops tools) | searchrl (the repo's ChatML/hermes; env CHAT_TEMPLATE)",
+    ),
     ("--train-batch-size", "train_batch_size", int, "prompts per step (env TRAIN_BATCH_SIZE)"),
     ("--rollout-n", "rollout_n", int, "GRPO samples per prompt (env ROLLOUT_N)"),
     ("--total-steps", "total_steps", int, "training steps (env TOTAL_STEPS)"),
@@ -125,7 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--qa", help="QA JSONL (question, golden_answers; default the bundled dev set)")
     p.add_argument("--questions", type=int, default=12, help="questions used (default %(default)s)")
     p.add_argument(
-        "--timeout", type=float, default=1200.0, help="seconds per verl invocation (default %(default)s)"
+        "--timeout", type=float, help="seconds per verl invocation (default 1200, with --model 3600)"
     )
     p.add_argument(
         "--learn",
@@ -133,6 +139,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that it "
         "rose, that every step's weight sync held, that no tool-response token was trained on, and that a greedy "
         "probe of the merged model moved; last line `learned: ...`, exit 2 when a check fails",
+    )
+    p.add_argument(
+        "--model",
+        help="a real model instead of the tiny one: a known name (smollm2-135m, got like `searchrl model get`) or "
+        "a HF folder; 2 GRPO steps with the repo's tool template, checkpoint, merge and load (make train-cpu-real)",
+    )
+    p.add_argument(
+        "--chat-template",
+        dest="chat_template",
+        choices=["model", "searchrl"],
+        default="searchrl",
+        help="with --model: the repo's ChatML/hermes tool template (default), or the model's own (refused when it "
+        "drops the tool schema)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="with --model: auto measures bf16 against fp32 where the CPU has native BF16 (default %(default)s)",
     )
     p.add_argument(
         "--seeds",
@@ -216,7 +241,30 @@ def _cpu(args: argparse.Namespace) -> int:
     qa = Path(args.qa) if args.qa else DEV_QA
     if args.learn:
         return _learn(args, qa)
-    run = run_cpu_smoke(Path(args.out), qa_source=qa, questions=args.questions, timeout_s=args.timeout)
+    if args.model:
+        return _real(args, qa)
+    run = run_cpu_smoke(
+        Path(args.out), qa_source=qa, questions=args.questions, timeout_s=args.timeout or 1200.0
+    )
+    print(run.report())  # noqa: T201
+    return 0
+
+
+def _real(args: argparse.Namespace, qa: Path) -> int:
+    from searchrl.models import resolve_model
+    from searchrl.trainer.cpu_real import run_real
+
+    model_dir = Path(resolve_model(args.model))
+    out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/train-cpu-real")
+    run = run_real(
+        out,
+        model_dir,
+        qa_source=qa,
+        questions=args.questions,
+        precision=args.precision,
+        chat_template=args.chat_template,
+        timeout_s=args.timeout or 3600.0,
+    )
     print(run.report())  # noqa: T201
     return 0
 
@@ -233,7 +281,7 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
             f"--seeds {args.seeds!r}: give whole numbers separated by commas, e.g. 0,1,2"
         ) from None
     out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/learn-cpu")
-    runs = run_seeds(out, seeds, qa_source=qa, questions=args.questions, timeout_s=args.timeout)
+    runs = run_seeds(out, seeds, qa_source=qa, questions=args.questions, timeout_s=args.timeout or 1200.0)
     for run in runs:
         print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{step_table(run.rows)}")  # noqa: T201
     print(f"\n{seeds_table(runs)}\nreward curve: {out.resolve() / 'reward_curve.png'}")  # noqa: T201

@@ -16,7 +16,13 @@ from searchrl.errors import ConfigError
 from searchrl.trainer import sabotage
 from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line, summarize
 from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, sync_and_mask_problems
-from searchrl.trainer.hf_rollout import UPDATE_LINE, HFGenerateServer, missing_weights, sampled_log_probs
+from searchrl.trainer.hf_rollout import (
+    UPDATE_LINE,
+    HFGenerateServer,
+    first_stop,
+    missing_weights,
+    sampled_log_probs,
+)
 from searchrl.trainer.learn_task import answer_char_share, compute_score, own_turn
 from searchrl.trainer.masks import mask_step_metrics, observation_counts, observation_spans
 
@@ -119,12 +125,68 @@ def test_the_server_loads_whole_updates_counts_them_and_refuses_partial_ones(
         server.update_weights(partial, global_steps=1)
     assert server.weight_updates == 0
     assert server.update_weights(trained, global_steps=3) == len(trained)
-    assert server.stats() == {"global_steps": 3, "weight_updates": 1}
+    assert server.stats()["global_steps"] == 3 and server.stats()["weight_updates"] == 1
     line = capsys.readouterr().out.strip()
     assert count_updates(line) == [3] and line.startswith(UPDATE_LINE.split("{")[0])
     loaded = server.model.state_dict()
     moved = all(torch.equal(loaded[name], trained[name]) for name in trained)
     assert moved is not stale and ("IGNORED" in line) is stale
+
+
+def _full_forward_probs(server: HFGenerateServer, prompt: list[int], new: list[int], temperature: float):
+    with torch.no_grad():
+        logits = server.model(torch.tensor([prompt + new])).logits[0, len(prompt) - 1 : -1]
+    return sampled_log_probs(logits, torch.tensor(new), temperature).exp()
+
+
+def test_concurrent_turns_run_as_one_batch_with_the_sampling_pass_log_probs(tiny_model_dir):
+    """Six turns of different prompt lengths arrive together: one left-padded generate serves them all, each
+    sequence stops at EOS or its own budget, and the log-probs it returns (from the sampling pass) are those a
+    separate full forward gives, to fp32 noise: the rollout/actor sync check rests on them."""
+    import asyncio
+
+    server = HFGenerateServer(str(tiny_model_dir), prompt_length=24, response_length=12, gather_s=0.05)
+    prompts = [[5 + i + j for j in range(3 + 3 * i)] for i in range(6)]  # 3 to 18 tokens: budgets differ
+
+    async def turns():
+        return await asyncio.gather(
+            *[server.generate(str(i), p, {"temperature": 0.7, "top_p": 1.0}) for i, p in enumerate(prompts)]
+        )
+
+    outs = asyncio.run(turns())
+    assert server.stats()["batches"] == 1 and server.stats()["sequences"] == 6
+    eos = server.tokenizer.eos_token_id
+    for prompt, out in zip(prompts, outs, strict=True):
+        budget = min(12, 24 + 12 - len(prompt))
+        assert 1 <= len(out.token_ids) <= budget and len(out.log_probs) == len(out.token_ids)
+        assert eos not in out.token_ids[:-1]  # nothing after a stop
+        recomputed = _full_forward_probs(server, prompt, out.token_ids, 0.7)
+        assert torch.allclose(torch.tensor(out.log_probs).exp(), recomputed, atol=1e-5)
+
+
+def test_a_failed_batch_fails_every_caller_instead_of_hanging(tiny_model_dir, monkeypatch):
+    import asyncio
+
+    server = HFGenerateServer(str(tiny_model_dir), prompt_length=8, response_length=4, gather_s=0.01)
+
+    def broken(batch):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(server, "generate_batch", broken)
+
+    async def turns():
+        return await asyncio.gather(
+            *[server.generate(str(i), [5, 6, 7], {"temperature": 1.0}) for i in range(3)], return_exceptions=True
+        )
+
+    results = asyncio.run(asyncio.wait_for(turns(), timeout=30))
+    assert [str(r) for r in results] == ["out of memory"] * 3
+
+
+def test_first_stop_keeps_the_stop_token_and_nothing_after():
+    assert first_stop([4, 5, 2, 2, 2], {2}) == 3
+    assert first_stop([4, 5, 6], {2}) == 3
+    assert first_stop([], {2}) == 0
 
 
 # ---- sabotage switches ---------------------------------------------------------------------------------------

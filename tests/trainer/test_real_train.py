@@ -1,0 +1,111 @@
+"""The pieces of training with real weights that run in seconds (issue 32): the chat-template check `searchrl
+train` runs before a launch, the template reaching verl intact through hydra, and the CPU precision choice.
+
+The 2-step GRPO run with SmolLM2-135M itself is `make train-cpu-real` (minutes; its numbers are in
+docs/training.md): the template check there is the same function these tests call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+
+from searchrl.chat_template import CHATML_HERMES_TEMPLATE
+from searchrl.errors import ConfigError
+from searchrl.trainer.cpu_precision import MIN_SPEEDUP, choose_cpu_dtype
+from searchrl.trainer.cpu_real import check_real_steps, precision_overrides
+from searchrl.trainer.cpu_report import COLUMNS, PROB_DIFF_MEAN, SYNC_MAX_PROB_DIFF, StepRow
+from searchrl.trainer.overrides import hydra_value, render_overrides
+from searchrl.trainer.settings import TrainSettings
+from searchrl.trainer.template import check_train_template
+
+# SmolLM2-135M-Instruct's template in essence: ChatML that never looks at `tools`
+NO_TOOLS_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dirs(tmp_path_factory, offline_tokenizer):
+    """Three tokenizer folders: one whose template renders tools, one that drops them, one without ChatML."""
+    import copy
+
+    root = tmp_path_factory.mktemp("tok")
+    good = copy.deepcopy(offline_tokenizer)
+    good.chat_template = CHATML_HERMES_TEMPLATE
+    good.save_pretrained(root / "renders-tools")
+    drops = copy.deepcopy(offline_tokenizer)
+    drops.chat_template = NO_TOOLS_TEMPLATE
+    drops.save_pretrained(root / "drops-tools")
+    return root
+
+
+def _settings(model: str, tmp_path, **kw) -> TrainSettings:
+    return TrainSettings(_env_file=None, model_name=model, data_dir=tmp_path / "data", **kw)
+
+
+def test_a_template_that_drops_the_tool_stops_the_launch_with_the_fix(tokenizer_dirs, tmp_path):
+    with pytest.raises(ConfigError) as info:
+        check_train_template(_settings(str(tokenizer_dirs / "drops-tools"), tmp_path))
+    line = str(info.value)
+    assert "ignores tools=" in line and "CHAT_TEMPLATE=searchrl" in line and "\n" not in line
+    searchrl = _settings(str(tokenizer_dirs / "drops-tools"), tmp_path, chat_template="searchrl")
+    assert check_train_template(searchrl) == "searchrl"
+    assert check_train_template(_settings(str(tokenizer_dirs / "renders-tools"), tmp_path)) == "model"
+
+
+def test_an_unreachable_tokenizer_is_said_not_skipped(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with caplog.at_level(logging.WARNING):
+        assert check_train_template(_settings("nobody/no-such-model", tmp_path)) == "unchecked"
+    assert "chat template of nobody/no-such-model not checked" in caplog.text
+
+
+def test_the_repo_template_reaches_verl_byte_for_byte(tmp_path, compose):
+    """Hydra takes a backslash literally unless a quote follows it: the Jinja `\\n` escapes must survive."""
+    overrides = render_overrides(_settings("Qwen/Qwen2.5-0.5B-Instruct", tmp_path, chat_template="searchrl"))
+    cfg = compose(overrides)
+    assert cfg.actor_rollout_ref.model.custom_chat_template == CHATML_HERMES_TEMPLATE
+    plain = render_overrides(_settings("Qwen/Qwen2.5-0.5B-Instruct", tmp_path))
+    assert not any("custom_chat_template" in item for item in plain)
+
+
+@pytest.mark.parametrize("text", ["a\\nb", "it's", "ends\\", "x\\'y", "\\\\", "plain words"])
+def test_hydra_quoting_round_trips(text, compose):
+    cfg = compose([f"+searchrl_probe={hydra_value(text)}"])
+    assert cfg.searchrl_probe == text
+
+
+def test_precision_is_fp32_without_native_bf16_and_measured_with_it(tmp_path):
+    def timer(speedup):
+        return lambda _dir, dtype: 1.0 if dtype == "float32" else 1.0 / speedup
+
+    never = lambda *_: pytest.fail("bf16 must not be timed on a CPU without it")  # noqa: E731
+    assert choose_cpu_dtype(tmp_path, flags={"avx2"}, timer=never)[0] == "float32"
+    assert choose_cpu_dtype(tmp_path, flags={"avx512_bf16"}, timer=timer(2.0)) == (
+        "bfloat16",
+        "bf16: a training step measured 2.00x faster than fp32",
+    )
+    assert choose_cpu_dtype(tmp_path, flags={"amx_bf16"}, timer=timer(MIN_SPEEDUP - 0.1))[0] == "float32"
+    with pytest.raises(ConfigError, match="without native BF16"):
+        choose_cpu_dtype(tmp_path, "bf16", flags={"avx2"})
+    assert choose_cpu_dtype(tmp_path, "fp32", flags={"amx_bf16"}, timer=never)[0] == "float32"
+
+
+def test_a_bf16_run_computes_in_bf16_everywhere_and_is_held_to_the_mean_bound(compose):
+    cfg = compose(precision_overrides("bfloat16"))
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.hf.dtype == "bfloat16"
+    assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
+    assert cfg.actor_rollout_ref.ref.fsdp_config.mixed_precision.reduce_dtype == "fp32"
+    metrics = {key: 1.0 for _, key, _ in COLUMNS.values()}
+    metrics |= {"search/calls": 2.0, "loss/observation_tokens": 40.0, COLUMNS["search_failures"][1]: 0.0}
+    metrics |= {COLUMNS["obs_in_loss"][1]: 0.0, COLUMNS["sync_diff"][1]: 0.2, PROB_DIFF_MEAN: 0.002}
+    rows = [StepRow(step, "real", dict(metrics)) for step in (1, 2)]
+    assert check_real_steps(rows, "bfloat16") == []  # bf16 rounding: max 0.2, mean 0.002
+    assert any(f"above {SYNC_MAX_PROB_DIFF:.0e}" in p for p in check_real_steps(rows, "float32"))
+    rows[1].metrics[PROB_DIFF_MEAN] = 0.05  # a stale sync in bf16
+    assert any("mean prob diff" in p for p in check_real_steps(rows, "bfloat16"))
+    assert math.isfinite(rows[0].get("reward"))
