@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real learn-cpu test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -167,6 +167,11 @@ learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: reward rises, weight sync an
 TRAIN_CPU_REAL_ARGS ?=
 train-cpu-real: $(VENV)/.dev  ## verl's GRPO loop with real weights (MODEL, default smollm2-135m): 2 steps, merge, load (~10 min on 2 cores)
 	$(BIN)/searchrl train cpu --model $(MODEL) $(TRAIN_CPU_REAL_ARGS)
+
+# issue 32: the rollout engine's model turn before (batch 1, 1 thread, 2nd forward) and after (batched, all cores)
+BENCH_ROLLOUT_ARGS ?=
+bench-rollout: $(VENV)/.dev  ## one GRPO model turn of 8 trajectories through the hf rollout engine, before vs after batching (MODEL)
+	$(BIN)/searchrl train bench-rollout $(MODEL) $(BENCH_ROLLOUT_ARGS)
 
 test-sabotage: $(VENV)/.dev  ## three deliberate bugs (stale sync, flipped advantage, observations in the loss) each fail make learn-cpu
 	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py -k sabotage $(ARGS)

@@ -167,6 +167,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(handler=_cpu)
 
     p = verbs.add_parser(
+        "bench-rollout",
+        help="one GRPO model turn through the hf rollout engine: one at a time (before) vs batched (make bench-rollout)",
+        description="Time the model's turn of N trajectories with the CPU runs' prompts, the old way (batch 1, "
+        "1 thread, a second forward for log-probs) and the engine's batched way; print tokens/s and the CPU.",
+    )
+    p.add_argument("model", help="a known model name (smollm2-135m) or a HF model folder")
+    p.add_argument("--sequences", type=int, default=8, help="trajectories in the turn (default %(default)s)")
+    p.add_argument(
+        "--max-tokens", dest="max_tokens", type=int, default=64, help="new tokens cap (default %(default)s)"
+    )
+    p.set_defaults(handler=_bench_rollout)
+
+    p = verbs.add_parser(
         "lock",
         help="re-resolve the GPU locks in requirements/ with uv (make lock)",
         description="uv pip compile requirements/gpu-<engine>.in + the train/retrieval extras for Linux x86_64, "
@@ -290,6 +303,24 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
     if failed:
         run, problems = failed[0]
         raise SmokeCheckError(f"the learning run (seed {run.seed}) failed: {summarize(problems)}")
+    return 0
+
+
+def _bench_rollout(args: argparse.Namespace) -> int:
+    from searchrl.devset import dev_qa_path
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+    from searchrl.models import resolve_model
+    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.trainer.rollout_bench import bench_rollout, bench_table
+
+    setup_logging()
+    if args.sequences < 1 or args.max_tokens < 1:
+        raise ConfigError("--sequences and --max-tokens must be positive")
+    model_dir = Path(resolve_model(args.model))
+    points = bench_rollout(model_dir, dev_qa_path(), sequences=args.sequences, max_tokens=args.max_tokens)
+    info = cpu_info()
+    print(bench_table(points, f"{info['model']} ({info['cores']} cores)"))  # noqa: T201
     return 0
 
 

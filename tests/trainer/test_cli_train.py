@@ -112,6 +112,9 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
         ),
         (["train", "data", "--qa-source", "./missing.jsonl"], "error: QA file missing.jsonl does not exist"),
         (["train", "merge", "--run-dir", "/nonexistent/run"], "error: no latest_checkpointed_iteration.txt"),
+        (["train", "cpu", "--model", "./no-model"], "error: no-model is not a Hugging Face model folder"),
+        (["train", "overrides", "--chat-template", "hermes"], "error: chat_template"),
+        (["train", "bench-rollout", "./no-model", "--sequences", "0"], "error: --sequences and --max-tokens"),
     ],
 )
 def test_errors_are_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch):

@@ -176,7 +176,8 @@ def test_a_failed_batch_fails_every_caller_instead_of_hanging(tiny_model_dir, mo
 
     async def turns():
         return await asyncio.gather(
-            *[server.generate(str(i), [5, 6, 7], {"temperature": 1.0}) for i in range(3)], return_exceptions=True
+            *[server.generate(str(i), [5, 6, 7], {"temperature": 1.0}) for i in range(3)],
+            return_exceptions=True,
         )
 
     results = asyncio.run(asyncio.wait_for(turns(), timeout=30))
