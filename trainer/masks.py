@@ -12,12 +12,22 @@ and counts the tokens that overlap a span and carry loss mask 1. trainer/sampler
 
     loss/observation_tokens           tokens inside tool responses in the step
     loss/observation_tokens_in_loss   those with loss mask 1 (must be 0: the CPU runs check every step)
+    loss/model_tool_response_tokens   tokens inside `<tool_response>` text the model wrote itself
     loss/trained_tokens               all tokens with loss mask 1
+
+A real model writes the markers too: SmolLM2-135M, shown the repo's template, answers with `<tool_response>\n...`
+made up in its own turn in about half its samples (issue 32's real-weights run counted 73 such tokens in one
+step). That text is the policy's own sample, rightly trained on, not an observation. So with ChatML turn markers
+in the response, a span counts as an observation only inside a turn the model did not write (the role after the
+last `<|im_start|>` before it is not `assistant`; the response opens in the assistant's turn); the model's own
+spans are counted apart. Without any turn marker the role cannot be told, and every span counts (the strict
+reading: a false alarm rather than a missed one).
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterable, Sequence
 
 OPEN = "<tool_response>"
@@ -25,16 +35,19 @@ CLOSE = "</tool_response>"
 PREFIX = "loss/"
 
 
-def observation_spans(pieces: Sequence[str]) -> list[tuple[int, int]]:
-    """Token index ranges [start, end) that overlap a tool response (markers included)."""
+TURN = "<|im_start|>"
+_ROLE = re.compile(r"<\|im_start\|>[\sĊĠ]*([A-Za-z]+)")
+
+
+def tool_response_spans(pieces: Sequence[str]) -> list[tuple[int, int, bool]]:
+    """(start, end, written by the environment) token index ranges that overlap a `<tool_response>` block."""
     starts = []
-    text_parts = []
     position = 0
     for piece in pieces:
         starts.append(position)
-        text_parts.append(piece)
         position += len(piece)
-    text = "".join(text_parts)
+    text = "".join(pieces)
+    roles = [(m.start(), m.group(1).lower()) for m in _ROLE.finditer(text)]
     spans = []
     at = text.find(OPEN)
     while at != -1:
@@ -42,9 +55,16 @@ def observation_spans(pieces: Sequence[str]) -> list[tuple[int, int]]:
         end_char = len(text) if close == -1 else close + len(CLOSE)
         first = bisect.bisect_right(starts, at) - 1
         last = bisect.bisect_left(starts, end_char)  # first token starting at or after the span's end
-        spans.append((first, last))
+        before = [role for start, role in roles if start < at]
+        environment = not roles or (before[-1] if before else "assistant") != "assistant"
+        spans.append((first, last, environment))
         at = text.find(OPEN, end_char)
     return spans
+
+
+def observation_spans(pieces: Sequence[str]) -> list[tuple[int, int]]:
+    """Token index ranges [start, end) of the tool responses the environment wrote (markers included)."""
+    return [(start, end) for start, end, environment in tool_response_spans(pieces) if environment]
 
 
 def observation_counts(pieces: Sequence[str], mask: Sequence[int]) -> tuple[int, int]:
@@ -59,17 +79,27 @@ def observation_counts(pieces: Sequence[str], mask: Sequence[int]) -> tuple[int,
 
 def mask_step_metrics(rows: Iterable[tuple[Sequence[str], Sequence[int]]]) -> dict[str, float]:
     """The `loss/*` metrics of one step from its trajectories' (token strings, loss mask) pairs."""
-    inside = in_loss = trained = 0
+    inside = in_loss = trained = model_written = 0
     for pieces, mask in rows:
         a, b = observation_counts(pieces, mask)
         inside += a
         in_loss += b
         trained += sum(1 for m in mask if m)
+        model_written += sum(end - start for start, end, env in tool_response_spans(pieces) if not env)
     return {
         f"{PREFIX}observation_tokens": float(inside),
         f"{PREFIX}observation_tokens_in_loss": float(in_loss),
+        f"{PREFIX}model_tool_response_tokens": float(model_written),
         f"{PREFIX}trained_tokens": float(trained),
     }
 
 
-__all__ = ["CLOSE", "OPEN", "mask_step_metrics", "observation_counts", "observation_spans"]
+__all__ = [
+    "CLOSE",
+    "OPEN",
+    "TURN",
+    "mask_step_metrics",
+    "observation_counts",
+    "observation_spans",
+    "tool_response_spans",
+]

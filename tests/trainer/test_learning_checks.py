@@ -24,7 +24,12 @@ from searchrl.trainer.hf_rollout import (
     sampled_log_probs,
 )
 from searchrl.trainer.learn_task import answer_char_share, compute_score, own_turn
-from searchrl.trainer.masks import mask_step_metrics, observation_counts, observation_spans
+from searchrl.trainer.masks import (
+    mask_step_metrics,
+    observation_counts,
+    observation_spans,
+    tool_response_spans,
+)
 
 # ---- loss-mask spans -----------------------------------------------------------------------------------------
 
@@ -54,8 +59,34 @@ def test_a_response_cut_off_by_the_budget_runs_to_the_end_and_several_are_counte
     assert metrics == {
         "loss/observation_tokens": 6.0,
         "loss/observation_tokens_in_loss": 2.0,
+        "loss/model_tool_response_tokens": 0.0,
         "loss/trained_tokens": 5.0,
     }
+
+
+def test_a_tool_response_the_model_writes_itself_is_its_own_text_not_an_observation(offline_tokenizer):
+    """SmolLM2 made up `<tool_response>` blocks in its own turn (issue 32): trained on, rightly, as its sample.
+    The environment's block in the user turn stays an observation, and in the loss it is still caught."""
+    scripted = '<tool_call>\n{"name": "search"}\n</tool_call><|im_end|>\n'
+    observation = "<|im_start|>user\n<tool_response>\nDoc 1 (Title: X) passage\n</tool_response><|im_end|>\n"
+    own = "<|im_start|>assistant\n<tool_response>\nmade up\n</tool_response> so X<|im_end|>"
+    pieces, env_end = [], 0
+    for part in (scripted, observation, own):
+        pieces += offline_tokenizer.convert_ids_to_tokens(
+            offline_tokenizer.encode(part, add_special_tokens=False)
+        )
+        if part is observation:
+            env_end = len(pieces)
+    scripted_len = len(offline_tokenizer.encode(scripted, add_special_tokens=False))
+    spans = tool_response_spans(pieces)
+    assert [env for _, _, env in spans] == [True, False]
+    mask = [0] * env_end + [1] * (len(pieces) - env_end)  # the model's turn is trained on
+    metrics = mask_step_metrics([(pieces, mask)])
+    assert metrics["loss/observation_tokens_in_loss"] == 0 and metrics["loss/model_tool_response_tokens"] > 0
+    leaky = [0] * scripted_len + [1] * (
+        len(pieces) - scripted_len
+    )  # sabotage: the observation trained on too
+    assert mask_step_metrics([(pieces, leaky)])["loss/observation_tokens_in_loss"] > 0
 
 
 def test_the_spans_are_found_in_a_real_tokenizers_token_strings(offline_tokenizer):
