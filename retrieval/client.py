@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,15 +43,11 @@ from searchrl.errors import ConfigError, RetrievalUnavailableError, RetryableErr
 from searchrl.http import CA_BUNDLE_ENV, retrying, tls_context
 from searchrl.retrieval.breaker import CircuitBreaker, UrlStats
 from searchrl.retrieval.health import HEALTH_QUERY, HealthResult, check_health, summarize_client_stats
+from searchrl.retrieval.hedging import HedgeBudget
 from searchrl.retrieval.hits import Hit, parse_result
 from searchrl.retrieval.transport import Transport
 
 log = logging.getLogger(__name__)
-
-#: hedges that may go out at once before the budget (hedge_budget tokens per call) refills
-_HEDGE_BURST = 10.0
-#: winning latencies seen before the hedge delay follows them (until then it is hedge_max_s)
-_HEDGE_MIN_SAMPLES = 20
 
 
 class RetrievalClient:
@@ -119,22 +114,10 @@ class RetrievalClient:
         self._rr = 0
         self.calls = 0  # search() calls
         self.retries = 0  # attempts after the first, over all calls
-        if not 0.0 <= hedge_budget <= 1.0 or not 0.0 < hedge_quantile < 1.0 or hedge_min_s > hedge_max_s:
-            raise ConfigError(
-                f"hedging: need 0 <= hedge_budget <= 1 (got {hedge_budget}), 0 < hedge_quantile < 1 "
-                f"(got {hedge_quantile}) and hedge_min_s <= hedge_max_s (got {hedge_min_s}, {hedge_max_s})"
-            )
         self.hedge_budget = hedge_budget  # extra requests per call, as a fraction; 0 = no hedging
-        self.hedge_quantile = hedge_quantile
-        self.hedge_min_s = hedge_min_s
-        self.hedge_max_s = hedge_max_s
+        self._hedging = HedgeBudget(hedge_budget, hedge_quantile, hedge_min_s, hedge_max_s)
         self.hedges = 0  # duplicate requests sent (budgeted, probes and breaker failovers)
         self.hedges_won = 0  # ... that answered first
-        self.hedges_denied = 0  # hedges not sent: budget spent
-        self._hedge_tokens = _HEDGE_BURST
-        self._latencies: deque[float] = deque(maxlen=256)  # recent winning attempt latencies
-        self._samples = 0
-        self._hedge_delay = hedge_max_s  # until enough latencies are seen
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}  # URL -> calls to wake if its breaker opens
         self._transport = Transport(
             api_key=api_key or None,
@@ -167,8 +150,8 @@ class RetrievalClient:
             "retries": self.retries,
             "hedges": self.hedges,
             "hedges_won": self.hedges_won,
-            "hedges_denied": self.hedges_denied,
-            "hedge_delay_s": round(self._hedge_delay, 4),
+            "hedges_denied": self._hedging.denied,
+            "hedge_delay_s": round(self._hedging.delay_s, 4),
             "urls": per_url,
         }
 
@@ -201,25 +184,9 @@ class RetrievalClient:
                 waiter.set_result(None)
 
     # --- hedging ---------------------------------------------------------------------------------------
-    def _note_latency(self, seconds: float) -> None:
-        self._latencies.append(seconds)
-        self._samples += 1
-        n = len(self._latencies)
-        if n >= _HEDGE_MIN_SAMPLES and self._samples % 16 == 0:  # not every call: it sorts 256 floats
-            xs = sorted(self._latencies)
-            q = xs[min(n - 1, int(self.hedge_quantile * n))]
-            self._hedge_delay = min(self.hedge_max_s, max(self.hedge_min_s, q))
-
     def _unwait(self, wake: asyncio.Future[None]) -> None:
         for waiters in self._waiters.values():
             waiters.discard(wake)
-
-    def _take_hedge_token(self) -> bool:
-        if self._hedge_tokens >= 1.0:
-            self._hedge_tokens -= 1.0
-            return True
-        self.hedges_denied += 1
-        return False
 
     # --- requests --------------------------------------------------------------------------------------
     def _order(self) -> list[str]:
@@ -278,7 +245,7 @@ class RetrievalClient:
                     wake = loop.create_future()
                     self._waiters.setdefault(racing[primary], set()).add(wake)
                     may_hedge = self.hedge_budget > 0
-                    hedge_at = started[primary] + self._hedge_delay if may_hedge else None
+                    hedge_at = started[primary] + self._hedging.delay_s if may_hedge else None
                 timeout = None if hedge_at is None else max(0.0, hedge_at - time.monotonic())
                 waits: set[asyncio.Future[Any]] = set(racing)
                 if may_hedge:
@@ -289,7 +256,7 @@ class RetrievalClient:
                     # Outside the budget: the breaker opened under us, or the primary is a half-open probe.
                     free = wake.done() or self.breakers[racing[primary]].state != "closed"
                     hedge_at = None  # denied: only the breaker opening can still send one
-                    if free or self._take_hedge_token():
+                    if free or self._hedging.take():
                         may_hedge = False  # one hedge per primary
                         # with one URL, the same URL on another connection (a wedged connection is cured)
                         more = order if len(self.urls) > 1 else iter(self.urls)
@@ -298,7 +265,7 @@ class RetrievalClient:
                             started[hedge] = time.monotonic()
                             self.hedges += 1
                         elif not free:
-                            self._hedge_tokens += 1.0  # nowhere to send it: the token is not spent
+                            self._hedging.give_back()  # nowhere to send it: the token is not spent
                 for task in done:
                     if task is wake:
                         continue
@@ -307,7 +274,7 @@ class RetrievalClient:
                     if exc is None:
                         self._stats[url].ok += 1
                         self.breakers[url].record_success()
-                        self._note_latency(time.monotonic() - started[task])
+                        self._hedging.note_latency(time.monotonic() - started[task])
                         if task is not primary:
                             self.hedges_won += 1
                             if primary in racing:
@@ -347,7 +314,7 @@ class RetrievalClient:
             return []
         body = {"queries": queries, "topk": int(topk), "return_scores": True}
         self.calls += 1
-        self._hedge_tokens = min(_HEDGE_BURST, self._hedge_tokens + self.hedge_budget)
+        self._hedging.refill()
         started = time.monotonic()
         deadline = started + self.deadline_s
         attempts = 0

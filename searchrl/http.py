@@ -149,6 +149,14 @@ def retrying(
     )
 
 
+def http_ok(url: str, *, method: str = "GET", timeout_s: float = 2.0, **kwargs: Any) -> bool:
+    """Whether one request to `url` answers 200: a readiness probe for `wait_until_ready` (`kwargs` go to httpx,
+    e.g. json= and headers= for a real POST /retrieve). Connection errors propagate, as "not ready yet"."""
+    import httpx
+
+    return httpx.request(method, url, timeout=timeout_s, **kwargs).status_code == 200
+
+
 def wait_until_ready(
     probe: Callable[[], bool],
     *,
@@ -179,6 +187,7 @@ __all__ = [
     "CA_BUNDLE_ENV",
     "backoff_s",
     "bearer_headers",
+    "http_ok",
     "retry_after_s",
     "retrying",
     "tls_context",

@@ -43,6 +43,13 @@ def make_document(title: str, snippet: str, url: str, **extra: Any) -> Document:
     return Document(id=url, contents=f'"{_clean(title)}"\n{_clean(snippet)}', url=url, **extra)
 
 
+def organic_documents(results: list[Any]) -> list[Document]:
+    """Documents from Google's organic results as Serper and SerpAPI both list them ({title, snippet, link})."""
+    return [
+        make_document(o.get("title", ""), o.get("snippet", ""), o["link"]) for o in results if o.get("link")
+    ]
+
+
 def rank_scored(docs: list[Document], topk: int) -> list[ScoredDocument]:
     """Deduplicate by URL (pages overlap when results shift) and give rank-based scores 1/rank."""
     out: list[ScoredDocument] = []
@@ -384,4 +391,11 @@ def common_kwargs(settings: RetrievalSettings) -> dict[str, Any]:
     }
 
 
-__all__ = ["WebBackend", "common_kwargs", "make_document", "rank_scored", "require_secrets"]
+__all__ = [
+    "WebBackend",
+    "common_kwargs",
+    "make_document",
+    "organic_documents",
+    "rank_scored",
+    "require_secrets",
+]

@@ -6,7 +6,7 @@ from searchrl.errors import BackendError
 from searchrl.retrieval.backends.web.backend import (
     WebBackend,
     common_kwargs,
-    make_document,
+    organic_documents,
     rank_scored,
     require_secrets,
 )
@@ -54,12 +54,7 @@ class SerpApiBackend(WebBackend):
             if "hasn't returned any results" in str(body["error"]):
                 return []
             raise BackendError(f"serpapi: {self._redact(str(body['error']))}")
-        docs = [
-            make_document(o.get("title", ""), o.get("snippet", ""), o["link"])
-            for o in body.get("organic_results", [])
-            if o.get("link")
-        ]
-        return rank_scored(docs, topk)
+        return rank_scored(organic_documents(body.get("organic_results", [])), topk)
 
 
 __all__ = ["SerpApiBackend"]

@@ -6,7 +6,7 @@ from searchrl.errors import BackendError
 from searchrl.retrieval.backends.web.backend import (
     WebBackend,
     common_kwargs,
-    make_document,
+    organic_documents,
     rank_scored,
     require_secrets,
 )
@@ -43,12 +43,7 @@ class SerperBackend(WebBackend):
         )
         if not isinstance(body, dict) or not isinstance(body.get("organic", []), list):
             raise BackendError("serper: unexpected response shape (no 'organic' list)")
-        docs = [
-            make_document(o.get("title", ""), o.get("snippet", ""), o["link"])
-            for o in body.get("organic", [])
-            if o.get("link")
-        ]
-        return rank_scored(docs, topk)
+        return rank_scored(organic_documents(body.get("organic", [])), topk)
 
 
 __all__ = ["SerperBackend"]
