@@ -11,7 +11,7 @@ Every provider is asked with the same pinned country and language (`gl`, `hl`), 
 the benchmarks' Q/A pairs are dropped (`web_blocklist`), and in page mode (`web_page_mode`) the result pages are
 fetched, cleaned and cut into ~100-word passages, so a web run reads passages of the size Wikipedia runs read
 instead of two-line snippets. Page fetching and its guard (public addresses only, a byte cap, a time budget per
-page within the request's deadline) live in retrieval/web_pages.py.
+page within the request's deadline) live in retrieval/web_pages.py, HTML to passage in retrieval/page_text.py.
 
 The trainer and the agent only speak /retrieve, so swapping Wikipedia for the web is a service setting. What
 public web wrappers lack, and these add: a timeout per request, retries with jittered exponential back-off on
@@ -20,8 +20,8 @@ public web wrappers lack, and these add: a timeout per request, retries with jit
 of silently empty result lists.
 
 Secrets: the Google key travels as the `key=` query parameter (the documented way). It is added to the URL by
-`SecretTransport` (transport.py) below the httpx client, so the `httpx.Request` that httpx logs ("HTTP Request: GET ...")
-and that our messages could mention never holds it; upstream error text is also scrubbed of it.
+`SecretTransport` (transport.py) below the httpx client, so the `httpx.Request` that httpx logs ("HTTP Request:
+GET ...") and that our messages could mention never holds it; upstream error text is also scrubbed of it.
 
 Each result becomes a Search-R1 document: `id` = the URL, `contents` = '"Title"\\nsnippet', plus `url`.
 Scores are rank-based (1/rank): web APIs return an order, not a score.
