@@ -40,8 +40,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from searchrl import __version__
 from searchrl.devset import dev_qa_path
 from searchrl.errors import DataError, RetrievalUnavailableError, SearchRLError
@@ -500,37 +498,13 @@ async def fetch_retrieval_info(
     """What the retrieval service says about itself (GET /): backend, corpus, index and their checksums.
 
     Also the first half of the fail-fast check: no answering replica or a 401/403 stops the run before any
-    generation. `preflight_search` is the second half.
+    generation. `preflight_search` is the second half. Through `RetrievalClient.info()`, so GET / trusts what the
+    searches trust ($SEARCHRL_RETRIEVAL_CA_BUNDLE for a `service.tls` endpoint).
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    problems = []
-    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
-        for url in urls:
-            try:
-                resp = await client.get(url + "/")
-            except httpx.HTTPError as exc:
-                problems.append(f"{url}: {exc.__class__.__name__}")
-                continue
-            if resp.status_code in (401, 403):
-                raise RetrievalUnavailableError(
-                    f"retrieval service {url} answered HTTP {resp.status_code}: set RETRIEVAL_API_KEY to its token",
-                    kind=f"http_{resp.status_code}",
-                    status=resp.status_code,
-                )
-            if resp.status_code != 200:
-                problems.append(f"{url}: HTTP {resp.status_code}")
-                continue
-            try:
-                info = resp.json()
-            except ValueError:
-                log.warning("GET %s/ is not JSON; the protocol will not name the backend", url)
-                return {"url": url}
-            return {**info, "url": url} if isinstance(info, dict) else {"url": url, "raw": info}
-    raise RetrievalUnavailableError(
-        f"no retrieval service answered ({'; '.join(problems)}); start one with `searchrl serve` "
-        "or set --retrieval-url / RETRIEVAL_SERVICE_URL",
-        kind="connect",
-    )
+    from searchrl.retrieval.client import RetrievalClient
+
+    async with RetrievalClient(urls, api_key=api_key, timeout_s=timeout_s) as client:
+        return await client.info()
 
 
 # GET / counters of a web backend that the report turns into per-run figures (after minus the protocol's before)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from searchrl.errors import InferenceError
+from searchrl.errors import InferenceError, RetryableError
+from searchrl.http import bearer_headers, retry_after_s, retrying
 from searchrl.prompt import ToolCall
 
 log = logging.getLogger(__name__)
@@ -225,23 +225,6 @@ class ChatRenderer:
         return (self._separator if after_close else "") + full[len(prefix) :]
 
 
-def _retry_delay(
-    attempt: int, retry_after: str | None, *, base_s: float = 2.0, max_s: float = 120.0
-) -> float:
-    """Back-off before retry `attempt` (0-based): jittered 2, 4, 8, ... s up to `max_s`, or the server's wish.
-
-    With the default 8 retries the waits add up to 3-6 minutes: an LLM server that restarts (a preempted
-    replica, an OOM) comes back within that, and the run goes on instead of being lost.
-    """
-    if retry_after:
-        try:
-            return min(max_s, max(0.0, float(retry_after)))
-        except ValueError:
-            pass
-    cap = min(max_s, base_s * 2**attempt)
-    return random.uniform(cap / 2, cap)
-
-
 def _matched_stop(choice: dict[str, Any]) -> tuple[bool, str | None]:
     """(reported, stop string) from a completion choice: sglang's `matched_stop`, vLLM's `stop_reason`.
 
@@ -281,9 +264,8 @@ class ServerLLM:
         self.max_retries = max_retries
         self.retry_base_s = retry_base_s
         self.retry_max_wait_s = retry_max_wait_s
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(
-            headers=headers,
+            headers=bearer_headers(api_key),
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
@@ -298,41 +280,58 @@ class ServerLLM:
         await self.aclose()
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One request with retries (searchrl/http.py `retrying`): with the default 8 the waits, jittered 2, 4,
+        8, ... s up to `retry_max_wait_s` or the server's Retry-After, add up to 3-6 minutes, within which an LLM
+        server that restarts (a preempted replica, an OOM) comes back and the run goes on instead of being lost."""
         url = f"{self.base_url}{path}"
-        last = "no attempt made"
-        for attempt in range(self.max_retries + 1):
-            retry_after = None
+
+        def warn(state: Any) -> None:
+            log.warning(
+                "LLM request to %s failed (%s); retry %d in %.1fs",
+                url,
+                state.outcome.exception(),
+                state.attempt_number,
+                state.upcoming_sleep,
+            )
+
+        try:
+            async for attempt in retrying(
+                attempts=self.max_retries + 1,
+                base_s=self.retry_base_s,
+                max_s=self.retry_max_wait_s,
+                before_sleep=warn,
+            ):
+                with attempt:
+                    return await self._request_once(method, url, body)
+        except RetryableError as exc:
+            raise InferenceError(
+                f"LLM server {self.base_url} failed after {self.max_retries + 1} attempts: {exc}; "
+                "check that sglang/vLLM is up (--llm-url)"
+            ) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _request_once(self, method: str, url: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        try:
+            resp = await self._client.request(method, url, json=body)
+        except httpx.TimeoutException:
+            raise RetryableError("timed out") from None
+        except httpx.TransportError as exc:
+            raise RetryableError(f"cannot connect ({exc.__class__.__name__})") from None
+        if resp.status_code == 200:
             try:
-                resp = await self._client.request(method, url, json=body)
-            except httpx.TimeoutException:
-                last = "timed out"
-            except httpx.TransportError as exc:
-                last = f"cannot connect ({exc.__class__.__name__})"
-            else:
-                if resp.status_code == 200:
-                    try:
-                        payload: dict[str, Any] = resp.json()
-                    except json.JSONDecodeError as exc:
-                        raise InferenceError(f"{url} answered 200 with a body that is not JSON") from exc
-                    return payload
-                detail = resp.text[:300].replace("\n", " ")
-                if resp.status_code != 429 and resp.status_code < 500:
-                    raise RequestRejectedError(
-                        f"{url} rejected the request: HTTP {resp.status_code}: {detail}",
-                        status=resp.status_code,
-                        detail=detail,
-                    )
-                last = f"HTTP {resp.status_code}: {detail}"
-                retry_after = resp.headers.get("Retry-After")
-            if attempt < self.max_retries:
-                delay = _retry_delay(
-                    attempt, retry_after, base_s=self.retry_base_s, max_s=self.retry_max_wait_s
-                )
-                log.warning("LLM request to %s failed (%s); retry %d in %.1fs", url, last, attempt + 1, delay)
-                await asyncio.sleep(delay)
-        raise InferenceError(
-            f"LLM server {self.base_url} failed after {self.max_retries + 1} attempts: {last}; "
-            "check that sglang/vLLM is up (--llm-url)"
+                payload: dict[str, Any] = resp.json()
+            except json.JSONDecodeError as exc:
+                raise InferenceError(f"{url} answered 200 with a body that is not JSON") from exc
+            return payload
+        detail = resp.text[:300].replace("\n", " ")
+        if resp.status_code != 429 and resp.status_code < 500:
+            raise RequestRejectedError(
+                f"{url} rejected the request: HTTP {resp.status_code}: {detail}",
+                status=resp.status_code,
+                detail=detail,
+            )
+        raise RetryableError(
+            f"HTTP {resp.status_code}: {detail}", retry_after=retry_after_s(resp.headers.get("Retry-After"))
         )
 
     async def list_models(self) -> list[str]:

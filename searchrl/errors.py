@@ -125,6 +125,30 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+# --- HTTP retries (searchrl/http.py) ------------------------------------------------------------------------
+class RetryableError(SearchRLError):
+    """One HTTP attempt failed in a way another attempt may fix (refused, timed out, 429, 5xx): exactly what
+    `searchrl.http.retrying` retries. `retry_after`: the server's Retry-After in seconds, if it sent one;
+    `error`: what to raise once no attempt is left (None: this error itself)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        error: SearchRLError | None = None,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[call-arg]  # e.g. kind/status of the mixin below
+        self.retry_after = retry_after
+        self.error = error
+
+
+class RetryableRetrievalError(RetryableError, RetrievalUnavailableError):
+    """A /retrieve attempt worth another one: the retrieval client's retryable kinds (connect, timeout, pool,
+    429, 5xx). Still a RetrievalUnavailableError, with its `kind` and `status`, for metrics and the breaker."""
+
+
 __all__ = [
     "BackendError",
     "CacheMissError",
@@ -139,6 +163,8 @@ __all__ = [
     "OverloadedError",
     "QuotaExceededError",
     "RetrievalUnavailableError",
+    "RetryableError",
+    "RetryableRetrievalError",
     "ServiceUnavailableError",
     "SearchFailureRateError",
     "SearchRLError",

@@ -41,6 +41,7 @@ import httpx
 
 from searchrl.devset import dev_qa_path
 from searchrl.errors import RetrievalUnavailableError, SearchRLError
+from searchrl.http import http_ok, wait_until_ready
 from searchrl.retrieval.process import free_port, served, stop_process
 
 log = logging.getLogger(__name__)
@@ -165,22 +166,16 @@ def scripted_model(log_path: Path, deadline_s: float = 60.0) -> Iterator[str]:
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
-            end = time.monotonic() + deadline_s
-            while True:
+
+            def ready() -> bool:
                 if proc.poll() is not None:
                     raise SearchRLError(
                         f"the scripted model exited with {proc.returncode}: {_tail(log_path)}"
                     )
-                try:
-                    if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > end:
-                    raise SearchRLError(
-                        f"the scripted model did not answer {url}/health in {deadline_s:.0f}s"
-                    )
-                time.sleep(0.2)
+                return http_ok(url + "/health")
+
+            if not wait_until_ready(ready, timeout_s=deadline_s):
+                raise SearchRLError(f"the scripted model did not answer {url}/health in {deadline_s:.0f}s")
             yield url + "/v1"
         finally:
             stop_process(proc)

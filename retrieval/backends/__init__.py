@@ -19,11 +19,11 @@ _REGISTRY: dict[str, str] = {
     "dense": "searchrl.retrieval.backends.dense:DenseBackend",
     "bm25": "searchrl.retrieval.backends.bm25:BM25Backend",
     "hybrid": "searchrl.retrieval.backends.hybrid:HybridBackend",
-    "google": "searchrl.retrieval.backends.web:GoogleBackend",  # Google results via Serper or SerpAPI
-    "google-cse": "searchrl.retrieval.backends.web:GoogleCSEBackend",  # closing 2027-01-01
-    "serper": "searchrl.retrieval.backends.web:SerperBackend",
-    "serpapi": "searchrl.retrieval.backends.web:SerpApiBackend",
-    "searxng": "searchrl.retrieval.backends.web:SearxngBackend",
+    "google": "searchrl.retrieval.backends.web.google:GoogleBackend",  # Google results via Serper or SerpAPI
+    "google-cse": "searchrl.retrieval.backends.web.cse:GoogleCSEBackend",  # closing 2027-01-01
+    "serper": "searchrl.retrieval.backends.web.serper:SerperBackend",
+    "serpapi": "searchrl.retrieval.backends.web.serpapi:SerpApiBackend",
+    "searxng": "searchrl.retrieval.backends.web.searxng:SearxngBackend",
 }
 
 

@@ -65,32 +65,25 @@ def corpus_identity(info: dict[str, Any]) -> CorpusIdentity:
 
 
 def fetch_service_info(url: str, api_key: str | None = None, *, timeout_s: float = 10.0) -> dict[str, Any]:
-    """`GET <url>/`: the service's description (no secret is logged or echoed)."""
-    import httpx
+    """`GET <url>/`: the service's description, through `RetrievalClient.info()` (the same TLS trust and token
+    as its searches: the system's CAs plus $SEARCHRL_RETRIEVAL_CA_BUNDLE). No secret is logged or echoed."""
+    import asyncio
 
-    from searchrl.retrieval.client import tls_context
+    from searchrl.retrieval.client import RetrievalClient
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    # https:// trusts what RetrievalClient trusts: the system's CAs plus $SEARCHRL_RETRIEVAL_CA_BUNDLE
-    verify = (tls_context() if url.startswith("https://") else None) or True
+    async def info() -> dict[str, Any]:
+        async with RetrievalClient(url, api_key, timeout_s=timeout_s) as client:
+            return await client.info()
+
     try:
-        response = httpx.get(url.rstrip("/") + "/", headers=headers, timeout=timeout_s, verify=verify)
-    except httpx.HTTPError as exc:
+        body = asyncio.run(info())
+    except RetrievalUnavailableError as exc:
         raise RetrievalUnavailableError(
-            f"GET / on the retrieval service failed ({type(exc).__name__}): cannot tell which corpus it serves",
-            kind="connect",
+            f"GET / on the retrieval service failed ({exc}): cannot tell which corpus it serves",
+            kind=exc.kind,
+            status=exc.status,
         ) from None
-    if response.status_code != 200:
-        raise RetrievalUnavailableError(
-            f"GET / on the retrieval service answered HTTP {response.status_code}: cannot tell which corpus it serves",
-            kind=f"http_{response.status_code}",
-            status=response.status_code,
-        )
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or body.get("service") != "searchrl-retrieval":
+    if body.get("service") != "searchrl-retrieval":
         raise RetrievalUnavailableError(
             "GET / did not describe a searchrl retrieval service (no corpus fields): point RETRIEVAL_SERVICE_URL "
             "at `searchrl serve`",

@@ -5,7 +5,7 @@
 
 With `service.tls` set, SkyServe's endpoint is https://IP:PORT with a self-signed certificate that no system CA
 trusts. Our clients trust the system's CAs plus the PEM file named by SEARCHRL_RETRIEVAL_CA_BUNDLE
-(retrieval/client.py `tls_context`), so that file must exist on every node where verl's Ray workers build the
+(searchrl/http.py `tls_context`), so that file must exist on every node where verl's Ray workers build the
 search tool. When the variable names a file on this machine (exported, or given with --env), the task mounts
 that file on every node at REMOTE_CA_BUNDLE and the variable on the nodes names that copy. Why in Python: a mount
 written in sky/train.yaml would make the certificate mandatory (SkyPilot has no optional mounts; see
@@ -20,13 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from searchrl.errors import ConfigError
+from searchrl.http import CA_BUNDLE_ENV, tls_context
 
 if TYPE_CHECKING:
     import sky
 
-CA_BUNDLE_ENV = (
-    "SEARCHRL_RETRIEVAL_CA_BUNDLE"  # = searchrl.retrieval.client.CA_BUNDLE_ENV (no aiohttp import here)
-)
 REMOTE_CA_BUNDLE = (
     "~/.searchrl/retrieval-ca.pem"  # where every node finds it (file_mounts copy it to all nodes)
 )
@@ -44,8 +42,6 @@ def add_ca_bundle(task: sky.Task, envs: Mapping[str, str] | None = None) -> str 
             f"{CA_BUNDLE_ENV}={value}: no such file on this machine; name the PEM certificate of the retrieval "
             "service's service.tls (docs/deploy.md section 7)"
         )
-    from searchrl.retrieval.client import tls_context
-
     tls_context(local)  # a readable PEM certificate, or one line now instead of a TLS error on every node
     task.update_file_mounts({REMOTE_CA_BUNDLE: str(local.resolve())})
     task.update_envs({CA_BUNDLE_ENV: REMOTE_CA_BUNDLE})

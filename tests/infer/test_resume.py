@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from tenacity import RetryCallState
 
 from searchrl.cli import main
-from searchrl.errors import ConfigError
-from searchrl.infer.llm import _retry_delay
+from searchrl.errors import ConfigError, RetryableError
+from searchrl.http import backoff_s, retry_after_s, wait_backoff
+from searchrl.infer.llm import ServerLLM
 from searchrl.infer.report import check_comparable, load_runs
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
@@ -136,6 +138,19 @@ def test_compare_cli_refuses_mismatched_files(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_llm_retries_back_off_for_minutes() -> None:
-    waits = [_retry_delay(k, None) for k in range(8)]  # the default 8 retries
+    llm = ServerLLM("http://llm.test/v1", "m")  # its defaults: 8 retries, 2 s doubling up to 120 s
+    waits = [
+        backoff_s(k, base_s=llm.retry_base_s, max_s=llm.retry_max_wait_s) for k in range(llm.max_retries)
+    ]
     assert 180 <= sum(waits) <= 370 and max(waits) <= 120
-    assert _retry_delay(0, "45") == 45.0 and _retry_delay(0, "999") == 120.0
+    wait = wait_backoff(llm.retry_base_s, llm.retry_max_wait_s)
+    assert (
+        wait(_failed_once(retry_after_s("45"))) == 45.0 and wait(_failed_once(retry_after_s("999"))) == 120.0
+    )
+
+
+def _failed_once(retry_after: float | None) -> RetryCallState:
+    state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+    error = RetryableError("HTTP 503", retry_after=retry_after)
+    state.set_exception((RetryableError, error, None))
+    return state

@@ -466,7 +466,7 @@ def test_calls_on_a_url_whose_breaker_opens_hedge_at_once_outside_the_budget(
             async with RetrievalClient(
                 [hung, good], timeout_s=5, breaker_failures=1, hedge_min_s=0.05, hedge_max_s=0.05
             ) as client:
-                client._hedge_tokens = 0.5  # + 0.1 per call: exactly one hedge for these 8 calls
+                client._hedging.tokens = 0.5  # + 0.1 per call: exactly one hedge for these 8 calls
                 started = time.monotonic()
                 results = await asyncio.gather(*(client.search([f"q{i}"], 1) for i in range(8)))
                 return time.monotonic() - started, results, client.stats()

@@ -9,6 +9,7 @@ behind it is `create_app` with a bearer token on a loopback port.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -18,13 +19,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from searchrl.cli import main
 from searchrl.deploy.corpus_check import fetch_service_info
 from searchrl.deploy.tls import REMOTE_CA_BUNDLE
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.client import CA_BUNDLE_ENV, RetrievalClient, check_health
 from searchrl.retrieval.settings import RetrievalSettings
-from tests.conftest import REPO, TINY_CORPUS
+from tests.conftest import REPO, TINY_CORPUS, TINY_QA
+from tests.infer.conftest import chat_tokenizer_dir, serve_scripts  # noqa: F401 (a fixture, used by name)
+from tests.infer.test_agent import MODEL, TRAINED
 from tests.live import serve_in_thread
 from tests.skyserve_lb import self_signed_cert, skyserve_load_balancer
 
@@ -153,3 +157,29 @@ def test_the_verl_search_tool_on_a_node_trusts_the_mounted_certificate(
             await tool.aclose()
 
     assert "Doc 1 (Title: The Seventh Seal)" in asyncio.run(go())
+
+
+def test_searchrl_eval_trusts_the_ca_bundle_for_the_services_description(
+    https_url: str,
+    cert_pair: tuple[Path, Path],
+    chat_tokenizer_dir: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bug 1 of issue 33: eval's `GET /` (the protocol's backend and corpus) went out with httpx's default trust,
+    so against a `service.tls` endpoint it refused the run ("no retrieval service answered") though the searches
+    trusted SEARCHRL_RETRIEVAL_CA_BUNDLE. Both go through RetrievalClient now."""
+    monkeypatch.setenv(CA_BUNDLE_ENV, str(cert_pair[1]))
+    monkeypatch.setenv("RETRIEVAL_API_KEY", TOKEN)
+    for llm_url, _ in serve_scripts({MODEL: TRAINED}):
+        rc = main(
+            ["eval", "--model", MODEL, "--tokenizer", str(chat_tokenizer_dir), "--llm-url", llm_url,
+             "--retrieval-url", https_url, "--qa", str(TINY_QA), "--max-turns", "2", "--output-dir", str(tmp_path)]
+        )  # fmt: skip
+    assert rc == 0
+    (result,) = tmp_path.glob("*.json")
+    doc = json.loads(result.read_text())
+    assert doc["protocol"]["retrieval"]["backend"] == "bm25" and doc["protocol"]["retrieval"]["urls"] == [
+        https_url
+    ]
+    assert doc["summary"]["retrieval_after"]["url"] == https_url  # GET / again after the run, same trust

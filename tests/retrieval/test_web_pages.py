@@ -23,7 +23,7 @@ import pytest
 
 from searchrl.bench.hostile_web import MIB, page_app
 from searchrl.retrieval.app import create_app
-from searchrl.retrieval.backends.web import page_text
+from searchrl.retrieval.page_text import page_text
 from searchrl.retrieval.web_pages import PageFetcher, PageFetchError, is_public_address, loggable
 from tests.live import serve_in_thread
 from tests.retrieval.fake_web import serve_fake, web_settings

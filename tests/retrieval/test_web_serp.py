@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 from searchrl.errors import BackendError, QuotaExceededError
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.backends import build_backend
-from searchrl.retrieval.backends.web import SerpApiBackend, SerperBackend, best_passage, page_text
+from searchrl.retrieval.backends.web import SerpApiBackend, SerperBackend
+from searchrl.retrieval.page_text import best_passage, page_text
 from tests.retrieval.fake_web import SERPAPI_KEY, FakeSearchAPIs, serve_fake, web_settings
 
 pytestmark = pytest.mark.live
