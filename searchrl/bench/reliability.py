@@ -31,7 +31,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -45,7 +44,7 @@ import httpx
 
 from searchrl.errors import RetrievalUnavailableError
 from searchrl.retrieval.client import RetrievalClient
-from searchrl.retrieval.process import free_port
+from searchrl.retrieval.process import free_port, serve_command, start_process, wait_until_ready
 from searchrl.retrieval.settings import RetrievalSettings
 
 #: call(query) -> an answer that can be compared with the reference (passage ids, or an observation text)
@@ -68,22 +67,22 @@ class Replica:
 
     def start(self, timeout_s: float = 120.0) -> Replica:
         s = self.settings
-        cmd = [sys.executable, "-m", "searchrl", "serve", "--backend", s.backend, "--corpus", s.corpus]
-        cmd += ["--data-dir", str(s.data_dir), "--port", str(self.port), "--no-build"]
+        args = ["--backend", s.backend, "--corpus", s.corpus, "--data-dir", str(s.data_dir), "--no-build"]
         env = {**os.environ, "SEARCHRL_LOG_LEVEL": "WARNING", **self.env}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"replica exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(self.url + "/ready", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"replica on {self.url} not ready after {timeout_s}s; see {self.log_path}")
+        self.proc = start_process(serve_command(args, self.port), self.log_path, env=env, append=True)
+        try:
+            wait_until_ready(
+                self.url,
+                self.proc,
+                path="/ready",
+                timeout_s=timeout_s,
+                interval_s=0.05,
+                log_path=self.log_path,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

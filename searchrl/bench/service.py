@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import SearchRLError
-from searchrl.retrieval.process import free_port, stop_process
+from searchrl.retrieval.process import free_port, serve_command, start_ready, stop_process
 from searchrl.retrieval.queries import DEV_QA, sample_queries
 from searchrl.retrieval.settings import RetrievalSettings
 
@@ -223,20 +223,9 @@ def start_server(
     backend: str = "dense",
 ) -> subprocess.Popen[bytes]:
     """`python -m searchrl serve` on 127.0.0.1:port; returns once GET /health answers."""
+    cmd = serve_command(["--backend", backend], port)
     env = {**os.environ, **env_overrides}
-    cmd = [
-        sys.executable,
-        "-m",
-        "searchrl",
-        "serve",
-        "--backend",
-        backend,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    return _start_and_wait(cmd, env, port, log_path, timeout_s)
+    return start_ready(cmd, f"http://127.0.0.1:{port}", log_path, env=env, timeout_s=timeout_s)
 
 
 def start_reference(
@@ -268,29 +257,7 @@ def start_reference(
         "--max-length",
         str(settings.encoder_max_length),
     ]
-    return _start_and_wait(cmd, dict(os.environ), port, log_path, timeout_s)
-
-
-def _start_and_wait(
-    cmd: list[str], env: dict[str, str], port: int, log_path: Path, timeout_s: float
-) -> subprocess.Popen[bytes]:
-    log_file = open(log_path, "wb")  # noqa: SIM115 - the server outlives this function
-    proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout_s
-    url = f"http://127.0.0.1:{port}"
-    while True:
-        if proc.poll() is not None:
-            raise SearchRLError(f"benchmark server exited with code {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1.0) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:  # connection refused while starting (URLError is an OSError)
-            pass
-        if time.monotonic() > deadline:
-            proc.terminate()
-            raise SearchRLError(f"benchmark server not ready after {timeout_s:.0f}s; see {log_path}")
-        time.sleep(0.1)
+    return start_ready(cmd, f"http://127.0.0.1:{port}", log_path, timeout_s=timeout_s)
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> int:
