@@ -30,7 +30,6 @@ from searchrl.retrieval.ratelog import RateLimitedLog
 from searchrl.retrieval.schemas import ScoredDocument
 
 if TYPE_CHECKING:
-
     from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
