@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from searchrl.errors import BackendError, SearchRLError
 from searchrl.retrieval.backends.base import Backend
 from searchrl.retrieval.batcher import Batcher, BatcherMetrics
+from searchrl.retrieval.indexing import load_manifest, resolve_corpus, verify_manifest
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -99,6 +100,13 @@ class BatchedBackend(Backend):
         except Exception as exc:
             log.exception("%s search failed for %d queries", self.name, len(queries))
             raise BackendError(f"{self.name} search failed: {type(exc).__name__}: {exc}") from exc
+
+    def _checked_manifest(self, index_dir: Path) -> tuple[Path, IndexManifest]:
+        """The corpus path and the manifest of the index in `index_dir`, checked against that corpus."""
+        corpus_path = resolve_corpus(self.settings)
+        manifest = load_manifest(index_dir)
+        verify_manifest(manifest, index_dir, kind=self.name, corpus_path=corpus_path)  # type: ignore[arg-type]
+        return corpus_path, manifest
 
     def _index_info(self, **middle: Any) -> dict[str, Any]:
         """GET /'s description: corpus and size, then the backend's own `middle` fields, then the index."""

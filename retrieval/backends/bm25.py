@@ -22,8 +22,6 @@ from searchrl.retrieval.indexing import (
     BM25_STOPWORDS,
     OFFSETS,
     ensure_index,
-    load_manifest,
-    resolve_corpus,
     verify_manifest,
 )
 from searchrl.retrieval.ratelog import RateLimitedLog
@@ -57,9 +55,7 @@ class BM25Backend(BatchedBackend):
 
         index_dir = ensure_index(self.settings, "bm25")
         started = time.perf_counter()
-        corpus_path = resolve_corpus(self.settings)
-        manifest = load_manifest(index_dir)
-        verify_manifest(manifest, index_dir, kind="bm25", corpus_path=corpus_path)
+        corpus_path, manifest = self._checked_manifest(index_dir)
         store = DocStore.open(corpus_path, index_dir / OFFSETS)
         retriever = bm25s.BM25.load(str(index_dir / BM25_DIR), mmap=True, show_progress=False)
         for count in (len(store), int(retriever.scores["num_docs"])):

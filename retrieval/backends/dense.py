@@ -19,8 +19,6 @@ from searchrl.retrieval.indexing import (
     FAISS_FILE,
     OFFSETS,
     ensure_index,
-    load_manifest,
-    resolve_corpus,
     verify_manifest,
 )
 from searchrl.retrieval.schemas import ScoredDocument
@@ -103,9 +101,7 @@ class DenseBackend(BatchedBackend):
         # Reuse one loaded model for a first-use build and for serving.
         index_dir = ensure_index(self.settings, "dense", encoder_factory=load_encoder)
         started = time.perf_counter()
-        corpus_path = resolve_corpus(self.settings)
-        manifest = load_manifest(index_dir)
-        verify_manifest(manifest, index_dir, kind="dense", corpus_path=corpus_path)
+        corpus_path, manifest = self._checked_manifest(index_dir)
         encoder_started = time.perf_counter()
         encoder = load_encoder()
         self.encoder_seconds = time.perf_counter() - encoder_started
