@@ -119,26 +119,15 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
 
 
 @contextlib.contextmanager
-def served(
-    args: Sequence[str],
-    log_path: Path,
-    *,
-    env: Mapping[str, str] | None = None,
-    ready: bool = False,
-    **poll: Any,
-) -> Iterator[str]:
+def served(args: Sequence[str], log_path: Path) -> Iterator[str]:
     """`searchrl serve ARGS` on a free loopback port, stopped (SIGTERM, then SIGKILL) when the block ends.
 
-    Yields the base URL at once, or with `ready` once `wait_until_ready(url, **poll)` passed; without it the
-    caller waits its own way (a health check with a deadline and its own message).
+    Yields the base URL at once: the caller waits for readiness its own way (a health check with a deadline).
     """
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_process(serve_command(args, port), log_path, env=env)
+    proc = start_process(serve_command(args, port), log_path)
     try:
-        if ready:
-            wait_until_ready(url, proc, log_path=log_path, **poll)
-        yield url
+        yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc)
 
