@@ -3,7 +3,7 @@
 Slow clients (issue 13): uvicorn closes idle keep-alive connections but has no deadline for a request's
 *headers*, so 400 connections sending a byte a second stayed open indefinitely. `_GuardedHttpTools` adds one:
 headers must arrive within `header_timeout_s` and stay under `max_header_bytes`, or the connection is closed.
-The body deadline and size limit are enforced by the app (`searchrl.retrieval.app.RequestGuard`), and `max_connections`
+The body deadline and size limit are enforced by the app (`searchrl.retrieval.api.middleware.RequestGuard`), and `max_connections`
 is uvicorn's `limit_concurrency` (503 past it). SIGTERM: `DrainingServer` marks the app as draining (/ready
 503, new /retrieve 503) and uvicorn finishes every accepted request before the lifespan stops the backend.
 """

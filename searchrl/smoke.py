@@ -41,8 +41,7 @@ import httpx
 
 from searchrl.devset import dev_qa_path
 from searchrl.errors import RetrievalUnavailableError, SearchRLError
-from searchrl.http import http_ok, wait_until_ready
-from searchrl.retrieval.process import free_port, served, stop_process
+from searchrl.retrieval.process import free_port, served, start_process, stop_process, wait_until_ready
 
 log = logging.getLogger(__name__)
 
@@ -162,23 +161,15 @@ def scripted_model(log_path: Path, deadline_s: float = 60.0) -> Iterator[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "searchrl.infer.scripted", "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    proc = start_process(cmd, log_path)
+    try:
         try:
-
-            def ready() -> bool:
-                if proc.poll() is not None:
-                    raise SearchRLError(
-                        f"the scripted model exited with {proc.returncode}: {_tail(log_path)}"
-                    )
-                return http_ok(url + "/health")
-
-            if not wait_until_ready(ready, timeout_s=deadline_s):
-                raise SearchRLError(f"the scripted model did not answer {url}/health in {deadline_s:.0f}s")
-            yield url + "/v1"
-        finally:
-            stop_process(proc)
+            wait_until_ready(url, proc, timeout_s=deadline_s, interval_s=0.2, request_timeout_s=2.0)
+        except SearchRLError as exc:
+            raise SearchRLError(f"the scripted model did not start ({exc}): {_tail(log_path)}") from exc
+        yield url + "/v1"
+    finally:
+        stop_process(proc)
 
 
 def write_eval_qa(questions: Sequence[Question], path: Path) -> Path:

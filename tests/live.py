@@ -6,7 +6,6 @@ Poll for readiness (never sleep) and stop the server when the block ends.
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,11 +14,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from searchrl.retrieval.process import free_port
 
 
 @contextlib.contextmanager

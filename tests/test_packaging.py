@@ -12,15 +12,14 @@ import os
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import tomllib
 
+from searchrl.retrieval.process import free_port, start_ready
 from tests.conftest import REPO
-from tests.live import free_port
 
 PACKAGE_DIRS = {
     "searchrl.retrieval": "retrieval",
@@ -177,24 +176,15 @@ def test_wheel_beside_a_pypi_trainer_package(tmp_path: Path) -> None:
     assert help_out.returncode == 0 and "serve" in help_out.stdout
 
     port = free_port()
-    server = subprocess.Popen(
-        [searchrl, "serve", "--port", str(port), "--corpus", str(REPO / "tests/fixtures/tiny_corpus.jsonl"),
-         "--data-dir", str(tmp_path / "data")],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    body = {"queries": ["Who directed The Seventh Seal?"], "topk": 1, "return_scores": True}
+    cmd = [str(searchrl), "serve", "--port", str(port), "--corpus", str(REPO / "tests/fixtures/tiny_corpus.jsonl"),
+           "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    server = start_ready(
+        cmd, url, tmp_path / "serve.log", env=env, cwd=tmp_path, path="/retrieve", json=body, timeout_s=120
+    )
     try:
-        body = {
-            "queries": ["Who directed The Seventh Seal?"],
-            "topk": 1,
-            "return_scores": True,
-        }
-        for _ in range(600):
-            try:
-                reply = httpx.post(f"http://127.0.0.1:{port}/retrieve", json=body, timeout=2)
-                break
-            except httpx.HTTPError:
-                assert server.poll() is None, "searchrl serve exited during start-up"
-                time.sleep(0.2)
+        reply = httpx.post(url + "/retrieve", json=body, timeout=2)
         assert reply.status_code == 200
         assert "Seventh Seal" in reply.json()["result"][0][0]["document"]["contents"]
     finally:

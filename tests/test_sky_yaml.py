@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,8 @@ import yaml
 
 from searchrl.deploy import endpoint, replica_budget, skypilot, tasks
 from searchrl.errors import DeployError
+from searchrl.retrieval.process import free_port, start_process, stop_process, wait_until_ready
 from tests.conftest import REPO, TINY_CORPUS
-from tests.live import free_port
 from tests.sky_code import in_sky_python
 
 SKY = REPO / "sky"
@@ -184,31 +183,13 @@ def service_like_run(tmp_path: Path) -> Iterator[tuple[str, dict]]:
     )
     env = {**os.environ, **parsed["envs"], "RETRIEVAL_API_KEY": TOKEN}  # SkyPilot exports envs and secrets
     log_path = tmp_path / "service.log"
-    log_file = log_path.open("w")
-    proc = subprocess.Popen(
-        ["bash", "-c", parsed["run"]], cwd=REPO, env=env, stdout=log_file, stderr=log_file
-    )
     base = f"http://127.0.0.1:{port}"
+    proc = start_process(["bash", "-c", parsed["run"]], log_path, env=env, cwd=REPO)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"service exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "service did not come up in 90 s"
-            time.sleep(0.1)
+        wait_until_ready(base, proc, timeout_s=90, log_path=log_path)
         yield base, parsed
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log_file.close()
+        stop_process(proc, timeout_s=20)
 
 
 @pytest.mark.live

@@ -10,77 +10,44 @@ unbounded executor queue let latency grow past every client's timeout at ~1,000 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from searchrl.errors import BackendError, SearchRLError
-from searchrl.retrieval.backends.base import Backend
-from searchrl.retrieval.batcher import Batcher, BatcherMetrics
+from searchrl.retrieval.backends.batched import BatchedBackend
 from searchrl.retrieval.corpus import DocStore
 from searchrl.retrieval.indexing import (
     BM25_DIR,
     BM25_STEMMER,
     BM25_STOPWORDS,
     OFFSETS,
-    IndexManifest,
     ensure_index,
-    load_manifest,
-    resolve_corpus,
     verify_manifest,
 )
 from searchrl.retrieval.ratelog import RateLimitedLog
 from searchrl.retrieval.schemas import ScoredDocument
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 _ratelog = RateLimitedLog(log)
 
 
-class BM25Backend(Backend):
+class BM25Backend(BatchedBackend):
     """Lexical retrieval; all index work runs on one worker thread so the event loop never blocks."""
 
     name = "bm25"
 
+    # One thread (BatchedBackend's): the stemmer and bm25s retriever are not documented as thread-safe, and one
+    # BM25 query over 10k passages takes ~1 ms, so a single worker is not the bottleneck.
     def __init__(self, settings: RetrievalSettings) -> None:
-        self.settings = settings
-        # One thread: the stemmer and bm25s retriever are not documented as thread-safe, and one BM25 query
-        # over 10k passages takes ~1 ms, so a single worker is not the bottleneck.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
-        # The batcher's worker loop runs on that one thread too, after _load.
-        self._batcher = Batcher.from_settings(
-            self._search_sync, settings, name="bm25", executor=self._executor
-        )
+        super().__init__(settings)
         self._retriever: Any = None
         self._stemmer: Any = None
-        self._store: DocStore | None = None
-        self.manifest: IndexManifest | None = None
-        self.index_dir: Path | None = None
-        self.open_seconds: float = 0.0
 
-    @classmethod
-    def from_settings(cls, settings: RetrievalSettings) -> BM25Backend:
-        return cls(settings)
-
-    async def start(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
-        await self._batcher.start()
-
-    def attach_metrics(self, metrics: BatcherMetrics) -> None:
-        """Report batch sizes, queue depth/wait and cache hits to the app's metrics."""
-        self._batcher.attach_metrics(metrics)
-
-    def problem(self) -> str | None:
-        return self._batcher.problem()
-
-    def busy(self) -> str | None:
-        return self._batcher.busy()
+    def _started(self) -> bool:
+        return self._retriever is not None
 
     def _load(self) -> None:
         import bm25s
@@ -88,9 +55,7 @@ class BM25Backend(Backend):
 
         index_dir = ensure_index(self.settings, "bm25")
         started = time.perf_counter()
-        corpus_path = resolve_corpus(self.settings)
-        manifest = load_manifest(index_dir)
-        verify_manifest(manifest, index_dir, kind="bm25", corpus_path=corpus_path)
+        corpus_path, manifest = self._checked_manifest(index_dir)
         store = DocStore.open(corpus_path, index_dir / OFFSETS)
         retriever = bm25s.BM25.load(str(index_dir / BM25_DIR), mmap=True, show_progress=False)
         for count in (len(store), int(retriever.scores["num_docs"])):
@@ -107,60 +72,35 @@ class BM25Backend(Backend):
             self.open_seconds,
         )
 
-    async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
-        if self._retriever is None:
-            raise BackendError("bm25 backend is not started")
-        return await self._batcher.search(queries, topk)
-
-    def _search_sync(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+    def _search_batch(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
         """Score a batch of queries; runs on the worker thread."""
         import bm25s
 
         assert self._store is not None
-        try:
-            k = min(topk, len(self._store))
-            tokens = bm25s.tokenize(
-                queries,
-                stopwords=BM25_STOPWORDS,
-                stemmer=self._stemmer,
-                return_ids=False,
-                show_progress=False,
+        k = min(topk, len(self._store))
+        tokens = bm25s.tokenize(
+            queries,
+            stopwords=BM25_STOPWORDS,
+            stemmer=self._stemmer,
+            return_ids=False,
+            show_progress=False,
+        )
+        # A query with no indexed token (all stopwords, unknown words) scores 0 everywhere; bm25s maps it
+        # to its empty token, so it still gets k (arbitrary, score 0) results rather than an error. bm25s
+        # logs that at INFO once per query; we silence it (in _load) and write one aggregated line.
+        empty = sum(1 for t in tokens if not t)
+        if empty:
+            _ratelog.info(
+                "empty", "bm25: %d queries had only stopwords/no indexed word (score-0 results)", empty
             )
-            # A query with no indexed token (all stopwords, unknown words) scores 0 everywhere; bm25s maps it
-            # to its empty token, so it still gets k (arbitrary, score 0) results rather than an error. bm25s
-            # logs that at INFO once per query; we silence it (in _load) and write one aggregated line.
-            empty = sum(1 for t in tokens if not t)
-            if empty:
-                _ratelog.info(
-                    "empty", "bm25: %d queries had only stopwords/no indexed word (score-0 results)", empty
-                )
-            rows, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
-            return self._store.hits(rows.tolist(), scores.tolist())
-        except SearchRLError:
-            raise
-        except Exception as exc:
-            log.exception("bm25 search failed for %d queries", len(queries))
-            raise BackendError(f"bm25 search failed: {type(exc).__name__}: {exc}") from exc
+        rows, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+        return self._store.hits(rows.tolist(), scores.tolist())
 
     def info(self) -> dict[str, Any]:
-        m = self.manifest
-        return {
-            "backend": self.name,
-            "corpus": self.settings.corpus,
-            "corpus_size": m.count if m else None,
-            "index_type": "bm25s",
-            "encoder": None,
-            "dim": None,
-            "index_dir": str(self.index_dir) if self.index_dir else None,
-            "corpus_checksum": m.corpus_checksum if m else None,
-            "index_fingerprint": m.fingerprint() if m else None,
-        }
+        return self._index_info(index_type="bm25s", encoder=None, dim=None)
 
     async def close(self) -> None:
-        await self._batcher.close()  # finishes queued queries, then frees the worker thread
-        self._executor.shutdown(wait=True)
-        if self._store is not None:
-            self._store.close()
+        await super().close()
         self._retriever = None
 
 

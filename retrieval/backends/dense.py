@@ -7,24 +7,18 @@ free. `_search_sync(queries, topk)` takes a whole batch, so a cross-request batc
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from searchrl.errors import BackendError, IndexLoadError, SearchRLError
-from searchrl.retrieval.backends.base import Backend
-from searchrl.retrieval.batcher import Batcher, BatcherMetrics
+from searchrl.errors import IndexLoadError
+from searchrl.retrieval.backends.batched import BatchedBackend
 from searchrl.retrieval.corpus import DocStore
 from searchrl.retrieval.heap import HeapTrimmer, trim_heap
 from searchrl.retrieval.indexing import (
     FAISS_FILE,
     OFFSETS,
-    IndexManifest,
     ensure_index,
-    load_manifest,
-    resolve_corpus,
     verify_manifest,
 )
 from searchrl.retrieval.schemas import ScoredDocument
@@ -65,52 +59,24 @@ def read_faiss_index(path: Path) -> Any:
         raise IndexLoadError(f"cannot read FAISS index {path} ({last}); rebuild with --force") from None
 
 
-class DenseBackend(Backend):
+class DenseBackend(BatchedBackend):
+    """A query encoder plus a FAISS index; model and index work on BatchedBackend's one worker thread."""
+
     name = "dense"
 
     def __init__(self, settings: RetrievalSettings) -> None:
-        self.settings = settings
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dense")
-        self._index: Any = None
-        self._encoder: EncoderPool | None = None
-        self.tuning: dict[str, Any] | None = None  # the encoder auto-tuning report (GET /)
-        self._store: DocStore | None = None
-        self.manifest: IndexManifest | None = None
-        self.index_dir: Path | None = None
-        self.open_seconds: float = 0.0  # manifest checks + index + doc store, after any build
-        self.encoder_seconds: float = 0.0  # model load (the first one also imports torch/transformers)
-        self.tuning_seconds: float = 0.0  # encoder export/gate/auto-tune (cached after the first start)
-        # Cross-request batching (issue 4): its worker loop runs on the same single thread that loaded the
-        # model and index, so that thread stays the only one touching them.
         # Freed heap goes back to the OS when a burst is over (issue 24: RSS grew with every run of new
         # queries; retrieval/heap.py).
         self.heap_trimmer = HeapTrimmer()
-        self._batcher = Batcher.from_settings(
-            lambda queries, topk: self._search_sync(queries, topk),
-            settings,
-            name="dense",
-            executor=self._executor,
-            on_idle=self.heap_trimmer,
-        )
+        super().__init__(settings, on_idle=self.heap_trimmer)
+        self._index: Any = None
+        self._encoder: EncoderPool | None = None
+        self.tuning: dict[str, Any] | None = None  # the encoder auto-tuning report (GET /)
+        self.encoder_seconds: float = 0.0  # model load (the first one also imports torch/transformers)
+        self.tuning_seconds: float = 0.0  # encoder export/gate/auto-tune (cached after the first start)
 
-    @classmethod
-    def from_settings(cls, settings: RetrievalSettings) -> DenseBackend:
-        return cls(settings)
-
-    async def start(self) -> None:
-        # On the worker thread too: the thread that loads a (GPU) index is the one that uses it.
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
-        await self._batcher.start()
-
-    def problem(self) -> str | None:
-        return self._batcher.problem()
-
-    def busy(self) -> str | None:
-        return self._batcher.busy()
-
-    def attach_metrics(self, metrics: BatcherMetrics) -> None:
-        """Report batch sizes, queue depth/wait and cache hits to the app's metrics (see retrieval/app.py)."""
-        self._batcher.attach_metrics(metrics)
+    def _started(self) -> bool:
+        return self._index is not None
 
     def _load(self) -> None:
         import faiss
@@ -135,9 +101,7 @@ class DenseBackend(Backend):
         # Reuse one loaded model for a first-use build and for serving.
         index_dir = ensure_index(self.settings, "dense", encoder_factory=load_encoder)
         started = time.perf_counter()
-        corpus_path = resolve_corpus(self.settings)
-        manifest = load_manifest(index_dir)
-        verify_manifest(manifest, index_dir, kind="dense", corpus_path=corpus_path)
+        corpus_path, manifest = self._checked_manifest(index_dir)
         encoder_started = time.perf_counter()
         encoder = load_encoder()
         self.encoder_seconds = time.perf_counter() - encoder_started
@@ -206,48 +170,29 @@ class DenseBackend(Backend):
         options.useFloat16 = True  # halves GPU memory; recall loss is negligible for normalised vectors
         return faiss.index_cpu_to_gpu(resources, 0, index, options)
 
-    async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
-        if self._index is None:
-            raise BackendError("dense backend is not started")
-        return await self._batcher.search(queries, topk)
-
-    def _search_sync(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
+    def _search_batch(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
         """Encode and search a batch of queries; must run on the worker thread."""
         assert self._encoder is not None and self._store is not None
-        try:
-            vectors = self._encoder.encode_queries(queries)
-            k = min(topk, int(self._index.ntotal))
-            scores, rows = self._index.search(vectors, k)
-            return self._store.hits(rows.tolist(), scores.tolist())
-        except SearchRLError:
-            raise
-        except Exception as exc:
-            log.exception("dense search failed for %d queries", len(queries))
-            raise BackendError(f"dense search failed: {type(exc).__name__}: {exc}") from exc
+        vectors = self._encoder.encode_queries(queries)
+        k = min(topk, int(self._index.ntotal))
+        scores, rows = self._index.search(vectors, k)
+        return self._store.hits(rows.tolist(), scores.tolist())
 
     def info(self) -> dict[str, Any]:
-        m = self.manifest
         enc = self._encoder
         return {
-            "backend": self.name,
-            "corpus": self.settings.corpus,
-            "corpus_size": m.count if m else None,
-            "index_type": m.index_type if m else self.settings.index_type,
-            "encoder": enc.spec.name if enc else self.settings.encoder,
-            "dim": enc.dim if enc else None,
-            "device": enc.device if enc else None,
-            "index_dir": str(self.index_dir) if self.index_dir else None,
-            "corpus_checksum": m.corpus_checksum if m else None,
-            "index_fingerprint": m.fingerprint() if m else None,
+            **self._index_info(
+                index_type=self.manifest.index_type if self.manifest else self.settings.index_type,
+                encoder=enc.spec.name if enc else self.settings.encoder,
+                dim=enc.dim if enc else None,
+                device=enc.device if enc else None,
+            ),
             **(enc.describe() if enc else {}),
             "encoder_tuning": self.tuning,
         }
 
     async def close(self) -> None:
-        await self._batcher.close()  # finishes queued queries, then frees the worker thread
-        self._executor.shutdown(wait=True)
-        if self._store is not None:
-            self._store.close()
+        await super().close()
         self._index = None
         if self._encoder is not None:
             self._encoder.close()

@@ -29,16 +29,12 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import os
 import struct
-import subprocess
 import sys
-import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -50,7 +46,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from searchrl.retrieval.process import stop_process
+from searchrl.retrieval.process import start_ready, stop_process
 
 MIB = 1 << 20
 SERPER_KEY = "hostile-web-serper-key"  # not a secret: the fake only checks that the service sends a key
@@ -191,22 +187,9 @@ def page_app() -> Starlette:
 def serve_hostile_web(port: int, log_path: Path, timeout_s: float = 60.0) -> Iterator[str]:
     """Run the hostile web in its own process on 127.0.0.1:`port`; yield its base URL; stop it on exit."""
     cmd = [sys.executable, "-m", "searchrl.bench.hostile_web", "--port", str(port)]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
+    proc = start_ready(cmd, url, log_path, append=True, timeout_s=timeout_s, interval_s=0.05)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"hostile web exited with {proc.returncode}; see {log_path}")
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"hostile web on {url} not ready after {timeout_s}s; see {log_path}")
-            time.sleep(0.05)
         yield url
     finally:
         stop_process(proc, timeout_s=10)

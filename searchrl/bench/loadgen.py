@@ -305,7 +305,7 @@ def drive(url: str, sc: Any, queries: list[str]) -> dict[str, Any]:
 
 def loadgen_main() -> None:
     """Entry of the client process: job JSON on stdin, results JSON on stdout."""
-    from searchrl.bench.service import Scenario
+    from searchrl.bench.service_load import Scenario
 
     job = json.loads(sys.stdin.read())
     result = drive(job["url"], Scenario(**job["scenario"]), job["queries"])

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.bench.service import stop_server
 from searchrl.errors import SearchRLError
-from searchrl.retrieval.process import free_port
+from searchrl.http import bearer_headers
+from searchrl.retrieval.process import free_port, serve_command, start_process, stop_process, wait_until_ready
 
 log = logging.getLogger(__name__)
 
@@ -118,35 +118,26 @@ def probe_body() -> tuple[str, dict[str, Any]]:
 
 def time_to_first_200(data_dir: Path, backend: str, log_path: Path, *, timeout_s: float = 900) -> float:
     """Launch `searchrl serve` as `run:` does and poll the readiness probe every 0.2 s until it answers 200."""
-    import httpx
-
     path, body = probe_body()
     port = free_port()
-    argv = [
-        sys.executable, "-m", "searchrl", "serve", "--backend", backend, "--corpus", "bundled",
-        "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    with log_path.open("w") as log_file:
-        started = time.perf_counter()
-        proc = subprocess.Popen(
-            argv, env={**os.environ, "RETRIEVAL_API_KEY": TOKEN}, stdout=log_file, stderr=log_file
+    args = ["--backend", backend, "--corpus", "bundled", "--data-dir", str(data_dir)]
+    started = time.perf_counter()
+    proc = start_process(serve_command(args, port), log_path, env={**os.environ, "RETRIEVAL_API_KEY": TOKEN})
+    try:
+        wait_until_ready(
+            f"http://127.0.0.1:{port}",
+            proc,
+            path=path,
+            json=body,
+            headers=bearer_headers(TOKEN),
+            timeout_s=timeout_s,
+            interval_s=POLL_S,
+            request_timeout_s=15,
+            log_path=log_path,
         )
-        try:
-            while True:
-                if proc.poll() is not None:
-                    raise SearchRLError(f"searchrl serve exited with {proc.returncode}; see {log_path}")
-                try:
-                    r = httpx.post(f"http://127.0.0.1:{port}{path}", json=body, headers=headers, timeout=15)
-                    if r.status_code == 200:
-                        return time.perf_counter() - started
-                except httpx.HTTPError:
-                    pass
-                if time.perf_counter() - started > timeout_s:
-                    raise SearchRLError(f"no 200 on {path} after {timeout_s:.0f}s; see {log_path}")
-                time.sleep(POLL_S)
-        finally:
-            stop_server(proc)
+        return time.perf_counter() - started
+    finally:
+        stop_process(proc, timeout_s=60)
 
 
 def publish_bundled(work: Path, backend: str) -> tuple[Path, float]:

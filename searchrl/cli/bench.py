@@ -78,7 +78,8 @@ def _csv(value: str, cast: type) -> tuple:  # type: ignore[type-arg]
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from searchrl.bench.service import format_report, run_bench
+    from searchrl.bench.service import run_bench
+    from searchrl.bench.service_report import format_report
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from searchrl.bench.loadgen import check_response, request_bodies
-from searchrl.bench.service import Scenario, run_scenario
+from searchrl.bench.service_load import Scenario, run_scenario
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
@@ -109,7 +109,7 @@ def test_server_cpu_is_read_from_proc() -> None:
     import os
     import sys
 
-    from searchrl.bench.service import process_cpu_seconds
+    from searchrl.bench.procfs import process_cpu_seconds
 
     if not sys.platform.startswith("linux"):
         pytest.skip("reads /proc")

@@ -18,22 +18,11 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from searchrl.bench.reliability import (
-    big_body,
-    client_call,
-    corpus_queries,
-    drain,
-    hostile_pages,
-    judge_hostile,
-    overload,
-    reference,
-    replica_freeze,
-    replica_hang,
-    replica_kill,
-    replicas,
-    run_load,
-    slow_clients,
-)
+from searchrl.bench.connections import big_body, slow_clients
+from searchrl.bench.hostile_load import hostile_pages, judge_hostile
+from searchrl.bench.reliability import drain, overload, replica_freeze, replica_hang, replica_kill
+from searchrl.bench.reliability_load import client_call, corpus_queries, reference, run_load
+from searchrl.bench.replicas import replicas
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
 

@@ -6,17 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.bench.service import (
-    REFERENCE,
-    QueryPool,
-    Scenario,
-    bench_queries,
-    format_report,
-    process_memory,
-    run_scenario,
-    start_reference,
-    stop_server,
-)
+from searchrl.bench.procfs import process_memory
+from searchrl.bench.service import REFERENCE, start_reference, stop_server
+from searchrl.bench.service_load import QueryPool, Scenario, bench_queries, run_scenario
+from searchrl.bench.service_report import format_report
 from searchrl.cli import main
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.app import create_app

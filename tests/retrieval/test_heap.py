@@ -12,7 +12,7 @@ from searchrl.retrieval.heap import HeapTrimmer
 # return none of it by itself (live blocks sit between the free ones), malloc_trim(0) can.
 _FRAGMENT = """
 import json, os
-from searchrl.bench.service import process_memory
+from searchrl.bench.procfs import process_memory
 from searchrl.retrieval.heap import trim_heap
 blocks = [bytes(2048) for _ in range(100_000)]
 kept = blocks[::50]

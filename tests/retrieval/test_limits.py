@@ -66,7 +66,7 @@ def test_bad_key_file_is_a_config_error(tmp_path: Path, content: str) -> None:
 @pytest.mark.live
 def test_token_never_appears_in_logs_metrics_errors_ps_or_run_record(tmp_path: Path) -> None:
     from searchrl.retrieval.indexing import ensure_index
-    from tests.live import free_port
+    from searchrl.retrieval.process import free_port, serve_command, start_ready
 
     settings = _settings(data_dir=tmp_path / "data")
     ensure_index(settings, "bm25")
@@ -75,27 +75,12 @@ def test_token_never_appears_in_logs_metrics_errors_ps_or_run_record(tmp_path: P
     port = free_port()
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "RETRIEVAL_API_KEY_FILE": str(key_file), "SEARCHRL_LOG_LEVEL": "DEBUG"}
-    cmd = ["searchrl", "serve", "--corpus", str(TINY_CORPUS), "--data-dir", str(settings.data_dir)]
-    cmd += ["--port", str(port), "--host", "0.0.0.0", "--no-build"]  # public bind: the key is required
-    import sys
-
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "searchrl", *cmd[1:]], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+    args = ["--corpus", str(TINY_CORPUS), "--data-dir", str(settings.data_dir), "--no-build"]
+    cmd = serve_command(args, port, host="0.0.0.0")  # public bind: the key is required
     url = f"http://127.0.0.1:{port}"
+    proc = start_ready(cmd, url, log_path, env=env, timeout_s=60, interval_s=0.05)
     seen: list[str] = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
         good = {"Authorization": f"Bearer {TOKEN}"}
         seen.append(httpx.post(url + "/retrieve", json=SEAL, headers=good).text)
         for bad in ({"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": f"Basic {TOKEN}"}, {}):

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.bench.service import Scenario, process_memory, run_scenario, start_server, stop_server
+from searchrl.bench.procfs import process_memory
+from searchrl.bench.service import start_server, stop_server
+from searchrl.bench.service_load import Scenario, run_scenario
 from searchrl.retrieval.process import free_port
 from tests.conftest import TINY_CORPUS
 

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from searchrl.retrieval.app import WARM_UP_QUERY, create_app
+from searchrl.retrieval.api.lifespan import WARM_UP_QUERY
+from searchrl.retrieval.app import create_app
 from searchrl.retrieval.backends.hybrid import HybridBackend
 from searchrl.retrieval.schemas import ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings

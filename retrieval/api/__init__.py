@@ -1,0 +1,3 @@
+"""The retrieval app's parts, assembled by `searchrl.retrieval.app.create_app`; nothing here is used elsewhere."""
+
+__all__: list[str] = []
