@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from searchrl.deploy.corpus_check import fetch_service_info
 from searchrl.deploy.tls import REMOTE_CA_BUNDLE
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.client import CA_BUNDLE_ENV, RetrievalClient, check_health
+from searchrl.retrieval.corpus_check import fetch_service_info
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import REPO, TINY_CORPUS
 from tests.live import serve_in_thread
