@@ -31,3 +31,6 @@ def setup_logging(level: str | None = None) -> None:
     handler._searchrl = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level_name)
+
+
+__all__ = ["setup_logging"]

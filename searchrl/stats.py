@@ -303,6 +303,7 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 
 __all__ = [
+    "N_PERM",
     "LEVEL",
     "N_BOOT",
     "PairedComparison",
