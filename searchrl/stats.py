@@ -79,7 +79,7 @@ def bootstrap_means(values: Scores, n_boot: int, rng: np.random.Generator) -> np
         return np.full(n_boot, uniq[0])
     if uniq.size == 2:  # one binomial count per resample
         hits = rng.binomial(n, counts[1] / n, size=n_boot)
-        return (uniq[0] * (n - hits) + uniq[1] * hits) / n
+        return np.asarray((uniq[0] * (n - hits) + uniq[1] * hits) / n, dtype=float)
     probs = counts / n
     out = np.empty(n_boot)
     step = max(1, _CHUNK_CELLS // uniq.size)
