@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.devset import dev_qa_path
-from tests.conftest import REPO, TINY_CORPUS
+from tests.conftest import REPO, TINY_CORPUS, run_outside
 
 DOCKERFILE = REPO / "docker" / "retrieval.Dockerfile"
 
@@ -95,30 +94,17 @@ print(json.dumps({"file": tuning.__file__, "queries": seen}))
 
 
 @pytest.mark.slow
-def test_gate_queries_in_an_installed_wheel_start_with_the_dev_set(tmp_path: Path) -> None:
+def test_gate_queries_in_an_installed_wheel_start_with_the_dev_set(
+    tmp_path: Path, searchrl_wheel: Path
+) -> None:
     """Issue 33, bug 2: the image installs the wheel (`pip install ".[retrieval]"`, not editable) and copies no
     tests/, and its quality gate silently dropped the 30 dev questions, which it read through tests/fixtures.
     Here the wheel is unpacked where no tests/ sits beside it and imported from there alone."""
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
-        check=True,
-        timeout=300,
-    )
-    (wheel,) = wheels.glob("searchrl-*.whl")
     site = tmp_path / "site"
-    with zipfile.ZipFile(wheel) as archive:
+    with zipfile.ZipFile(searchrl_wheel) as archive:
         archive.extractall(site)
     assert not (site / "tests").exists() and not (site / "searchrl" / "tests").exists()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("SEARCHRL_")}
-    out = subprocess.run(
-        [sys.executable, "-c", _GATE_PROBE, str(site), str(TINY_CORPUS)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_outside([sys.executable, "-c", _GATE_PROBE, site, TINY_CORPUS], tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["file"].startswith(str(site)), result["file"]  # the wheel, not the editable checkout

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import tomllib
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_outside
 from tests.live import free_port
 
 PACKAGE_DIRS = {
@@ -108,27 +108,10 @@ def test_every_package_is_listed_in_pyproject() -> None:
 
 @pytest.mark.slow
 @pytest.mark.live
-def test_wheel_beside_a_pypi_trainer_package(tmp_path: Path) -> None:
+def test_wheel_beside_a_pypi_trainer_package(tmp_path: Path, searchrl_wheel: Path) -> None:
     """Build the wheel, install it into a fresh venv that already has a `trainer` package, import ours, run the
     CLI and serve a query. Third-party dependencies come from this interpreter's site-packages (a .pth line),
     so nothing but the wheel is installed and nothing of the repo is on the path."""
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "-q",
-            "-w",
-            str(wheels),
-            str(REPO),
-        ],
-        check=True,
-        timeout=600,
-    )
-    (wheel,) = wheels.glob("searchrl-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
@@ -149,7 +132,7 @@ def test_wheel_beside_a_pypi_trainer_package(tmp_path: Path) -> None:
             "--no-deps",
             "--ignore-installed",
             "-q",
-            str(wheel),
+            str(searchrl_wheel),
         ],
         check=True,
         timeout=300,
@@ -161,21 +144,14 @@ def test_wheel_beside_a_pypi_trainer_package(tmp_path: Path) -> None:
         "assert trainer.IS_DUMMY;"
         "print(t.TOOL_CLASS, r.__file__)"
     )
-    out = subprocess.run(
-        [python, "-c", probe],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_outside([python, "-c", probe], tmp_path)
     assert out.returncode == 0, out.stderr
     tool_class, reward_file = out.stdout.split()
     assert tool_class == "searchrl.trainer.tool.SearchTool"
     assert reward_file.startswith(str(site))
 
     searchrl = venv / "bin" / "searchrl"
-    help_out = subprocess.run([searchrl, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    help_out = run_outside([searchrl, "--help"], tmp_path)
     assert help_out.returncode == 0 and "serve" in help_out.stdout
 
     port = free_port()
