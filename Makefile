@@ -203,9 +203,12 @@ test: $(VENV)/.dev $(SKY_VENV)/.sky  ## run the whole test suite (what README an
 test-unit: $(VENV)/.dev $(SKY_VENV)/.sky  ## tests that start no server
 	$(BIN)/python -m pytest -m "not live and not slow" $(ARGS)
 
-check: $(VENV)/.dev  ## lint and format check (never edits)
+# mypy reads the package as it installs (searchrl.retrieval is retrieval/): a tree of links under build/mypy/
+check: $(VENV)/.dev  ## lint, format and type check (never edits): ruff, then mypy strict on searchrl/*.py and retrieval/
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	rm -rf build/mypy && mkdir -p build/mypy/searchrl && ln -s $(CURDIR)/searchrl/*.py build/mypy/searchrl/ && for d in retrieval trainer infer; do ln -s $(CURDIR)/$$d build/mypy/searchrl/$$d; done
+	$(BIN)/mypy
 
 fmt: $(VENV)/.dev  ## format and fix
 	$(BIN)/ruff format .

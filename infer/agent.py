@@ -36,8 +36,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from searchrl.errors import RetrievalUnavailableError
-from searchrl.infer.llm import ChatRenderer, RequestRejectedError, Sampling, ServerLLM, TextGenerator
+from searchrl.errors import FatalSearchError, RequestRejectedError, RetrievalUnavailableError
+from searchrl.infer.llm import ChatRenderer, Sampling, ServerLLM, TextGenerator
 from searchrl.infer.settings import InferSettings
 from searchrl.prompt import (
     POLICY_FAILURES,
@@ -76,10 +76,6 @@ FATAL_KINDS = {
     "http_404": "the retrieval service answered 404 (a replay-cache miss, or a URL that is not /retrieve)",
     "http_429": "the search quota is spent (429): raise the backend's budget or wait for it to refill",
 }
-
-
-class FatalSearchError(RetrievalUnavailableError):
-    """A search failure that ends the run: every later search would fail the same way."""
 
 
 @dataclass

@@ -42,7 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 from searchrl import __version__
 from searchrl.devset import dev_qa_path
-from searchrl.errors import DataError, RetrievalUnavailableError, SearchRLError
+from searchrl.errors import (
+    DataError,
+    InvalidRunError,
+    RetrievalUnavailableError,
+    RunCannotBeValidError,
+)
 from searchrl.infer.agent import (
     FATAL_KINDS,
     STOP_LLM_ERROR,
@@ -67,14 +72,6 @@ SEARCHR1_REPO = "PeterJinGo/nq_hotpotqa_train"
 SEARCHR1_TEST_FILE = "test.parquet"
 # Column order of the paper's table (arXiv 2503.09516, Table 2); other data sources follow alphabetically.
 PAPER_ORDER = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
-
-
-class InvalidRunError(SearchRLError):
-    """The run finished, but too many of its questions failed for its numbers to be quoted."""
-
-
-class RunCannotBeValidError(SearchRLError):
-    """Raised while running once failures make the run invalid whatever the remaining questions give."""
 
 
 @dataclass(frozen=True)

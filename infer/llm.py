@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from searchrl.errors import InferenceError, RetryableError
+from searchrl.errors import InferenceError, RequestRejectedError, RetryableError
 from searchrl.http import bearer_headers, retry_after_s, retrying
 from searchrl.prompt import ToolCall
 
@@ -44,18 +44,6 @@ _SYNTHETIC_PREFIX: list[dict[str, Any]] = [
         "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {}}}],
     },
 ]
-
-
-class RequestRejectedError(InferenceError):
-    """The LLM server refused one request (4xx, e.g. the prompt is longer than the context window).
-
-    The agent records it on that question and goes on; other failures abort the run.
-    """
-
-    def __init__(self, message: str, *, status: int = 400, detail: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.detail = detail
 
 
 # Sampling fields every generation request carries, whatever the server's defaults. vLLM (`--generation-config

@@ -79,7 +79,7 @@ def parse_row(raw: bytes | str, path: Path | str, lineno: int) -> Passage:
     return Passage(id=str(doc_id), contents=contents)
 
 
-def _open_binary(path: Path) -> IO[bytes]:
+def _open_binary(path: Path) -> IO[bytes] | gzip.GzipFile:
     if path.suffix == ".gz":
         return gzip.open(path, "rb")
     return open(path, "rb")  # noqa: SIM115 - returned to a `with` at the caller

@@ -98,7 +98,8 @@ def gunzip_once(src: Path, dest: Path) -> Path:
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:
         with (
-            gzip.open(src, "rb") as fin,
+            open(src, "rb") as raw,  # its position is the progress: compressed bytes read so far
+            gzip.GzipFile(fileobj=raw, mode="rb") as fin,
             open(tmp, "wb") as fout,
             tqdm(
                 total=src.stat().st_size,
@@ -108,11 +109,10 @@ def gunzip_once(src: Path, dest: Path) -> Path:
                 file=sys.stderr,
             ) as bar,
         ):
-            raw = fin.fileobj  # type: ignore[attr-defined]
             last = 0
             while block := fin.read(8 * 1024 * 1024):
                 fout.write(block)
-                pos = raw.tell() if raw is not None else last
+                pos = raw.tell()
                 bar.update(pos - last)
                 last = pos
         os.replace(tmp, dest)

@@ -361,7 +361,7 @@ class Encoder:
                 pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
             if self.spec.normalize:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-            return pooled.cpu().numpy()
+            return np.asarray(pooled.cpu().numpy())
 
     def describe(self) -> dict[str, Any]:
         """What `GET /` and the logs report about how queries are encoded."""

@@ -88,7 +88,7 @@ class TuningReport:
 # --- the machine --------------------------------------------------------------------------------------------
 def cpu_info() -> dict[str, Any]:
     """CPU model and flags from /proc/cpuinfo (Linux), plus the cores this process may use."""
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags = platform.processor() or platform.machine(), set[str]()
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:

@@ -121,7 +121,7 @@ class RetrieveHandler:
             else:
                 body = self.body_model.model_validate_json(raw)
         except ValidationError as exc:
-            status, detail = describe_errors(list(exc.errors()), settings)
+            status, detail = describe_errors(exc.errors(), settings)
             metrics.observe_request(status, 0, 0.0, "invalid")
             return _detail(status, detail)
         queries = body.query_list

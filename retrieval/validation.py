@@ -8,6 +8,7 @@ refuses, or the reverse). `request_model(settings)` builds the model per app bec
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from pydantic import (
@@ -84,7 +85,7 @@ def request_model(settings: RetrievalSettings) -> type[RetrieveRequest]:
             Field(default=False, description="scored objects instead of bare documents"),
         ),
     }
-    model: type[RetrieveRequest] = create_model(  # type: ignore[call-overload]
+    model: type[RetrieveRequest] = create_model(
         "RetrieveBody",
         __base__=RetrieveRequest,
         __config__=None,
@@ -98,7 +99,7 @@ def request_model(settings: RetrievalSettings) -> type[RetrieveRequest]:
     return model
 
 
-def describe_errors(errors: list[dict[str, Any]], settings: RetrievalSettings) -> tuple[int, str]:
+def describe_errors(errors: Sequence[Mapping[str, Any]], settings: RetrievalSettings) -> tuple[int, str]:
     """One readable sentence for the first problem in a request body (400 for bad JSON, else 422)."""
     if not errors:
         return 422, "invalid request"

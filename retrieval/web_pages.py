@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from searchrl.errors import BackendError
+from searchrl.errors import PageFetchError
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,6 @@ REASONS = ("refused_address", "refused_scheme", "too_large", "timeout", "error",
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052 well-known prefix: the low 32 bits are IPv4
 _NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215 local-use NAT64, not in 3.11's tables
 _ACCEPT_ENCODING = "gzip, deflate"
-
-
-class PageFetchError(BackendError):
-    """A page was refused or could not be read; `reason` is one of `REASONS` (the metric label)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def is_public_address(ip: IPAddress) -> bool:

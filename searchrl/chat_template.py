@@ -116,6 +116,7 @@ def prepare_chat_template(tokenizer: Any, *, model: str, choice: str = "model", 
 
 
 __all__ = [
+    "CHATML_MARKERS",
     "CHATML_HERMES_TEMPLATE",
     "CHAT_TEMPLATE_CHOICES",
     "ChatTemplateChoice",

@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings
 
 from searchrl.errors import ConfigError
 
-S = TypeVar("S", bound=BaseSettings)
+_S = TypeVar("_S", bound=BaseSettings)
 
 # SEARCHRL_* variables that are not fields of a settings class: logging, the CLI, and the SkyPilot tasks' envs.
 OTHER_ENV_NAMES = frozenset(
@@ -114,7 +114,7 @@ class StrictSettings(BaseSettings):
         super().__init__(**values)
 
 
-def load_settings(cls: type[S], **overrides: Any) -> S:
+def load_settings(cls: type[_S], **overrides: Any) -> _S:
     """`cls(**overrides)` (flags > env > .env > defaults); a bad value raises ConfigError naming the knob.
 
     The message names the field, its env var and what is wrong, never the value of a secret.

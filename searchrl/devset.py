@@ -14,7 +14,7 @@ from pathlib import Path
 
 def dev_qa_path() -> Path:
     """The dev set's JSONL file, wherever the package is installed (editable, wheel or image)."""
-    return Path(str(files("searchrl").joinpath("data", "dev_qa.jsonl")))
+    return Path(str(files("searchrl") / "data" / "dev_qa.jsonl"))
 
 
 __all__ = ["dev_qa_path"]

@@ -6,22 +6,33 @@
     ├── IndexLoadError                 index directory missing, corrupt, or not matching corpus/encoder
     ├── BackendError                   a retrieval backend failed to answer (upstream error, quota, ...)
     │   ├── QuotaExceededError         a web backend's request budget is spent (HTTP 429)
-    │   └── CacheMissError             replay mode and the query was never recorded (HTTP 404: no retry helps)
+    │   ├── CacheMissError             replay mode and the query was never recorded (HTTP 404: no retry helps)
+    │   └── PageFetchError             web page mode refused or could not read a result page (`reason` label)
     ├── RetrievalUnavailableError      /retrieve unreachable, timed out, or answered with an error
     │   ├── SearchFailureRateError     too many failed searches during training: the run stops (trainer/reward.py)
-    │   └── ServiceUnavailableError    an outage (refused, timed out, 5xx/429) until the deadline: exit 75, not 2
+    │   ├── ServiceUnavailableError    an outage (refused, timed out, 5xx/429) until the deadline: exit 75, not 2
+    │   └── FatalSearchError           an eval search failure no later search can fix (401, 403, 404, 429, dead)
     ├── OverloadedError                the service is past its queue bound (HTTP 503 + Retry-After)
     ├── DataError                      QA data or training data that cannot be prepared
     ├── CheckpointError                checkpoint missing or merge output not loadable
+    ├── RolloutFailedError             a rollout group failed inside verl's agent-loop worker: training stops
     ├── SmokeCheckError                a smoke run exited 0 but did not search, checkpoint or merge
     ├── DeployError                    SkyPilot task invalid, endpoint not ready, launch failed
     ├── InferenceError                 the LLM server (or local model) cannot be reached, loaded or parsed
+    │   └── RequestRejectedError       the LLM server refused one request (4xx): recorded, the run goes on
+    ├── InvalidRunError                an eval finished with too many failed questions for its numbers to count
+    ├── RunCannotBeValidError          an eval stops early: its failures already make the run invalid
     └── ModelGetError                  a known model (`searchrl model get`) cannot be installed or converted
 
 `searchrl.cli.main()` catches `SearchRLError` only: it prints `error: <message>` as one line on stderr and exits
 with the error's `exit_code`: 2 (a refusal: fixing the input fixes it), except ServiceUnavailableError's 75
-(EX_TEMPFAIL: the same command may pass later; trainer/refusal.py never counts it as a refusal). Anything else is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and
-never contain a secret.
+(EX_TEMPFAIL: the same command may pass later; trainer/refusal.py never counts it as a refusal). Anything else
+is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and never contain a secret.
+
+Every exception class lives here (tests/test_errors.py checks the tree above against the classes), except
+three that never leave their module: trainer/driver.py's `DriverError` (that file runs with the system python
+before anything of ours is installed; trainer/lock.py turns it into ConfigError) and the private `_Retryable`
+markers of the retry loops in retrieval/client.py and retrieval/backends/web.py.
 """
 
 from __future__ import annotations
@@ -57,6 +68,15 @@ class CacheMissError(BackendError):
     """Replay mode was asked a query that was never recorded."""
 
 
+class PageFetchError(BackendError):
+    """A page was refused or could not be read; `reason` is one of retrieval/web_pages.py's `REASONS` (the
+    metric label)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class RetrievalUnavailableError(SearchRLError):
     """The retrieval service could not be reached or answered with an error."""
 
@@ -80,6 +100,10 @@ class SearchFailureRateError(RetrievalUnavailableError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, kind="failure_rate")
+
+
+class FatalSearchError(RetrievalUnavailableError):
+    """A search failure that ends an eval run: every later search would fail the same way (infer/agent.py)."""
 
 
 class OverloadedError(SearchRLError):
@@ -112,6 +136,26 @@ class DeployError(SearchRLError):
 
 class InferenceError(SearchRLError):
     """The LLM server could not be reached or answered with an error, or a local model failed to load."""
+
+
+class RequestRejectedError(InferenceError):
+    """The LLM server refused one request (4xx, e.g. the prompt is longer than the context window).
+
+    The agent records it on that question and goes on; other failures abort the run.
+    """
+
+    def __init__(self, message: str, *, status: int = 400, detail: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+
+
+class InvalidRunError(SearchRLError):
+    """The eval run finished, but too many of its questions failed for its numbers to be quoted."""
+
+
+class RunCannotBeValidError(SearchRLError):
+    """Raised while an eval runs once failures make the run invalid whatever the remaining questions give."""
 
 
 class ModelGetError(SearchRLError):
@@ -150,6 +194,7 @@ class RetryableRetrievalError(RetryableError, RetrievalUnavailableError):
 
 
 __all__ = [
+    "first_line",
     "BackendError",
     "CacheMissError",
     "CheckpointError",
@@ -157,16 +202,22 @@ __all__ = [
     "CorpusError",
     "DataError",
     "DeployError",
+    "FatalSearchError",
     "IndexLoadError",
     "InferenceError",
+    "InvalidRunError",
     "ModelGetError",
     "OverloadedError",
+    "PageFetchError",
     "QuotaExceededError",
+    "RequestRejectedError",
     "RetrievalUnavailableError",
     "RetryableError",
     "RetryableRetrievalError",
     "ServiceUnavailableError",
+    "RolloutFailedError",
+    "RunCannotBeValidError",
     "SearchFailureRateError",
     "SearchRLError",
     "SmokeCheckError",
-]  # the tree only (tests/test_cli.py checks it); first_line is a helper for building messages
+]  # the tree, plus first_line for building messages (tests/test_errors.py checks both)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TextIO
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever sys.stderr is at emit time (pytest and tools swap it after set-up)."""
 
-    @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201
+    @property
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
@@ -31,3 +32,6 @@ def setup_logging(level: str | None = None) -> None:
     handler._searchrl = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level_name)
+
+
+__all__ = ["setup_logging"]

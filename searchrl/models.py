@@ -272,6 +272,9 @@ def resolve_model(name_or_path: str, *, models_dir: Path = MODELS_DIR) -> str:
 
 
 __all__ = [
+    "GGUF_SPEC",
+    "MANIFEST",
+    "build_model_folder",
     "KNOWN_MODELS",
     "MODELS_DIR",
     "PypiGguf",

@@ -273,6 +273,7 @@ def format_observation(
 
 
 __all__ = [
+    "TRUNCATION_MARK",
     "DOC_OVERHEAD_CHARS",
     "POLICY_FAILURES",
     "PROMPT_VERSION",

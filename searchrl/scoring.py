@@ -93,4 +93,12 @@ def score_response(response: str, golden: str | Iterable[str]) -> AnswerScore:
     )
 
 
-__all__ = ["AnswerScore", "exact_match", "extract_answer", "f1_score", "normalize_answer", "score_response"]
+__all__ = [
+    "MAX_ANSWER_TAGS",
+    "AnswerScore",
+    "exact_match",
+    "extract_answer",
+    "f1_score",
+    "normalize_answer",
+    "score_response",
+]

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+Scores = Sequence[float] | np.ndarray  # one score per question, as a list or an array
+
 N_BOOT = 2000
 N_PERM = 50_000  # sign-flip draws for the macro test when exact enumeration is too large
 LEVEL = 0.95
@@ -64,7 +66,7 @@ def proportion_ci(values: Sequence[float], *, level: float = LEVEL) -> tuple[flo
     return bootstrap_ci(x, level=level)
 
 
-def bootstrap_means(values: Sequence[float], n_boot: int, rng: np.random.Generator) -> np.ndarray:
+def bootstrap_means(values: Scores, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """`n_boot` means of resamples (with replacement, same size) of `values`, drawn as counts.
 
     The mean of n resampled values only depends on how often each distinct value is drawn: a binomial count for
@@ -77,7 +79,7 @@ def bootstrap_means(values: Sequence[float], n_boot: int, rng: np.random.Generat
         return np.full(n_boot, uniq[0])
     if uniq.size == 2:  # one binomial count per resample
         hits = rng.binomial(n, counts[1] / n, size=n_boot)
-        return (uniq[0] * (n - hits) + uniq[1] * hits) / n
+        return np.asarray((uniq[0] * (n - hits) + uniq[1] * hits) / n, dtype=float)
     probs = counts / n
     out = np.empty(n_boot)
     step = max(1, _CHUNK_CELLS // uniq.size)
@@ -88,7 +90,7 @@ def bootstrap_means(values: Sequence[float], n_boot: int, rng: np.random.Generat
 
 
 def bootstrap_ci(
-    values: Sequence[float], *, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
+    values: Scores, *, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `values`; (nan, nan) when there are none."""
     x = np.asarray(values, dtype=float)
@@ -169,7 +171,7 @@ def mcnemar_ci(b: int, c: int, n: int, *, level: float = LEVEL) -> tuple[float, 
 
 
 def paired_comparison(
-    a: Sequence[float], b: Sequence[float], *, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
+    a: Scores, b: Scores, *, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
 ) -> PairedComparison:
     """Compare two runs question by question; `a` and `b` hold one score per shared question, same order."""
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
@@ -195,7 +197,7 @@ def paired_comparison(
             int(d.size), float(d.mean()), (c_lo, c_hi), b_only, a_only, mcnemar_p(b_only, a_only)
         )
     # two-sided bootstrap p: how often the resampled difference lands on the other side of zero
-    p = float(min(1.0, 2 * min(np.mean(boots <= 0), np.mean(boots >= 0)))) if d.any() else 1.0
+    p = min(1.0, 2 * min(float(np.mean(boots <= 0)), float(np.mean(boots >= 0)))) if d.any() else 1.0
     return PairedComparison(
         int(d.size), float(d.mean()), (float(lo), float(hi)), b_only, a_only, p, "bootstrap"
     )
@@ -303,6 +305,8 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 
 __all__ = [
+    "Scores",
+    "N_PERM",
     "LEVEL",
     "N_BOOT",
     "PairedComparison",

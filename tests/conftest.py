@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +52,24 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("SEARCHRL_") or name in _LEAKY:
             monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def searchrl_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel `pip wheel --no-deps` builds from this checkout (what the image installs), once a session."""
+    out = tmp_path_factory.mktemp("wheel")
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)]
+    subprocess.run(cmd, check=True, timeout=600)
+    (wheel,) = out.glob("searchrl-*.whl")
+    return wheel
+
+
+def run_outside(cmd: list[str | Path], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` away from the checkout: in `cwd`, without PYTHONPATH, its output captured as text."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from searchrl.devset import dev_qa_path
+from tests.conftest import REPO, TINY_CORPUS, run_outside
 
 DOCKERFILE = REPO / "docker" / "retrieval.Dockerfile"
 
@@ -69,3 +72,42 @@ def test_default_target_is_not_root_and_the_sky_target_is() -> None:
     assert any(line.startswith("USER 10001") for line in stages["service"])  # not root
     assert "sky" in stages and not any(line.startswith("USER") for line in stages["sky"])
     assert not any(line.startswith("USER") for line in stages["base"])  # sky inherits root from base
+
+
+# The image's encoder quality gate, run from an unpacked wheel: `serving_encoder` with `tune` replaced by a
+# recorder, so no encoder or index is loaded. Prints where searchrl came from and the gate's query list.
+_GATE_PROBE = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+sys.path.insert(0, sys.argv[1])
+import searchrl.retrieval.encoder_tuning as tuning
+from searchrl.retrieval.settings import RetrievalSettings
+seen = []
+def record(settings, base, index, index_dir, fingerprint, queries):
+    seen.extend(queries)
+    return None, SimpleNamespace(to_dict=dict)
+tuning.tune = record
+tuning.serving_encoder(RetrievalSettings(), SimpleNamespace(device="cpu"), None, Path("."), "", Path(sys.argv[2]))
+print(json.dumps({"file": tuning.__file__, "queries": seen}))
+"""
+
+
+@pytest.mark.slow
+def test_gate_queries_in_an_installed_wheel_start_with_the_dev_set(
+    tmp_path: Path, searchrl_wheel: Path
+) -> None:
+    """Issue 33, bug 2: the image installs the wheel (`pip install ".[retrieval]"`, not editable) and copies no
+    tests/, and its quality gate silently dropped the 30 dev questions, which it read through tests/fixtures.
+    Here the wheel is unpacked where no tests/ sits beside it and imported from there alone."""
+    site = tmp_path / "site"
+    with zipfile.ZipFile(searchrl_wheel) as archive:
+        archive.extractall(site)
+    assert not (site / "tests").exists() and not (site / "searchrl" / "tests").exists()
+    out = run_outside([sys.executable, "-c", _GATE_PROBE, site, TINY_CORPUS], tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["file"].startswith(str(site)), result["file"]  # the wheel, not the editable checkout
+    dev = [json.loads(line)["question"] for line in dev_qa_path().read_text().splitlines() if line.strip()]
+    assert len(dev) == 30
+    assert result["queries"][:30] == dev

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.cli import main
-from searchrl.infer.scripted import PIPELINE_CHECK_MODEL
-from searchrl.smoke import (
+from searchrl.deploy.smoke import (
     EVAL_LABEL,
     Question,
     eval_counts,
@@ -20,6 +19,7 @@ from searchrl.smoke import (
     run_smoke,
     score,
 )
+from searchrl.infer.scripted import PIPELINE_CHECK_MODEL
 from tests.conftest import DEV_QA, TINY_CORPUS
 
 

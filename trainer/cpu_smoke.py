@@ -131,7 +131,7 @@ def cpu_settings(out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS
         entropy_coeff=0.001,
         lr=1e-4,
         logger="console",
-        allow_small_corpus=True,  # the bundled corpus is not wiki-18 (searchrl/deploy/corpus_check.py)
+        allow_small_corpus=True,  # the bundled corpus is not wiki-18 (retrieval/corpus_check.py)
         health_deadline_s=300.0,
         checkpoint_wait_s=0.0,
     )

@@ -12,7 +12,7 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
      verl's epochs so training reaches TOTAL_STEPS (TrainSettings.epochs_for).
   5. Tool config: `trainer/toolconfig.py` writes the verl tool YAML for the current RETRIEVAL_SERVICE_URL.
   6. Health: a real `POST /retrieve` against every URL; at least one must answer (the rest are failovers).
-  7. Corpus: the healthy services' `GET /` must name wiki-18 for Search-R1 data (searchrl/deploy/corpus_check.py).
+  7. Corpus: the healthy services' `GET /` must name wiki-18 for Search-R1 data (retrieval/corpus_check.py).
   8. Record: the overrides, the resolved settings (no secrets) and the service's corpus checksum and index
      fingerprint go into <run>/searchrl/, like nanoGPT keeps its config inside the checkpoint.
   9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours. SMOKE=1
@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.deploy.corpus_check import (
+from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
+from searchrl.retrieval.corpus_check import (
     CorpusIdentity,
     check_training_corpus,
     corpus_identity,
     fetch_service_info,
 )
-from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
 from searchrl.trainer.checkpoint import check_resume as check_checkpoint
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
@@ -199,7 +199,7 @@ def check_retrieval(settings: TrainSettings) -> list[str]:
 
 
 def check_corpus(settings: TrainSettings, urls: Sequence[str]) -> CorpusIdentity:
-    """Every healthy URL serves the same corpus and index, and it fits the data (searchrl/deploy/corpus_check.py)."""
+    """Every healthy URL serves the same corpus and index, and it fits the data (retrieval/corpus_check.py)."""
     api_key = os.environ.get(settings.retrieval_api_key_env) or None
     seen = [(url, corpus_identity(fetch_service_info(url, api_key))) for url in urls]
     first_url, first = seen[0]

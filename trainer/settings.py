@@ -28,8 +28,8 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from searchrl.config import StrictSettings
-from searchrl.deploy.corpus_check import SEARCH_R1_DATASET
 from searchrl.errors import ConfigError
+from searchrl.retrieval.corpus_check import SEARCH_R1_DATASET
 from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
 
 DatasetSize = Literal["small", "medium", "full"]

@@ -326,7 +326,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _eval(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
-    from searchrl.infer.evaluate import InvalidRunError, failure_cell, paper_table, run_eval
+    from searchrl.errors import InvalidRunError
+    from searchrl.infer.evaluate import failure_cell, paper_table, run_eval
     from searchrl.infer.settings import InferSettings
     from searchrl.logs import setup_logging
 

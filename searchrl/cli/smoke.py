@@ -41,9 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _smoke(args: argparse.Namespace) -> int:
+    from searchrl.deploy.smoke import run_smoke, write_report
     from searchrl.errors import ConfigError, SearchRLError
     from searchrl.logs import setup_logging
-    from searchrl.smoke import run_smoke, write_report
 
     setup_logging()
     if args.k < 1 or args.questions < 1:

@@ -4,7 +4,7 @@
     tasks.py           --env/--secret flags; sky/*.yaml through SkyPilot's own parser plus the checks it lacks
     endpoint.py        the readiness probe as SkyServe sends it; waiting for a service's endpoint
     launch.py          planning and launching the retrieval service and the trainer (health and corpus checks)
-    corpus_check.py    does the service's corpus fit the training data (its GET /)
+    smoke.py           `searchrl smoke`: download, serve, health-check, recall and a scripted eval of one corpus
     index_mount.py     mounting a prebuilt index bucket on the replicas
     tls.py             mounting the service.tls certificate (SEARCHRL_RETRIEVAL_CA_BUNDLE) on the training nodes
     replica_budget.py  how long a replica takes to start (the readiness probe's initial delay)

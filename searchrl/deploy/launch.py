@@ -96,7 +96,7 @@ def plan_train(
 
     add_ca_bundle(task, envs)
     # Search-R1 data against a corpus other than wiki-18 trains "search does not help": refuse before launching.
-    from searchrl.deploy.corpus_check import check_task_corpus
+    from searchrl.retrieval.corpus_check import check_task_corpus
 
     if resolved:
         first_url = [u.strip() for u in url.split(",") if u.strip()][0]

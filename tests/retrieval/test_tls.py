@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from searchrl.cli import main
-from searchrl.deploy.corpus_check import fetch_service_info
 from searchrl.deploy.tls import REMOTE_CA_BUNDLE
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.client import CA_BUNDLE_ENV, RetrievalClient, check_health
+from searchrl.retrieval.corpus_check import fetch_service_info
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import REPO, TINY_CORPUS, TINY_QA
 from tests.infer.conftest import chat_tokenizer_dir, serve_scripts  # noqa: F401 (a fixture, used by name)

@@ -173,7 +173,7 @@ def test_allow_small_corpus_lets_a_smoke_run_through(tmp_path, live_bm25_url, mo
 
 
 def test_wiki18_and_other_data_pass_and_web_backends_do_not(caplog):
-    from searchrl.deploy.corpus_check import check_training_corpus, corpus_identity
+    from searchrl.retrieval.corpus_check import check_training_corpus, corpus_identity
 
     wiki = {"backend": "dense", "corpus": "/data/wiki-18.jsonl", "corpus_size": 21_015_324}
     assert check_training_corpus(corpus_identity(wiki), search_r1_data=True, allow_small=False).is_wiki18
