@@ -269,17 +269,18 @@ class RetrievalClient:
                 for task in done:
                     if task is wake:
                         continue
-                    url = racing.pop(task)
+                    url = racing.pop(task)  # type: ignore[call-overload]  # asyncio.wait hands back our Tasks as Futures
                     exc = task.exception()
                     if exc is None:
                         self._stats[url].ok += 1
                         self.breakers[url].record_success()
-                        self._hedging.note_latency(time.monotonic() - started[task])
+                        self._hedging.note_latency(time.monotonic() - started[task])  # type: ignore[index]
                         if task is not primary:
                             self.hedges_won += 1
                             if primary in racing:
                                 self._record_outrun(racing[primary])
-                        return task.result()
+                        hits: list[list[Hit]] = task.result()
+                        return hits
                     if not isinstance(exc, RetrievalUnavailableError):
                         raise exc
                     log.debug("retrieval attempt failed: %s", exc)

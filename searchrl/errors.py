@@ -22,6 +22,8 @@
     │   └── RequestRejectedError       the LLM server refused one request (4xx): recorded, the run goes on
     ├── InvalidRunError                an eval finished with too many failed questions for its numbers to count
     ├── RunCannotBeValidError          an eval stops early: its failures already make the run invalid
+    ├── RetryableError                 one HTTP attempt failed in a way a retry may fix (searchrl/http.py)
+    │   └── RetryableRetrievalError(RetrievalUnavailableError)  a /retrieve attempt worth another one
     └── ModelGetError                  a known model (`searchrl model get`) cannot be installed or converted
 
 `searchrl.cli.main()` catches `SearchRLError` only: it prints `error: <message>` as one line on stderr and exits
@@ -30,9 +32,8 @@ with the error's `exit_code`: 2 (a refusal: fixing the input fixes it), except S
 is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and never contain a secret.
 
 Every exception class lives here (tests/test_errors.py checks the tree above against the classes), except
-three that never leave their module: trainer/driver.py's `DriverError` (that file runs with the system python
-before anything of ours is installed; trainer/lock.py turns it into ConfigError) and the private `_Retryable`
-markers of the retry loops in retrieval/client.py and retrieval/backends/web.py.
+trainer/driver.py's `DriverError`, which never leaves its module: that file runs with the system python before
+anything of ours is installed, and trainer/lock.py turns it into ConfigError.
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ class RetryableError(SearchRLError):
         error: SearchRLError | None = None,
         **kwargs: object,
     ) -> None:
-        super().__init__(message, **kwargs)  # type: ignore[call-arg]  # e.g. kind/status of the mixin below
+        super().__init__(message, **kwargs)  # kwargs: e.g. kind/status of the mixin below
         self.retry_after = retry_after
         self.error = error
 

@@ -35,6 +35,7 @@ from tenacity import (
     stop_before_delay,
     wait_fixed,
 )
+from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from searchrl.errors import ConfigError, RetryableError
@@ -99,7 +100,7 @@ def backoff_s(attempt: int, *, base_s: float, max_s: float, jitter: float = 0.5)
     short, and spreading them matters more than a minimum pause.
     """
     cap = min(max_s, base_s * 2**attempt)
-    return cap * (1.0 - jitter * random.random())
+    return float(cap * (1.0 - jitter * random.random()))
 
 
 class wait_backoff(wait_base):  # noqa: N801 (tenacity's wait strategies are lower-case)
@@ -137,7 +138,7 @@ def retrying(
 
     `deadline_s`: never start a wait (back-off or Retry-After) that ends more than this after the first try.
     """
-    stop = stop_after_attempt(attempts)
+    stop: stop_base = stop_after_attempt(attempts)
     if deadline_s is not None:
         stop = stop | stop_before_delay(deadline_s)
     return AsyncRetrying(

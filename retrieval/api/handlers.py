@@ -20,7 +20,8 @@ def allowed_methods(app: FastAPI, path: str) -> set[str]:
     methods = {
         m for r in app.routes if getattr(r, "path", None) == path for m in getattr(r, "methods", None) or ()
     }
-    return methods | app.state.route_methods.get(path, set())
+    added: set[str] = app.state.route_methods.get(path, set())
+    return methods | added
 
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:

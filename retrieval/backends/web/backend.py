@@ -40,7 +40,10 @@ def _clean(text: Any) -> str:
 
 def make_document(title: str, snippet: str, url: str, **extra: Any) -> Document:
     """A Search-R1 document for a web hit: the id is the URL, contents is '"Title"\\nsnippet'."""
-    return Document(id=url, contents=f'"{_clean(title)}"\n{_clean(snippet)}', url=url, **extra)
+    # Document allows extra fields (schemas.py): model_validate takes them, as the wire format does
+    return Document.model_validate(
+        {"id": url, "contents": f'"{_clean(title)}"\n{_clean(snippet)}', "url": url, **extra}
+    )
 
 
 def organic_documents(results: list[Any]) -> list[Document]:
@@ -71,6 +74,7 @@ class WebBackend(Backend):
     """
 
     name = "web"
+    provider: str | None = None  # GoogleBackend names the SERP provider behind it; GET / reports it
     #: the env vars a 401/403 points the user at
     credentials_hint = ""
 
@@ -175,7 +179,7 @@ class WebBackend(Backend):
     def info(self) -> dict[str, Any]:
         return {
             "backend": self.name,
-            "provider": getattr(self, "provider", self.name),
+            "provider": self.provider or self.name,
             "upstream": self._public_url(),
             "rate_limit_rps": self.rate_limit_rps,
             "gl": self.gl,

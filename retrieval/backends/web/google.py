@@ -18,7 +18,7 @@ class GoogleBackend:
         )
         backend = impl.from_settings(settings)
         backend.name = "google"  # what GET / reports; info() adds the provider
-        backend.provider = impl.name  # type: ignore[attr-defined]
+        backend.provider = impl.name
         return backend
 
 
