@@ -51,8 +51,10 @@ from searchrl.infer.comparison import (
     service_label,
     winners,
 )
-from searchrl.infer.evaluate import default_label, failure_cell, run_eval, run_label
+from searchrl.infer.evaluate import run_eval
+from searchrl.infer.protocol import default_label
 from searchrl.infer.settings import InferSettings
+from searchrl.infer.summary import failure_cell, run_label
 
 log = logging.getLogger(__name__)
 

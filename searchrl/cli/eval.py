@@ -326,8 +326,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _eval(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
-    from searchrl.infer.evaluate import InvalidRunError, failure_cell, paper_table, run_eval
+    from searchrl.infer.evaluate import InvalidRunError, run_eval
     from searchrl.infer.settings import InferSettings
+    from searchrl.infer.summary import failure_cell, paper_table
     from searchrl.logs import setup_logging
 
     setup_logging()
@@ -350,7 +351,7 @@ def _eval_budget(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.infer.budget import plan_search_budget
-    from searchrl.infer.evaluate import load_qa
+    from searchrl.infer.qa import load_qa
     from searchrl.infer.settings import InferSettings
 
     s = load_settings(
