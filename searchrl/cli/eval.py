@@ -383,16 +383,10 @@ def _eval_budget(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
-    from searchrl.infer.report import (
-        build_report,
-        check_comparable,
-        compare_table,
-        load_runs,
-        parse_backends,
-        parse_models,
-        parse_tools,
-        run_matrix,
-    )
+    from searchrl.infer.comparison import check_comparable
+    from searchrl.infer.report import build_report
+    from searchrl.infer.report_tables import compare_table
+    from searchrl.infer.runs import load_runs, parse_backends, parse_models, parse_tools, run_matrix
     from searchrl.infer.settings import InferSettings
     from searchrl.logs import setup_logging
 

@@ -10,8 +10,9 @@ import pytest
 
 from searchrl.cli import main
 from searchrl.errors import ConfigError
+from searchrl.infer.comparison import check_comparable
 from searchrl.infer.llm import _retry_delay
-from searchrl.infer.report import check_comparable, load_runs
+from searchrl.infer.runs import load_runs
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import MODEL, TRAINED
