@@ -294,12 +294,8 @@ async def evaluate(
         client_stats = retrieval.stats() if retrieval is not None else None
         if retrieval is not None:
             await retrieval.aclose()
-    session.gen_s, session.engine, session.dropped, session.client_stats = (
-        gen_s,
-        engine,
-        dropped,
-        client_stats,
-    )
+    session.gen_s, session.engine, session.dropped = gen_s, engine, dropped
+    session.client_stats = client_stats
     questions = [session.done[k] for k in keys if k in session.done]
     summary, per_dataset = summarize(
         questions, max_failure_rate=settings.max_failure_rate, aborted=session.aborted
@@ -323,7 +319,7 @@ def _result_document(
     started: datetime,
     t0: float,
 ) -> dict[str, Any]:
-    """The result file's content: the protocol with what running taught, the summary with this session's figures."""
+    """The result file's content: the protocol plus what running taught, the summary plus this session's figures."""
     # throughput of this session: generated tokens over the time since the engine was up (searches included);
     # the local engine also says what it did inside generate() (batches, tokens/s of model time)
     summary["generated_tokens"] = session.generated
