@@ -30,7 +30,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from searchrl.errors import ConfigError
-from searchrl.infer.evaluate import dataset_order, failed, question_key, run_label
+from searchrl.infer.summary import dataset_order, failed, question_key, run_label
 from searchrl.stats import (
     PairedComparison,
     holm,
@@ -231,7 +231,7 @@ class Cell:
     n: int
     em: float  # failed questions scored 0, as the paper would
     ci: tuple[float, float]  # Wilson (a dataset) or stratified bootstrap (Avg.)
-    failed: int  # questions with a search failure or LLM error (evaluate.failed)
+    failed: int  # questions with a search failure or LLM error (summary.failed)
     em_answered: float | None  # EM over the questions that did not fail; None when all failed
     valid: bool  # failed / n within the run's max failure rate
 

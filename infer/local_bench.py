@@ -32,9 +32,9 @@ def bench_local(
 ) -> dict[str, Any]:
     """{"cpu", "threads", "points": [{concurrency, wall_s, generated_tokens, tokens_per_s, mean_batch}]}."""
     from searchrl.chat_template import drops_tools, prepare_chat_template
-    from searchrl.infer.evaluate import load_qa
     from searchrl.infer.llm import ChatRenderer, Sampling, load_tokenizer
     from searchrl.infer.local import EngineStats, LocalLLM
+    from searchrl.infer.qa import load_qa
     from searchrl.models import resolve_model
     from searchrl.prompt import build_messages
     from searchrl.retrieval.encoder_tuning import cpu_info

@@ -109,7 +109,7 @@ def test_eval_step_fails_with_the_evals_error_when_nothing_answers(tmp_path: Pat
 
 
 def test_eval_problems_name_every_way_a_question_went_wrong() -> None:
-    from searchrl.infer.evaluate import summarize
+    from searchrl.infer.summary import summarize
 
     ok = {
         "searches": 1,

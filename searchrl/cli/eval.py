@@ -327,8 +327,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _eval(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
     from searchrl.errors import InvalidRunError
-    from searchrl.infer.evaluate import failure_cell, paper_table, run_eval
+    from searchrl.infer.evaluate import run_eval
     from searchrl.infer.settings import InferSettings
+    from searchrl.infer.summary import failure_cell, paper_table
     from searchrl.logs import setup_logging
 
     setup_logging()
@@ -351,7 +352,7 @@ def _eval_budget(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.infer.budget import plan_search_budget
-    from searchrl.infer.evaluate import load_qa
+    from searchrl.infer.qa import load_qa
     from searchrl.infer.settings import InferSettings
 
     s = load_settings(
@@ -383,16 +384,10 @@ def _eval_budget(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
-    from searchrl.infer.report import (
-        build_report,
-        check_comparable,
-        compare_table,
-        load_runs,
-        parse_backends,
-        parse_models,
-        parse_tools,
-        run_matrix,
-    )
+    from searchrl.infer.comparison import check_comparable
+    from searchrl.infer.report import build_report
+    from searchrl.infer.report_tables import compare_table
+    from searchrl.infer.runs import load_runs, parse_backends, parse_models, parse_tools, run_matrix
     from searchrl.infer.settings import InferSettings
     from searchrl.logs import setup_logging
 

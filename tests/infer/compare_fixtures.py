@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from searchrl.infer.evaluate import summarize
+from searchrl.infer.summary import summarize
 
 
 def record(ds: str, i: int, em: float, *, fail: str | None = None, obs: str = "") -> dict[str, Any]:

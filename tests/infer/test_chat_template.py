@@ -94,7 +94,7 @@ def test_eval_refuses_smollm2s_template_before_loading_weights(
 
 
 def test_the_template_that_ran_is_in_the_protocol_hash() -> None:
-    from searchrl.infer.evaluate import build_protocol
+    from searchrl.infer.protocol import build_protocol
     from searchrl.infer.settings import InferSettings
 
     docs = [

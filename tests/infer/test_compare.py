@@ -11,6 +11,7 @@ import pytest
 
 from searchrl.cli import main
 from searchrl.errors import ConfigError
+from searchrl.infer.chart import chart_figure
 from searchrl.infer.comparison import (
     AVG,
     check_comparable,
@@ -20,7 +21,8 @@ from searchrl.infer.comparison import (
     retrieval_stats,
     run_cells,
 )
-from searchrl.infer.report import build_report, chart_figure, compare_table, contrast_cell, paired_markdown
+from searchrl.infer.report import build_report
+from searchrl.infer.report_tables import compare_table, contrast_cell, paired_markdown
 from searchrl.stats import holm, macro_ci, macro_paired, mcnemar_p, wilson_ci
 from tests.conftest import TINY_CORPUS
 from tests.infer.compare_fixtures import ems, run
@@ -340,7 +342,7 @@ def test_html_and_paired_tables_flag_invalid_runs(tmp_path: Path) -> None:
 def test_backends_without_a_label_are_named_by_the_service(live_bm25_url: str) -> None:
     """sky/infer.yaml passes bare URLs: the column says what the service serves, from its own GET /."""
     from searchrl.infer.comparison import service_label
-    from searchrl.infer.report import _service_info, parse_backends
+    from searchrl.infer.runs import _service_info, parse_backends
 
     assert parse_backends(f"{live_bm25_url},web=http://h:2") == [("", live_bm25_url), ("web", "http://h:2")]
     with pytest.raises(ConfigError, match=r"\[LABEL=\]http"):
@@ -368,19 +370,19 @@ def test_matrix_names_bare_backends_with_the_services_token(
     from pydantic import SecretStr
 
     from searchrl.errors import RetrievalUnavailableError
-    from searchrl.infer import report
+    from searchrl.infer import runs
     from searchrl.infer.settings import InferSettings
     from searchrl.retrieval.app import create_app
     from tests.live import serve_in_thread
 
     seen: list[str] = []
-    monkeypatch.setattr(report, "run_eval", lambda s, progress=True: seen.append(s.label) or (Path("x"), {}))
+    monkeypatch.setattr(runs, "run_eval", lambda s, progress=True: seen.append(s.label) or (Path("x"), {}))
     token = "compare-token-1234"
     with serve_in_thread(create_app(bm25_settings.model_copy(update={"api_key": SecretStr(token)}))) as url:
         base = InferSettings(retrieval_api_key=SecretStr(token))
-        report.run_matrix(base, [report.ModelSpec("org/m")], report.parse_backends(url), [True])
+        runs.run_matrix(base, [runs.ModelSpec("org/m")], runs.parse_backends(url), [True])
         with pytest.raises(RetrievalUnavailableError, match="401"):
-            report.run_matrix(InferSettings(), [report.ModelSpec("org/m")], [("", url)], [True])
+            runs.run_matrix(InferSettings(), [runs.ModelSpec("org/m")], [("", url)], [True])
     assert seen == [f"m, {TINY_CORPUS.name.split('.')[0]}, search"]
 
 

@@ -12,7 +12,8 @@ from verl.utils.reward_score import search_r1_like_qa_em as verl_em
 
 from searchrl.cli import main
 from searchrl.errors import DataError
-from searchrl.infer.evaluate import load_qa, paper_table, summarize
+from searchrl.infer.qa import load_qa
+from searchrl.infer.summary import paper_table, summarize
 from searchrl.prompt import PROMPT_VERSION
 from searchrl.scoring import score_response
 from tests.conftest import TINY_QA
@@ -243,7 +244,7 @@ def _rec(source: str, i: int, *, em: float = 1.0, kinds: dict | None = None, **e
 
 
 def test_one_dataset_over_the_limit_makes_the_run_invalid_though_the_total_is_under_it() -> None:
-    from searchrl.infer.evaluate import cannot_be_valid
+    from searchrl.infer.summary import cannot_be_valid
 
     # nq: 2 of 10 failed (20%); hotpotqa: 190 clean. 2/200 = 1% overall, under the 2% gate.
     rows = [_rec("nq", i, kinds={"connect": 1}) for i in range(2)] + [_rec("nq", i) for i in range(2, 10)]
@@ -298,7 +299,7 @@ def test_limit_draws_the_same_questions_per_dataset_however_the_run_is_split(tmp
 
 
 def test_retrieval_identity_reaches_the_hash() -> None:
-    from searchrl.infer.evaluate import build_protocol, retrieval_identity
+    from searchrl.infer.protocol import build_protocol, retrieval_identity
     from searchrl.infer.settings import InferSettings
 
     web = {"backend": "serper", "provider": "serper", "page_mode": "snippets", "gl": "us", "hl": "en",
@@ -324,7 +325,7 @@ def test_retrieval_identity_reaches_the_hash() -> None:
 
 
 def test_answer_in_observation() -> None:
-    from searchrl.infer.evaluate import answer_in_observation
+    from searchrl.infer.summary import answer_in_observation
 
     transcript = [
         {"role": "user", "content": "Who wrote it? Ingmar Bergman"},
@@ -337,7 +338,7 @@ def test_answer_in_observation() -> None:
 
 def test_default_labels_tell_one_models_runs_apart() -> None:
     """Two prompt formats of one model used to share a label, and `searchrl compare` refused them."""
-    from searchrl.infer.evaluate import default_label
+    from searchrl.infer.protocol import default_label
     from searchrl.infer.settings import InferSettings
 
     s = InferSettings(model="data/models/smollm2-135m")

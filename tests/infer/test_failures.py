@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.cli import main
-from searchrl.infer.report import load_runs
+from searchrl.infer.runs import load_runs
 from searchrl.retrieval.app import create_app
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts

@@ -11,7 +11,8 @@ import pytest
 
 from searchrl.cli import main
 from searchrl.errors import ConfigError, DataError
-from searchrl.infer.report import disagreements, load_runs, parse_backends, parse_models, parse_tools
+from searchrl.infer.report import disagreements
+from searchrl.infer.runs import load_runs, parse_backends, parse_models, parse_tools
 from searchrl.stats import wilson_ci
 from tests.conftest import TINY_CORPUS, TINY_QA
 from tests.infer.conftest import serve_scripts

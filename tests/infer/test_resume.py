@@ -12,8 +12,9 @@ from tenacity import RetryCallState
 from searchrl.cli import main
 from searchrl.errors import ConfigError, RetryableError
 from searchrl.http import backoff_s, retry_after_s, wait_backoff
+from searchrl.infer.comparison import check_comparable
 from searchrl.infer.llm import ServerLLM
-from searchrl.infer.report import check_comparable, load_runs
+from searchrl.infer.runs import load_runs
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import MODEL, TRAINED

@@ -106,11 +106,12 @@ def test_token_never_appears_in_logs_metrics_errors_ps_or_run_record(tmp_path: P
 
 
 def _eval_run_record(url: str, token: str) -> str:
-    """The run record an eval writes (infer/evaluate.py build_protocol), with what GET / said, as JSON."""
+    """The run record an eval writes (infer/protocol.py build_protocol), with what GET / said, as JSON."""
     import asyncio
     import json
 
-    from searchrl.infer.evaluate import build_protocol, fetch_retrieval_info
+    from searchrl.infer.evaluate import fetch_retrieval_info
+    from searchrl.infer.protocol import build_protocol
     from searchrl.infer.settings import InferSettings
 
     settings = InferSettings(retrieval_url=url, retrieval_api_key=token)

@@ -1,0 +1,135 @@
+"""The comparison chart: EM per dataset per run with 95% intervals, and searches and failed questions per run.
+
+Drawn with matplotlib (imported only here, when a report is built) for report.png and the HTML report.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from searchrl.infer.comparison import AVG, columns, run_cells
+from searchrl.infer.summary import run_label
+
+MIN_FONT = 9  # points: legend, tick labels and annotations stay readable when the PNG is shrunk into a page
+
+
+def chart_figure(
+    runs: Sequence[dict[str, Any]], *, title: str | None = None, banner: Sequence[str] = ()
+) -> Any:
+    """matplotlib Figure: EM per dataset (and Avg.) per run with 95% intervals; searches and failures per run.
+
+    Invalid runs are hatched (and say so in the legend); an EM of 0 is drawn as a visible stub, not left out;
+    the banner's differences are printed under the chart, so the picture alone does not pass for like for like.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = columns(runs)
+    labels = [run_label(r) for r in runs]
+    cells = [run_cells(r) for r in runs]
+    fig, (ax_em, ax_s) = plt.subplots(
+        1,
+        2,
+        figsize=(max(9.0, 2.5 + 1.4 * len(cols) + 0.4 * len(runs)), 4.8),
+        gridspec_kw={"width_ratios": [3, 1.4]},
+    )
+    width = 0.8 / len(runs)
+    colors = plt.get_cmap("tab10").colors
+    stub = 0.008  # height of the stub that shows an EM of exactly 0
+    for i, r in enumerate(runs):
+        invalid = not r["summary"].get("valid", True)
+        xs, vals, lows, highs = [], [], [], []
+        for j, col in enumerate(cols):
+            cell = cells[i].get(col)
+            if cell is None:
+                continue
+            xs.append(j + (i - (len(runs) - 1) / 2) * width)
+            vals.append(cell.em)
+            lo, hi = cell.ci if cell.ci[0] == cell.ci[0] else (cell.em, cell.em)
+            lows.append(max(0.0, cell.em - lo))
+            highs.append(max(0.0, hi - cell.em))
+        color = colors[i % len(colors)]
+        ax_em.bar(
+            xs,
+            [max(v, stub) for v in vals],
+            width=width,
+            label=labels[i] + (" (INVALID)" if invalid else ""),
+            color=color,
+            hatch="//" if invalid else None,
+            edgecolor="black" if invalid else color,
+            linewidth=0.6,
+        )
+        ax_em.errorbar(xs, vals, yerr=[lows, highs], fmt="none", ecolor="black", capsize=3, elinewidth=1)
+    n_by_col = [max((c[col].n for c in cells if col in c), default=0) for col in cols]
+    ax_em.set_xticks(
+        range(len(cols)),
+        [f"{c}\nn={n}" if c != AVG else "Avg." for c, n in zip(cols, n_by_col, strict=True)],
+        fontsize=MIN_FONT,
+    )
+    ax_em.tick_params(axis="y", labelsize=MIN_FONT)
+    ax_em.set_ylim(0, 1.05)
+    ax_em.set_ylabel("exact match (95% CI)", fontsize=MIN_FONT + 1)
+    ax_em.set_title("EM per dataset (hatched: invalid run)", fontsize=MIN_FONT + 1)
+    ax_em.grid(axis="y", alpha=0.3)
+    ax_em.legend(fontsize=MIN_FONT, loc="upper left", bbox_to_anchor=(0, -0.14), ncol=2, frameon=False)
+    for i, r in enumerate(runs):
+        invalid = not r["summary"].get("valid", True)
+        ax_s.barh(
+            i,
+            r["summary"]["searches"],
+            color=colors[i % 10],
+            hatch="//" if invalid else None,
+            edgecolor="black" if invalid else colors[i % 10],
+        )
+        s = r["summary"]
+        ax_s.annotate(
+            f"failed {s.get('questions_failed', 0)}/{s['n']}, LLM err {s.get('llm_errors', 0)}",
+            (0, i),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=MIN_FONT,
+        )
+    ax_s.set_yticks(range(len(runs)), labels, fontsize=MIN_FONT)
+    ax_s.tick_params(axis="x", labelsize=MIN_FONT)
+    ax_s.invert_yaxis()
+    ax_s.set_xlabel("searches per question", fontsize=MIN_FONT + 1)
+    ax_s.set_title("Searches (and failed questions)", fontsize=MIN_FONT + 1)
+    ax_s.grid(axis="x", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=MIN_FONT + 2)
+    fig.tight_layout()
+    if banner:
+        shown = [b if len(b) <= 150 else b[:147] + "..." for b in banner[:4]]
+        more = [f"... and {len(banner) - 4} more (report.md)"] if len(banner) > 4 else []
+        fig.text(
+            0.01,
+            0.0,
+            "\n".join(["Not like for like:", *shown, *more]),
+            ha="left",
+            va="top",
+            fontsize=MIN_FONT,
+            color="#b3261e",
+            transform=fig.transFigure,
+        )
+    return fig
+
+
+def render_chart(
+    runs: Sequence[dict[str, Any]], *, title: str | None = None, banner: Sequence[str] = ()
+) -> bytes:
+    """PNG of `chart_figure`."""
+    import matplotlib.pyplot as plt
+
+    fig = chart_figure(runs, title=title, banner=banner)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+__all__ = ["MIN_FONT", "chart_figure", "render_chart"]
