@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -234,7 +234,7 @@ async def evaluate(
     error is raised.
     """
     items, qa_path, keys = _select_questions(settings, items, qa_path)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     t0 = time.perf_counter()
     info, retrieval = await _connect_retrieval(settings)
     try:

@@ -33,11 +33,8 @@ def default_label(settings: InferSettings, backend: str) -> str:
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _checksums(info: Any, prefix: str = "") -> dict[str, Any]:

@@ -28,7 +28,7 @@ import os
 import time
 import uuid
 import warnings
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,11 +75,8 @@ def weights_fingerprint(encoder: Encoder) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def export_dir(index_dir: Path, fingerprint: str) -> Path:
@@ -183,7 +180,7 @@ def ensure_export(encoder: Encoder, index_dir: Path, variant: str, fingerprint: 
         "opset": OPSET,
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "export_seconds": round(time.perf_counter() - started, 2),
         "gate": {},
     }

@@ -79,7 +79,7 @@ class Transport:
         assert self._slots is not None
         try:
             await asyncio.wait_for(self._slots.acquire(), timeout=min(self.pool_timeout_s, timeout))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RetryableRetrievalError(
                 f"no free connection slot within {self.pool_timeout_s:g}s ({self.max_connections} in use); "
                 "raise max_connections or lower concurrency",
@@ -91,7 +91,7 @@ class Transport:
             async with asyncio.timeout(timeout):
                 payload = await self.exchange(session.post(url, json=body, headers=self.headers), url)
                 return parse_result(payload, n_queries)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RetryableRetrievalError(f"timeout after {timeout:.3g}s at {url}", kind="timeout") from None
         finally:
             st.outstanding -= 1
@@ -104,7 +104,7 @@ class Transport:
                 return await self.exchange(
                     self.session().get(url, headers=self.headers), url, json_only=False
                 )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RetryableRetrievalError(
                 f"timeout after {self.timeout_s:g}s at {url}", kind="timeout"
             ) from None

@@ -180,7 +180,7 @@ class PageFetcher:
             # in flight grew RSS by 475 MB in 8 s (`searchrl reliability --only hostile`); without, ~100 MB
             async with asyncio.timeout(budget):
                 return await self._queued(url)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise PageFetchError("timeout", f"the page did not arrive within {budget:g}s") from None
         except httpx.TimeoutException:
             raise PageFetchError("timeout", f"the page did not arrive within {budget:g}s") from None

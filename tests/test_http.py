@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import format_datetime
 
 import httpx
@@ -17,10 +17,10 @@ NOW = 1_800_000_000.0
 
 
 def test_retry_after_reads_seconds_and_http_dates() -> None:
-    date = format_datetime(datetime.fromtimestamp(NOW + 30, tz=timezone.utc), usegmt=True)
+    date = format_datetime(datetime.fromtimestamp(NOW + 30, tz=UTC), usegmt=True)
     assert retry_after_s("7", now=lambda: NOW) == 7.0
     assert retry_after_s(date, now=lambda: NOW) == pytest.approx(30.0)
-    past = format_datetime(datetime.fromtimestamp(NOW - 30, tz=timezone.utc), usegmt=True)
+    past = format_datetime(datetime.fromtimestamp(NOW - 30, tz=UTC), usegmt=True)
     assert retry_after_s(past, now=lambda: NOW) == 0.0  # already due: no wait, never a negative one
     assert [retry_after_s(v) for v in (None, "", "soon", "-5")] == [None, None, None, 0.0]
 

@@ -12,11 +12,11 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import httpx
 import pytest
-import tomllib
 
 from searchrl.retrieval.process import free_port, start_ready
 from tests.conftest import REPO, run_outside

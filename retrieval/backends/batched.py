@@ -22,8 +22,7 @@ from searchrl.retrieval.indexing import load_manifest, resolve_corpus, verify_ma
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
-
-    from typing_extensions import Self
+    from typing import Self
 
     from searchrl.retrieval.corpus import DocStore
     from searchrl.retrieval.indexing import IndexManifest

@@ -266,7 +266,7 @@ async def drive_aiohttp(url: str, sc: Any, queries: list[str]) -> dict[str, Any]
             try:
                 async with session.post(url + "/retrieve", data=body[0], headers=headers) as resp:
                     kind = check_response(resp.status, await resp.read(), body[1])
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 kind = type(exc).__name__
             if kind is not None:
                 tally.error(kind)

@@ -266,7 +266,7 @@ async def drain(settings: RetrievalSettings, workdir: Path, *, seconds: float, c
                 except aiohttp.ClientConnectorError:
                     counts["refused_connect"] += 1
                     await asyncio.sleep(0.01)
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     counts["lost"] += 1
 
         async def terminate() -> None:

@@ -51,7 +51,7 @@ class DailyBudget:
         self._lock = threading.Lock()
 
     def _today(self) -> str:
-        return dt.datetime.fromtimestamp(self._clock(), tz=dt.timezone.utc).date().isoformat()
+        return dt.datetime.fromtimestamp(self._clock(), tz=dt.UTC).date().isoformat()
 
     def spend(self, provider: str) -> None:
         with self._lock:
