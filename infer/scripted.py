@@ -138,6 +138,21 @@ def _usage(prompt: str, completion: str) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
+def _completion(
+    prefix: str, kind: str, model: str, choice: dict[str, Any], usage: dict[str, int]
+) -> JSONResponse:
+    """The OpenAI response envelope both endpoints share (one choice)."""
+    body = {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+    }
+    return JSONResponse(body)
+
+
 def _parse_tool_calls(text: str) -> list[dict[str, Any]]:
     """What sglang/vLLM's hermes tool parser returns: OpenAI tool calls with string arguments."""
     calls = []
@@ -226,16 +241,7 @@ def create_scripted_app(policy: Policy) -> FastAPI:
             "stop_reason": matched,
             "prompt_logprobs": None,
         }
-        return JSONResponse(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [choice],
-                "usage": _usage(prompt, text),
-            }
-        )
+        return _completion("cmpl", "text_completion", model, choice, _usage(prompt, text))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
@@ -271,16 +277,7 @@ def create_scripted_app(policy: Policy) -> FastAPI:
             "finish_reason": "tool_calls" if tool_calls else "stop",
             "stop_reason": None,
         }
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [choice],
-                "usage": _usage(json.dumps(messages), text),
-            }
-        )
+        return _completion("chatcmpl", "chat.completion", model, choice, _usage(json.dumps(messages), text))
 
     return app
 

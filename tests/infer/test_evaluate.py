@@ -92,40 +92,16 @@ def test_bad_qa_rows_name_the_line(tmp_path: Path) -> None:
 
 
 def test_summary_avg_is_macro() -> None:
+    def row(source: str, em: float, f1: float, searches: int, turns: int, valid: bool) -> dict[str, object]:
+        return {
+            "data_source": source, "em": em, "f1": f1, "searches": searches, "turns": turns,
+            "format_valid": valid, "latency_s": 1, "stop_reason": "x", "error": None,
+        }  # fmt: skip
+
     q = [
-        {
-            "data_source": "nq",
-            "em": 1.0,
-            "f1": 1.0,
-            "searches": 1,
-            "turns": 2,
-            "format_valid": True,
-            "latency_s": 1,
-            "stop_reason": "x",
-            "error": None,
-        },
-        {
-            "data_source": "nq",
-            "em": 1.0,
-            "f1": 1.0,
-            "searches": 1,
-            "turns": 2,
-            "format_valid": True,
-            "latency_s": 1,
-            "stop_reason": "x",
-            "error": None,
-        },
-        {
-            "data_source": "hotpotqa",
-            "em": 0.0,
-            "f1": 0.5,
-            "searches": 3,
-            "turns": 4,
-            "format_valid": False,
-            "latency_s": 1,
-            "stop_reason": "x",
-            "error": None,
-        },
+        row("nq", 1.0, 1.0, 1, 2, True),
+        row("nq", 1.0, 1.0, 1, 2, True),
+        row("hotpotqa", 0.0, 0.5, 3, 4, False),
     ]
     summary, per = summarize(q)
     assert list(per) == ["nq", "hotpotqa"]  # paper column order
