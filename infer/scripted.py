@@ -201,17 +201,23 @@ def create_scripted_app(policy: Policy) -> FastAPI:
             return _error(400, f"Unrecognized request argument supplied: {name}")
         return None
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> JSONResponse:
-        body = await request.json()
+    def _refusal(body: dict[str, Any]) -> JSONResponse | None:
+        """What both endpoints check first, as vLLM/sglang do: draining, unknown arguments, unknown model."""
         app.state.requests.append(body)
         if _down():
             return _error(503, "server is shutting down")
         if (rejection := _rejected(body)) is not None:
             return rejection
+        if body.get("model") not in policy.models:
+            return _error(404, f"The model `{body.get('model')}` does not exist.")
+        return None
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        if (refusal := _refusal(body)) is not None:
+            return refusal
         model, prompt = body.get("model"), body.get("prompt")
-        if model not in policy.models:
-            return _error(404, f"The model `{model}` does not exist.")
         if not isinstance(prompt, str):
             return _error(400, "prompt must be a string")
         # assistant turns so far; Search-R1's format continues one assistant turn after each <information>
@@ -246,14 +252,9 @@ def create_scripted_app(policy: Policy) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
-        app.state.requests.append(body)
-        if _down():
-            return _error(503, "server is shutting down")
-        if (rejection := _rejected(body)) is not None:
-            return rejection
+        if (refusal := _refusal(body)) is not None:
+            return refusal
         model, messages = body.get("model"), body.get("messages") or []
-        if model not in policy.models:
-            return _error(404, f"The model `{model}` does not exist.")
         first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         tool_messages = [m for m in messages if m.get("role") == "tool"]

@@ -18,6 +18,7 @@ from searchrl.retrieval.encoder import (
     resolve_encoder,
 )
 from tests.conftest import TINY_CORPUS
+from tests.retrieval.conftest import write_tiny_bert
 
 torch = pytest.importorskip("torch")
 
@@ -31,21 +32,9 @@ def minilm() -> Encoder:
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two randomly initialised 1-layer BERTs named like an E5 and a BGE model (weights cannot be downloaded
     here; the family conventions are picked by name, and the maths is checked against direct computation)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
     root = tmp_path_factory.mktemp("models")
-    tokenizer = AutoTokenizer.from_pretrained(str(bundled_minilm_path()))
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
     for name in ("e5-tiny", "bge-tiny"):
-        BertModel(config).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
+        write_tiny_bert(root / name)
     return root
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from searchrl.errors import ConfigError
 from searchrl.retrieval import encoder_tuning as tuning
-from searchrl.retrieval.encoder import Encoder, bundled_minilm_path
+from searchrl.retrieval.encoder import Encoder
 from searchrl.retrieval.encoder_tuning import (
     candidate_names,
     has_fast_bf16,
@@ -25,6 +25,7 @@ from searchrl.retrieval.encoder_tuning import (
 from searchrl.retrieval.queries import sample_queries
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import DEV_QA, TINY_CORPUS
+from tests.retrieval.conftest import write_tiny_bert
 
 torch = pytest.importorskip("torch")
 faiss = pytest.importorskip("faiss")
@@ -34,20 +35,7 @@ pytest.importorskip("onnxruntime")
 @pytest.fixture(scope="module")
 def tiny_e5(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
     """A 1-layer random BERT named like E5 (real weights cannot be downloaded here)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    folder = tmp_path_factory.mktemp("models") / "e5-tiny"
-    tokenizer = AutoTokenizer.from_pretrained(str(bundled_minilm_path()))
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    folder = write_tiny_bert(tmp_path_factory.mktemp("models") / "e5-tiny")
     return Encoder.load(str(folder), device="cpu", precision="fp32")
 
 
