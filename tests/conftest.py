@@ -100,6 +100,24 @@ def live_bm25_url(bm25_settings) -> Iterator[str]:
         yield url
 
 
+# the token of `authed_bm25_url`: tests assert it never shows in output
+AUTH_TOKEN = "test-retrieval-token-3d7e"
+
+
+@pytest.fixture(scope="session")
+def authed_bm25_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The same service, started with RETRIEVAL_API_KEY = AUTH_TOKEN (requests without it get 401)."""
+    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.settings import RetrievalSettings
+    from tests.live import serve_in_thread
+
+    settings = RetrievalSettings(
+        backend="bm25", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("data"), api_key=AUTH_TOKEN
+    )
+    with serve_in_thread(create_app(settings)) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct got as a user gets it (`searchrl model get smollm2-135m`), kept in data/models/

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,11 @@ import yaml
 from searchrl.cli.sky import _argv
 from searchrl.deploy import endpoint, launch, skypilot, tasks
 from searchrl.errors import ConfigError, DeployError
-from searchrl.retrieval.settings import RetrievalSettings
-from tests.conftest import REPO, TINY_CORPUS
-from tests.live import free_port, serve_in_thread
+from tests.conftest import AUTH_TOKEN, REPO
+from tests.live import free_port
 from tests.sky_code import sky_json
 
-TOKEN = "deploy-test-token-91ab"
+TOKEN = AUTH_TOKEN
 
 
 def scripted(*records: list[dict]) -> tuple[list[str], object]:
@@ -270,14 +268,8 @@ def test_required_names_are_the_null_entries() -> None:
 
 
 @pytest.fixture(scope="module")
-def auth_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from searchrl.retrieval.app import create_app
-
-    settings = RetrievalSettings(
-        backend="bm25", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("data"), api_key=TOKEN
-    )
-    with serve_in_thread(create_app(settings)) as url:
-        yield url
+def auth_url(authed_bm25_url: str) -> str:
+    return authed_bm25_url
 
 
 @pytest.mark.live

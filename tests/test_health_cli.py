@@ -11,24 +11,17 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from searchrl.cli import main
-from searchrl.retrieval.settings import RetrievalSettings
-from tests.conftest import TINY_CORPUS
+from tests.conftest import AUTH_TOKEN
 from tests.live import free_port, serve_in_thread
 
 pytestmark = pytest.mark.live
 
-TOKEN = "health-test-token-3d7e"
+TOKEN = AUTH_TOKEN
 
 
 @pytest.fixture(scope="module")
-def auth_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from searchrl.retrieval.app import create_app
-
-    settings = RetrievalSettings(
-        backend="bm25", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("data"), api_key=TOKEN
-    )
-    with serve_in_thread(create_app(settings)) as url:
-        yield url
+def auth_url(authed_bm25_url: str) -> str:
+    return authed_bm25_url
 
 
 @pytest.fixture(scope="module")
