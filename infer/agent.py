@@ -274,15 +274,22 @@ class SearchAgent:
         budget = self.spec.turn_token_budget(context_tokens)
         return replace(self.config.sampling, max_tokens=budget) if budget > 0 else None
 
+    def _first_prompt(self, ep: Episode, messages: list[dict[str, str]], tools: Any) -> tuple[str, int]:
+        """The rendered first prompt and its token count (the episode's prompt_tokens); messages join the transcript."""
+        assert self.renderer is not None
+        ep.transcript.extend(messages)
+        prompt = self.renderer.initial(messages, tools)
+        ep.prompt_tokens = self.renderer.count(prompt)
+        return prompt, ep.prompt_tokens
+
     # --- completions mode: the exact training text -------------------------------------------------------------
     async def _run_completions(self, ep: Episode) -> None:
         renderer = self.renderer
         assert renderer is not None
-        messages = build_messages(ep.question, search=self.config.search)
-        ep.transcript.extend(messages)
-        prompt = renderer.initial(messages, self.tools)
+        prompt, context = self._first_prompt(
+            ep, build_messages(ep.question, search=self.config.search), self.tools
+        )
         start = len(prompt)
-        ep.prompt_tokens = context = renderer.count(prompt)
         while True:
             sampling = self._sampling(context)
             if sampling is None:
@@ -375,11 +382,8 @@ class SearchAgent:
         """
         renderer = self.renderer
         assert renderer is not None
-        messages = build_messages(ep.question, prompt_format="search-r1")
-        ep.transcript.extend(messages)
-        prompt = renderer.initial(messages, None)
+        prompt, context = self._first_prompt(ep, build_messages(ep.question, prompt_format="search-r1"), None)
         start = len(prompt)
-        ep.prompt_tokens = context = renderer.count(prompt)
         while True:
             sampling = self._sampling(context)
             if sampling is None:
