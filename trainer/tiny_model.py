@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -52,6 +53,24 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 2000) -> PreTrainedT
     return tokenizer
 
 
+def tiny_qwen2_config(vocab_size: int, *, hidden_size: int = 32, **overrides: Any) -> Any:
+    """A Qwen2Config small enough for CPU tests (2 layers, 4 heads over 2 KV heads unless `overrides` say
+    otherwise), naming its architecture as `from_pretrained` would: verl's merger reads it."""
+    from transformers import Qwen2Config
+
+    fields: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "architectures": ["Qwen2ForCausalLM"],
+        **overrides,
+    }
+    return Qwen2Config(**fields)
+
+
 def write_tiny_model(
     out_dir: Path,
     texts: Iterable[str],
@@ -65,13 +84,12 @@ def write_tiny_model(
 ) -> Path:
     """Write a random-weight Qwen2 causal LM and its tokenizer to `out_dir` (a Hugging Face model folder)."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    config = tiny_qwen2_config(
+        len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=1,

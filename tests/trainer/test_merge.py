@@ -24,21 +24,12 @@ from tests.live import free_port
 
 def _tiny_qwen2(seed: int):
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
+
+    from searchrl.trainer.tiny_model import tiny_qwen2_config
 
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=2048,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        architectures=["Qwen2ForCausalLM"],  # set by from_pretrained in real runs; the merger reads it
-    )
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(tiny_qwen2_config(2048, max_position_embeddings=256, tie_word_embeddings=False))
 
 
 def _shard(model, version: int):

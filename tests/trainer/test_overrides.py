@@ -190,19 +190,12 @@ def test_main_ppo_command():
 
 def test_verl_builds_the_policy_with_sdpa(compose, tmp_path, offline_tokenizer):
     """verl's own HFModelConfig (what the FSDP engine loads the model with) reads our attention override."""
-    from transformers import Qwen2Config
     from verl.utils.config import omega_conf_to_dataclass
 
+    from searchrl.trainer.tiny_model import tiny_qwen2_config
+
     model = tmp_path / "model"
-    Qwen2Config(
-        vocab_size=2048,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        architectures=["Qwen2ForCausalLM"],
-    ).save_pretrained(model)
+    tiny_qwen2_config(2048).save_pretrained(model)
     offline_tokenizer.save_pretrained(model)
     for attn, remove_padding in (("sdpa", False), ("flash_attention_2", True)):
         settings = TrainSettings(data_dir=tmp_path, model_name=str(model), attn_implementation=attn)
