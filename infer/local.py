@@ -371,7 +371,7 @@ class LocalLLM:
                     r.future.set_result(res)
 
     def weights_identity(self) -> dict[str, Any]:
-        """What identifies the loaded weights (infer/weights.py), for the protocol hash."""
+        """What identifies the loaded weights (`weights_identity` above), for the protocol hash."""
         return weights_identity(str(getattr(self.model, "name_or_path", "") or ""))
 
     async def complete(self, prompt: str, sampling: Sampling) -> Completion:

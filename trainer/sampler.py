@@ -12,7 +12,8 @@ buffer then trains on fewer trajectories without a metric, or, once every group 
 SearchFailureRateError on every call does exactly that), refills forever or dies with "no materializable
 trajectories" and without the cause. So `_sync_metadata_from_transfer_queue`, which the buffer runs on every
 poll, raises `RolloutFailedError` the first time a group is marked "failure": the trainer's `fit` ends, main_ppo
-exits non-zero, and `searchrl train` prints the first error the worker logged (trainer/run_log.py).
+exits non-zero; `searchrl train local` passes verl's log through, and the CPU runs print the first error the
+worker logged (trainer/cpu_smoke.py `first_error`).
 
 **Search metrics.** `sample()` returns (batch, metrics) and the trainer adds those metrics to the step's
 (trainer_base.py:567-572), so the search tool's per-trajectory counters (extra_fields, trainer/tool.py) become
