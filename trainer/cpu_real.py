@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu_precision import choose_cpu_dtype
 from searchrl.trainer.cpu_report import StepRow, check_steps, gpu_step_problems, step_table
 from searchrl.trainer.cpu_smoke import FP32, cpu_overrides, cpu_settings, run_training, write_qa
+from searchrl.trainer.hf_rollout import BATCH_PATTERN
 from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.settings import TrainSettings
 
@@ -77,6 +79,20 @@ class RealRun:
     phases: dict[str, float] = field(default_factory=dict)
     merged_dir: Path | None = None
     merged_params: int | None = None
+    batches: list[tuple[int, int, float]] = field(default_factory=list)  # (sequences, tokens, seconds)
+
+    def batch_line(self) -> str:
+        """How the rollout batched: generate calls, mean batch, the model's tokens/s over its generate time."""
+        if not self.batches:
+            return "rollout: no generate batch logged"
+        n = len(self.batches)
+        seqs = sum(b[0] for b in self.batches)
+        tokens = sum(b[1] for b in self.batches)
+        seconds = sum(b[2] for b in self.batches)
+        return (
+            f"rollout: {n} generate batches, {seqs / n:.1f} sequences a batch, {tokens} tokens in {seconds:.0f} s "
+            f"of generate ({tokens / seconds if seconds else 0:.1f} tokens/s)"
+        )
 
     def timing_table(self) -> str:
         lines = ["| step | " + " | ".join(TIMINGS) + " |", "|---|" + "---|" * len(TIMINGS)]
@@ -93,6 +109,7 @@ class RealRun:
                 "",
                 self.timing_table(),
                 "",
+                self.batch_line(),
                 "phase times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.phases.items()),
                 f"merged step {STEPS}: {self.merged_dir} ({self.merged_params} parameters, loaded)",
             ]
@@ -136,6 +153,7 @@ def run_real(
         started = time.monotonic()
         extra = [*cpu_overrides(), *precision_overrides(run.dtype)]
         run.rows, text = run_training(settings, extra, out_dir / "train.log", "real", timeout_s)
+        run.batches = [(int(n), int(t), float(s)) for n, t, s in re.findall(BATCH_PATTERN, text)]
         run.phases[f"train {STEPS} steps"] = time.monotonic() - started
         run.chat_template = chat_template
         problems = check_real_steps(run.rows, run.dtype)

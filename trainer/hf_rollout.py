@@ -31,6 +31,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,9 @@ SERVER_NAME = "searchrl_hf_rollout_{rank}"
 # One line per weight update, in the run's log (Ray forwards the actor's stdout): the CPU runs count them.
 UPDATE_LINE = "searchrl-hf-rollout: weight update {n} for step {step}: {tensors} tensors{note}"
 UPDATE_PATTERN = r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+)"
+# One line per generate batch: how well the turns batched, and the model's own tokens/s (the CPU runs sum them).
+BATCH_LINE = "searchrl-hf-rollout: batch of {n} sequences, {tokens} new tokens in {seconds:.2f} s"
+BATCH_PATTERN = r"searchrl-hf-rollout: batch of (\d+) sequences, (\d+) new tokens in ([\d.]+) s"
 
 
 def missing_weights(own: set[str], received: set[str], tied_embeddings: bool) -> list[str]:
@@ -225,6 +229,7 @@ class HFGenerateServer:
             mask[row, width - len(request.prompt_ids) :] = 1
         temperature, top_p, top_k = batch[0].sampling
         do_sample = temperature > 0
+        started = time.perf_counter()
         with self._model_lock, torch.no_grad():
             out = self.model.generate(
                 ids,
@@ -239,6 +244,7 @@ class HFGenerateServer:
                 return_dict_in_generate=True,
                 output_logits=True,
             )
+        seconds = time.perf_counter() - started
         new = out.sequences[:, width:]
         log_probs = torch.stack(
             [sampled_log_probs(step, new[:, t], temperature) for t, step in enumerate(out.logits)], dim=1
@@ -250,6 +256,8 @@ class HFGenerateServer:
             tokens = new[row, : request.budget].tolist()
             keep = first_stop(tokens, self.stop_ids)
             results.append((tokens[:keep], log_probs[row, :keep].tolist()))
+        kept = sum(len(tokens) for tokens, _ in results)
+        print(BATCH_LINE.format(n=len(batch), tokens=kept, seconds=seconds), flush=True)  # noqa: T201
         return results
 
     # The control calls verl makes on every rollout server; an in-memory HF model has nothing to free or pause.
@@ -344,6 +352,8 @@ class HFServerAdapter(BaseRollout):
 
 
 __all__ = [
+    "BATCH_LINE",
+    "BATCH_PATTERN",
     "UPDATE_LINE",
     "UPDATE_PATTERN",
     "HFGenerateServer",

@@ -8,6 +8,7 @@ switches, and the step checks on rows a broken run would log.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from searchrl.trainer import sabotage
 from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line, summarize
 from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, sync_and_mask_problems
 from searchrl.trainer.hf_rollout import (
+    BATCH_PATTERN,
     UPDATE_LINE,
     HFGenerateServer,
     first_stop,
@@ -170,7 +172,7 @@ def _full_forward_probs(server: HFGenerateServer, prompt: list[int], new: list[i
     return sampled_log_probs(logits, torch.tensor(new), temperature).exp()
 
 
-def test_concurrent_turns_run_as_one_batch_with_the_sampling_pass_log_probs(tiny_model_dir):
+def test_concurrent_turns_run_as_one_batch_with_the_sampling_pass_log_probs(tiny_model_dir, capsys):
     """Six turns of different prompt lengths arrive together: one left-padded generate serves them all, each
     sequence stops at EOS or its own budget, and the log-probs it returns (from the sampling pass) are those a
     separate full forward gives, to fp32 noise: the rollout/actor sync check rests on them."""
@@ -186,6 +188,8 @@ def test_concurrent_turns_run_as_one_batch_with_the_sampling_pass_log_probs(tiny
 
     outs = asyncio.run(turns())
     assert server.stats()["batches"] == 1 and server.stats()["sequences"] == 6
+    ((n, tokens, _seconds),) = re.findall(BATCH_PATTERN, capsys.readouterr().out)
+    assert int(n) == 6 and int(tokens) == sum(len(o.token_ids) for o in outs)
     eos = server.tokenizer.eos_token_id
     for prompt, out in zip(prompts, outs, strict=True):
         budget = min(12, 24 + 12 - len(prompt))
