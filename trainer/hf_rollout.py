@@ -117,7 +117,8 @@ class HFGenerateServer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         # all the cores: rollout and the actor update take turns (verl's sync trainer), never run together
-        torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+        self.threads = threads or len(os.sched_getaffinity(0))
+        torch.set_num_threads(self.threads)
         torch.manual_seed(seed)  # rollout.seed: a run's samples differ by seed
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.dtype = getattr(torch, dtype)
@@ -221,6 +222,9 @@ class HFGenerateServer:
 
     def generate_batch(self, batch: list[_Request]) -> list[tuple[list[int], list[float]]]:
         """One left-padded `generate` for the batch: each sequence's tokens and their sampling log-probs."""
+        # OpenMP's thread count is per calling thread: this runs in asyncio's worker thread, which would start at
+        # OMP_NUM_THREADS (Ray sets 1 for a 1-CPU actor) and generate on one core (measured: 100% CPU, not 200%)
+        torch.set_num_threads(self.threads)
         width = max(len(r.prompt_ids) for r in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
