@@ -67,13 +67,22 @@ def observation_spans(pieces: Sequence[str]) -> list[tuple[int, int]]:
     return [(start, end) for start, end, environment in tool_response_spans(pieces) if environment]
 
 
-def observation_counts(pieces: Sequence[str], mask: Sequence[int]) -> tuple[int, int]:
-    """(tokens inside tool responses, those of them with loss mask 1) for one trajectory."""
-    inside = in_loss = 0
-    for start, end in observation_spans(pieces):
+def _counts(spans: Sequence[tuple[int, int, bool]], mask: Sequence[int]) -> tuple[int, int, int]:
+    """(observation tokens, those with loss mask 1, tokens of the model's own tool-response text)."""
+    inside = in_loss = model_written = 0
+    for start, end, environment in spans:
+        if not environment:
+            model_written += end - start
+            continue
         window = mask[start:end]
         inside += len(window)
         in_loss += sum(1 for m in window if m)
+    return inside, in_loss, model_written
+
+
+def observation_counts(pieces: Sequence[str], mask: Sequence[int]) -> tuple[int, int]:
+    """(tokens inside tool responses, those of them with loss mask 1) for one trajectory."""
+    inside, in_loss, _ = _counts(tool_response_spans(pieces), mask)
     return inside, in_loss
 
 
@@ -81,11 +90,11 @@ def mask_step_metrics(rows: Iterable[tuple[Sequence[str], Sequence[int]]]) -> di
     """The `loss/*` metrics of one step from its trajectories' (token strings, loss mask) pairs."""
     inside = in_loss = trained = model_written = 0
     for pieces, mask in rows:
-        a, b = observation_counts(pieces, mask)
+        a, b, c = _counts(tool_response_spans(pieces), mask)  # one span search a trajectory
         inside += a
         in_loss += b
+        model_written += c
         trained += sum(1 for m in mask if m)
-        model_written += sum(end - start for start, end, env in tool_response_spans(pieces) if not env)
     return {
         f"{PREFIX}observation_tokens": float(inside),
         f"{PREFIX}observation_tokens_in_loss": float(in_loss),
