@@ -95,11 +95,19 @@ def use_repo_template(tokenizer: Any, *, model: str) -> None:
     tokenizer.chat_template = CHATML_HERMES_TEMPLATE
 
 
-def prepare_chat_template(tokenizer: Any, *, model: str, choice: str = "model", tools: bool = True) -> str:
+EVAL_FIX = (
+    "pass --chat-template searchrl (the repo's ChatML/hermes tool template) or --prompt-format search-r1"
+)
+
+
+def prepare_chat_template(
+    tokenizer: Any, *, model: str, choice: str = "model", tools: bool = True, fix: str = EVAL_FIX
+) -> str:
     """Make `tokenizer` render what the run needs and return which template that is ("model" | "searchrl").
 
     `choice="searchrl"` puts the repo's template in place; "model" keeps the model's own and, when the run
-    passes tools (`tools=True`: the searchrl prompt format with search on), refuses one that drops them.
+    passes tools (`tools=True`: the searchrl prompt format with search on), refuses one that drops them, the
+    error ending with `fix` (eval's flags by default; the trainer names its setting).
     """
     if choice not in CHAT_TEMPLATE_CHOICES:
         raise ConfigError(f"chat template {choice!r} unknown; use one of {', '.join(CHAT_TEMPLATE_CHOICES)}")
@@ -109,8 +117,7 @@ def prepare_chat_template(tokenizer: Any, *, model: str, choice: str = "model", 
     if tools and getattr(tokenizer, "chat_template", None) and drops_tools(tokenizer):
         raise ConfigError(
             f"the chat template of {model} ignores tools= (the prompt renders identical with and without the "
-            "search tool schema), so the model would never see the tool; pass --chat-template searchrl (the "
-            "repo's ChatML/hermes tool template) or --prompt-format search-r1"
+            f"search tool schema), so the model would never see the tool; {fix}"
         )
     return "model"
 
@@ -119,6 +126,7 @@ __all__ = [
     "CHATML_MARKERS",
     "CHATML_HERMES_TEMPLATE",
     "CHAT_TEMPLATE_CHOICES",
+    "EVAL_FIX",
     "ChatTemplateChoice",
     "drops_tools",
     "prepare_chat_template",

@@ -18,11 +18,13 @@ import logging
 import os
 from typing import Any
 
-from searchrl.chat_template import drops_tools, use_repo_template
+from searchrl.chat_template import prepare_chat_template
 from searchrl.errors import ConfigError
 from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
+
+TRAIN_FIX = "set CHAT_TEMPLATE=searchrl (--chat-template searchrl) to train with the repo's ChatML/hermes tool template"
 
 
 def load_tokenizer(model_name: str) -> Any | None:
@@ -56,21 +58,13 @@ def check_train_template(settings: TrainSettings) -> str:
             else "the model's own",
         )
         return "unchecked"
-    if settings.chat_template == "searchrl":
-        use_repo_template(tokenizer, model=model)  # refuses a tokenizer without the ChatML markers
-        return "searchrl"
-    if not getattr(tokenizer, "chat_template", None):
+    if settings.chat_template == "model" and not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
             f"{model} has no chat template, so verl cannot render its prompts; set CHAT_TEMPLATE=searchrl "
             "(the repo's ChatML/hermes tool template) or use an instruct model"
         )
-    if drops_tools(tokenizer):
-        raise ConfigError(
-            f"the chat template of {model} ignores tools= (the prompt renders identical with and without the "
-            "search tool schema), so the model would be trained without ever seeing the tool; set "
-            "CHAT_TEMPLATE=searchrl (--chat-template searchrl) to train with the repo's ChatML/hermes tool template"
-        )
-    return "model"
+    # the eval's check, naming the trainer's setting as the fix; "searchrl" refuses a tokenizer without ChatML
+    return prepare_chat_template(tokenizer, model=model, choice=settings.chat_template, fix=TRAIN_FIX)
 
 
 __all__ = ["check_train_template", "load_tokenizer"]
