@@ -388,11 +388,14 @@ from searchrl.deploy import launch, tasks
 
 envs = json.loads(sys.argv[1])
 train = tasks.load_task(Path("sky/train.yaml"), envs, {"RETRIEVAL_API_KEY": "s"})
-dag = launch.train_pipeline(train, job_name="searchrl-train")
+built = launch.train_pipeline(train, job_name="searchrl-train")
+# what `sky.jobs.launch` sends the API server (jobs/client/sdk.py) and the server loads back
+from sky.utils import dag_utils
+dag = dag_utils.load_dag_from_yaml_str(dag_utils.dump_dag_to_yaml_str(built))
 order = [t.name for t in networkx.topological_sort(dag.get_graph())]
 merge = dag.tasks[1]
 print(json.dumps({
-    "chain": dag.is_chain(), "order": order, "name": dag.name,
+    "chain": dag.is_chain(), "order": order, "name": dag.name, "nodes": [t.num_nodes for t in dag.tasks],
     "accelerators": [[r.accelerators for r in t.resources] for t in dag.tasks],
     "autostop": [(r.autostop_config.idle_minutes, r.autostop_config.down) for r in merge.resources],
     "buckets": [t.storage_mounts["/checkpoints"].name for t in dag.tasks],
@@ -414,7 +417,10 @@ def test_sky_train_launches_the_merge_as_a_cpu_task_after_training(envs: dict[st
         and got["order"] == ["searchrl-train", "searchrl-merge"]
         and got["name"] == "searchrl-train"
     )
-    assert got["accelerators"] == [[{"H100": 8}], [None]]  # no GPU waits for the merge
+    assert got["accelerators"] == [[{"H100": 8}], [None]] and got["nodes"] == [
+        2,
+        1,
+    ]  # no GPU waits for the merge
     assert got["autostop"] == [[10, True]] and got["buckets"] == ["my-ckpts", "my-ckpts"]
     assert "searchrl train merge" in got["run"]
     dirs = [
