@@ -255,9 +255,8 @@ def run(state: Path, command: list[str], run_dir: Path | None = None) -> int:
         _write(state / f"{key}.stopped", reason)
         print(f"stopped: {reason}", file=sys.stderr)  # noqa: T201
         return STOPPED_EXIT
-    _write(
-        record, json.dumps(current) if known else "null"
-    )  # unknown progress never matches the next failure
+    # unknown progress never matches the next failure
+    _write(record, json.dumps(current) if known else "null")
     note = _note(kind, command, code, signature)
     if note:
         print(note, file=sys.stderr)  # noqa: T201
