@@ -333,7 +333,8 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
     }
     assert task["file_mounts"]["/checkpoints"]["name"] == "my-searchrl-ckpts"
     assert task["file_mounts"]["/checkpoints"]["mode"] == "MOUNT_CACHED"
-    assert "\nstep searchrl train merge" in task["run"]  # block style: the printed run: reads like the file
+    assert "\nstep searchrl health" in task["run"]  # block style: the printed run: reads like the file
+    assert "then sky/merge.yaml" in proc.stderr  # the merge is the job's second task, on a CPU node
     assert "exec " not in task["run"]  # the MOUNT_CACHED flush loop SkyPilot appends must be reached
     assert "ok:" in proc.stderr  # the health check ran against the live service before the task was built
 

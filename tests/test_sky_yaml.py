@@ -91,9 +91,8 @@ def test_train_yaml_follows_the_multinode_rules() -> None:
     assert config["num_nodes"] == 2 and config["resources"]["accelerators"] == "H100:8"
     assert "~/sky_templates/ray/start_cluster" in run and config["envs"]["RAY_DASHBOARD_HOST"] == "127.0.0.1"
     assert 'searchrl health "$RETRIEVAL_SERVICE_URL"' in run
-    assert (
-        run.index("searchrl health") < run.index("searchrl train local") < run.index("searchrl train merge")
-    )
+    assert run.index("searchrl health") < run.index("searchrl train local")
+    assert "searchrl train merge" not in run  # sky/merge.yaml, on a CPU node: no 16 GPUs wait for it
     assert "ray.init" not in run and "address=auto" not in run
     # installs exactly the lock (tests/trainer/test_lock.py checks every install line)
     assert 'uv pip install --require-hashes -r "requirements/gpu-${ROLLOUT}-py311.txt"' in setup
@@ -115,7 +114,7 @@ def test_validate_passes_on_the_shipped_yamls() -> None:
     proc = searchrl("sky", "validate")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     oks = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
-    assert len(oks) == 5, proc.stdout
+    assert len(oks) == 6, proc.stdout
     assert "--secret RETRIEVAL_API_KEY" in proc.stdout  # what the launch still needs is reported
 
 
@@ -333,8 +332,9 @@ def _flushed(stdout: str) -> bool:
 @pytest.mark.parametrize(
     ("yaml_name", "last"),
     [
-        ("train.yaml", "searchrl train merge"),
+        ("train.yaml", "searchrl train local"),
         ("train-single.yaml", "searchrl train merge"),
+        ("merge.yaml", "searchrl train merge"),
         ("infer.yaml", "searchrl compare"),
     ],
 )
@@ -344,13 +344,12 @@ def test_head_run_script_exits_0_after_the_flush_loop(yaml_name: str, last: str,
     assert _flushed(stdout), stdout[-2000:]
     assert calls.splitlines()[-1].startswith("sleep 10")  # the flush loop ran after the last command
     assert calls.index(last) < calls.index("sleep 10")
-    if yaml_name != "infer.yaml":
+    if yaml_name.startswith("train"):
         assert "start_cluster UV_OVERRIDE=" in calls and "searchrl-pins.txt" in calls
     if yaml_name == "train.yaml":
         assert (
-            calls.index("searchrl train merge") < calls.rindex("stop_cluster") < calls.index("sleep 10")
+            calls.index("searchrl train local") < calls.rindex("stop_cluster") < calls.index("sleep 10")
         )  # the exit trap
-        assert calls.index("searchrl train local") < calls.index("searchrl train merge")
 
 
 def test_index_build_copies_into_the_bucket_then_waits_for_the_upload(tmp_path: Path) -> None:
@@ -672,7 +671,7 @@ def test_every_sky_launch_the_repo_documents_deletes_its_cluster() -> None:
     assert len(launches) >= 4, launches
     for name, line in launches:
         assert re.search(r"sky launch -c \S+ -i \d+ --down ", line), f"{name}: {line.strip()}"
-    for yaml_name in ("train-single.yaml", "infer.yaml", "index-build.yaml"):
+    for yaml_name in ("train.yaml", "train-single.yaml", "merge.yaml", "infer.yaml", "index-build.yaml"):
         autostop = yaml.safe_load((SKY / yaml_name).read_text())["resources"]["autostop"]
         assert autostop["down"] is True and autostop["idle_minutes"] <= 15
 
@@ -707,6 +706,7 @@ def test_every_task_that_installs_uv_pins_the_same_version() -> None:
         "index-build.yaml",
         "train.yaml",
         "train-single.yaml",
+        "merge.yaml",
         "infer.yaml",
     }
     assert set(found.values()) == {'"uv==0.13.9"'}, found

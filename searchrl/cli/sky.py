@@ -354,6 +354,7 @@ def _train(args: argparse.Namespace) -> int:
                 "checks its corpus)",
                 file=sys.stderr,
             )
+        print(launch.MERGE_NOTE, file=sys.stderr)  # noqa: T201
         print(launch.billing_reminder(plan_service), file=sys.stderr)  # noqa: T201
         return 0
     job = launch.launch_train(plan, job_name=getattr(args, "name", launch.DEFAULT_JOB))

@@ -1,8 +1,9 @@
-"""`searchrl train data|tool-config|overrides|merge|local|lock`: the trainer's verbs.
+"""`searchrl train data|tool-config|overrides|run-dir|merge|local|lock`: the trainer's verbs.
 
     searchrl train data --dataset-size small            # verl parquet from PeterJinGo/nq_hotpotqa_train
     searchrl train tool-config                          # the verl tool YAML for RETRIEVAL_SERVICE_URL
     searchrl train overrides                            # hydra overrides for verl.trainer.main_ppo, one per line
+    searchrl train run-dir                              # <checkpoint_dir>/<experiment_name>: the run's folder
     searchrl train local                                # GPU check, data, health check, then verl (make train-local)
     searchrl train merge --run-dir checkpoints/my-run   # newest checkpoint -> Hugging Face folder
     searchrl train lock                                 # re-resolve requirements/gpu-*.txt with uv (make lock)
@@ -93,6 +94,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     _add_settings_flags(p)
     p.set_defaults(handler=_overrides)
+
+    p = verbs.add_parser(
+        "run-dir",
+        help="print the run's folder, <checkpoint_dir>/<experiment_name> (checkpoints, record, merged model)",
+        argument_default=argparse.SUPPRESS,
+    )
+    _add_settings_flags(p)
+    p.set_defaults(handler=_run_dir)
 
     p = verbs.add_parser(
         "local", help="train on this machine's GPUs (make train-local)", argument_default=argparse.SUPPRESS
@@ -217,6 +226,12 @@ def _overrides(args: argparse.Namespace) -> int:
 
     for line in render_overrides(_settings(args)):
         print(line)  # noqa: T201
+    return 0
+
+
+def _run_dir(args: argparse.Namespace) -> int:
+    """One line, for scripts: sky/train.yaml's crash guard reads the run's checkpoints there."""
+    print(_settings(args).run_dir)  # noqa: T201
     return 0
 
 

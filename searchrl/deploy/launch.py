@@ -174,8 +174,48 @@ def billing_reminder(service: str) -> str:
     )
 
 
-def launch_train(plan: TrainPlan, *, job_name: str = DEFAULT_JOB) -> str:
-    """Launch the planned task as a managed job (recovers from preemption) and stream its launch log."""
+MERGE_YAML = SKY_DIR / "merge.yaml"
+MERGE_NOTE = (
+    "the managed job runs this task, then sky/merge.yaml on a CPU node: it merges the newest checkpoint into "
+    "<run>/merged/global_step_N in the bucket (no GPU waits for it)"
+)
+
+
+def train_pipeline(train_task: Any, *, job_name: str = DEFAULT_JOB) -> Any:
+    """The managed job `searchrl sky train` launches: the train task, then sky/merge.yaml on a CPU node.
+
+    A chain of two tasks runs as one managed job (SkyPilot's pipelines): the merge starts only once training
+    succeeded, on its own cluster, after the GPU nodes are gone, so no 2 x 8 H100 wait for it. It gets the train
+    task's values of the envs it declares (bucket, run name and what names the default run folder).
+    """
     sky = _sky()
-    job_ids, _handle = sky.stream_and_get(sky.jobs.launch(plan.task, name=job_name))
+    need_envs, _ = required_names(MERGE_YAML)
+    declared = _sky_envs(MERGE_YAML)
+    envs = {name: str(train_task.envs[name]) for name in declared if name in train_task.envs}
+    missing = [n for n in need_envs if n not in envs]
+    if missing:
+        raise ConfigError(f"{MERGE_YAML.name} needs {' '.join(f'--env {n}=...' for n in missing)}")
+    merge_task = load_task(MERGE_YAML, envs, {})
+    with sky.Dag() as dag:
+        dag.add(train_task)
+        dag.add(merge_task)
+        dag.add_edge(train_task, merge_task)
+    dag.name = job_name
+    return dag
+
+
+def _sky_envs(path: Path) -> list[str]:
+    """The names under `envs:` in a task file."""
+    import yaml
+
+    return list((yaml.safe_load(path.read_text()) or {}).get("envs") or {})
+
+
+def launch_train(plan: TrainPlan, *, job_name: str = DEFAULT_JOB) -> str:
+    """Launch the planned task, then the merge (train_pipeline), as one managed job (recovers from preemption)
+    and stream its launch log."""
+    sky = _sky()
+    job_ids, _handle = sky.stream_and_get(
+        sky.jobs.launch(train_pipeline(plan.task, job_name=job_name), name=job_name)
+    )
     return ",".join(str(j) for j in (job_ids or []))

@@ -22,7 +22,14 @@ log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
 SKY_DIR = REPO / "sky"
-TASK_FILES = ("retrieval.yaml", "index-build.yaml", "train.yaml", "train-single.yaml", "infer.yaml")
+TASK_FILES = (
+    "retrieval.yaml",
+    "index-build.yaml",
+    "train.yaml",
+    "train-single.yaml",
+    "merge.yaml",
+    "infer.yaml",
+)
 SKY_VENV_PYTHON = REPO / ".venv-sky" / "bin" / "python"
 SKY_INSTALL_HINT = (
     "SkyPilot is not installed: run `make sky-venv` (python3 -m venv .venv-sky && "
