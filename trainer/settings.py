@@ -305,8 +305,13 @@ class TrainSettings(StrictSettings):
     @property
     def fsdp_size(self) -> int:
         """verl's fsdp_config.fsdp_size: one node's GPUs on multi-node runs (parameters are gathered over NVLink
-        and only gradient shards cross the node link, once per replica sync), verl's -1 (every GPU) on one node."""
-        return self.gpus_per_node if self.nnodes > 1 else -1
+        and only gradient shards cross the node link, once per replica sync), verl's -1 (every GPU) on one node.
+
+        Not with one GPU per node: torch's FSDP1 turns a hybrid shard group of one GPU into NO_SHARD and then
+        all-reduces gradients over that group of one, so the replicas never average (seen on gloo in
+        tests/trainer/test_fsdp_sync.py's setup); there the whole cluster stays one group.
+        """
+        return self.gpus_per_node if self.nnodes > 1 and self.gpus_per_node > 1 else -1
 
     @property
     def sync_grads_per_mini_batch(self) -> bool:
