@@ -119,7 +119,7 @@ def test_multi_node_overrides_sync_gradients_once_per_mini_batch(compose, tmp_pa
 
     for key, value in ENV.items():  # the spawned workers import verl on the CPU platform
         monkeypatch.setenv(key, value)
-    settings = TrainSettings(data_dir=tmp_path, nnodes=2, gpus_per_node=2, train_batch_size=8)
+    settings = TrainSettings(data_dir=tmp_path, nnodes=2, gpus_per_node=2, train_batch_size=8, rollout_n=4)
     ours = render_overrides(settings)
     configs = {
         "ours": _engine_config(compose, ours),
