@@ -103,7 +103,9 @@ def sample_lengths(
     for i in range(count):
         prompt = int(max_prompt * rng.uniform(0.3, 0.6))
         searches = i % (max_turns + 1)
-        response = ANSWER_TOKENS + sum(int(MODEL_TURN_TOKENS + obs * rng.uniform(0.5, 1.0)) for _ in range(searches))
+        response = ANSWER_TOKENS + sum(
+            int(MODEL_TURN_TOKENS + obs * rng.uniform(0.5, 1.0)) for _ in range(searches)
+        )
         out.append(prompt + min(response, max_response))
     rng.shuffle(out)
     return out
@@ -170,7 +172,9 @@ def dynamic_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]
     ceil(tokens / budget) micro batches, balance the attention workload 24576*l + l^2 with Karmarkar-Karp, add one
     until every micro batch fits the budget. Returns each micro batch's lengths (verl then reorders them)."""
     if max(lengths) > max_tokens:
-        raise ValueError(f"a {max(lengths)}-token sample exceeds the {max_tokens}-token budget (verl asserts it)")
+        raise ValueError(
+            f"a {max(lengths)}-token sample exceeds the {max_tokens}-token budget (verl asserts it)"
+        )
     count = min(len(lengths), -(-sum(lengths) // max_tokens))
     workloads = [24576 * n + n * n for n in lengths]
     while True:
@@ -204,7 +208,9 @@ def _phase(name: str, lengths: list[int], calls: int, backward: bool, *, packed:
         batches = dynamic_micro_batches(lengths, budget)
         processed = sum(lengths)
         # flash-attn's varlen kernel: causal, per sample; sdpa: the packed row's dense (block-diagonal) mask
-        attention = sum(n * n / 2 for mb in batches for n in mb) if flash else sum(sum(mb) ** 2 for mb in batches)
+        attention = (
+            sum(n * n / 2 for mb in batches for n in mb) if flash else sum(sum(mb) ** 2 for mb in batches)
+        )
     else:
         batches = fixed_micro_batches(lengths, rows)
         processed = sum(len(mb) * max(mb) for mb in batches)  # each micro batch padded to its longest sample
@@ -279,7 +285,9 @@ def _step_cost(x: _Inputs, packed: bool, hw: Hardware = HARDWARE) -> StepCost:
     per_mini = x.mini_batch * x.rollout_n // n_gpus
     per_step = x.train_batch * x.rollout_n // n_gpus
     common = dict(packed=packed, flash=x.flash, rows=x.rows, budget=x.budget)
-    phases = [_phase("update", sample_lengths(per_mini, **lengths), x.train_batch // x.mini_batch, True, **common)]
+    phases = [
+        _phase("update", sample_lengths(per_mini, **lengths), x.train_batch // x.mini_batch, True, **common)
+    ]
     phases.append(_phase("old log-prob", sample_lengths(per_step, seed=1, **lengths), 1, False, **common))
     if x.kl:
         phases.append(_phase("reference", sample_lengths(per_step, seed=1, **lengths), 1, False, **common))
@@ -287,7 +295,10 @@ def _step_cost(x: _Inputs, packed: bool, hw: Hardware = HARDWARE) -> StepCost:
     p, shape = x.shape.params, x.shape
     compute = 0.0
     for ph in phases:
-        fwd = 2 * shape.matmul_params * ph.processed_tokens + 4 * shape.layers * shape.hidden * ph.attention_units
+        fwd = (
+            2 * shape.matmul_params * ph.processed_tokens
+            + 4 * shape.layers * shape.hidden * ph.attention_units
+        )
         # update: forward, backward (2x), and the recomputed forward of gradient checkpointing
         compute += ph.calls * fwd * (4 if ph.backward else 1)
     group = n_gpus if x.fsdp_size < 0 or x.fsdp_size >= n_gpus else x.fsdp_size
@@ -340,10 +351,14 @@ def choose_packing(settings: TrainSettings) -> PackingChoice:
         return PackingChoice(s.remove_padding == "on", f"SEARCHRL_TRAIN_REMOVE_PADDING={s.remove_padding}")
     per_gpu = s.mini_batch_size * s.rollout_n // s.n_gpus
     if per_gpu % s.micro_batch_rows:
-        return PackingChoice(True, f"padded micro batches of {s.micro_batch_rows} rows do not divide {per_gpu}")
+        return PackingChoice(
+            True, f"padded micro batches of {s.micro_batch_rows} rows do not divide {per_gpu}"
+        )
     shape = model_shape(s.model_name)
     if shape is None:
-        return PackingChoice(False, f"{s.model_name}: unknown model shape, no estimate; verl's padded default")
+        return PackingChoice(
+            False, f"{s.model_name}: unknown model shape, no estimate; verl's padded default"
+        )
     try:
         packed, padded = (_step_cost(_inputs(s, shape), flag) for flag in (True, False))
     except ValueError as exc:  # a budget below the longest sample: verl would refuse packing
@@ -364,22 +379,37 @@ def plan_lines(settings: TrainSettings) -> list[str]:
     choice = choose_packing(s)
     cost = step_cost(s, choice.packed)
     layout = "packed (use_remove_padding, dynamic batching)" if choice.packed else "padded (fixed rows)"
+    if s.nnodes == 1:
+        where = "the node's GPUs"
+    else:
+        where = (
+            "inside each node"
+            if s.fsdp_size > 0
+            else "across every node: the node link carries every collective"
+        )
     out = [
         f"micro batches: {layout} -- {choice.reason}",
-        f"FSDP group: {s.fsdp_size if s.fsdp_size > 0 else s.n_gpus} GPUs "
-        f"({'inside each node' if 0 < s.fsdp_size <= s.gpus_per_node else 'across every GPU'}); gradient sync: "
+        f"FSDP group: {s.fsdp_size if s.fsdp_size > 0 else s.n_gpus} GPUs ({where}); gradient sync: "
         f"{'once per mini batch' if s.sync_grads_per_mini_batch else 'after every micro batch'}",
     ]
+    try:
+        other = step_cost(s, not choice.packed)
+    except ValueError:  # the other layout is impossible here (see choose_packing)
+        other = None
     if cost is None:
-        return [*out, f"step cost: not estimated ({s.model_name} is not in trainer/step_cost.py MODEL_SHAPES)"]
+        return [
+            *out,
+            f"step cost: not estimated ({s.model_name} is not in trainer/step_cost.py MODEL_SHAPES)",
+        ]
     out.append(
-        f"micro batches per GPU (counted with verl's rules over ASSUMED lengths, trainer/step_cost.py "
-        f"sample_lengths): "
+        "micro batches per GPU (counted with verl's rules over ASSUMED lengths, trainer/step_cost.py "
+        "sample_lengths): "
         + ", ".join(
             f"{ph.name} {ph.micro_batches}" + (f" x {ph.calls} mini batches" if ph.calls > 1 else "")
             for ph in cost.phases
         )
-        + f"; padded share of processed tokens {cost.phases[0].padded_share:.0%}"
+        + f"; padding {cost.phases[0].padded_share:.0%} of the tokens processed"
+        + ("" if not choice.packed or other is None else f" ({other.phases[0].padded_share:.0%} if padded)")
     )
     lo, hi = HARDWARE.node_link_bytes_s
     out.append(

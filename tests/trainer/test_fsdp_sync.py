@@ -96,7 +96,9 @@ def _worker(rank: int, world: int, port: int, configs: dict, queue) -> None:  # 
                 dist.reduce_scatter_tensor = originals["reduce_scatter_tensor"]
                 dist.all_reduce = all_reduce
             # the mini batch's gradient norm: each rank's shard (fp32 after the sync), summed over the shard group
-            squares = sum(p.grad.float().pow(2).sum() for p in engine.module.parameters() if p.grad is not None)
+            squares = sum(
+                p.grad.float().pow(2).sum() for p in engine.module.parameters() if p.grad is not None
+            )
             mesh = engine.device_mesh
             dist.all_reduce(squares, group=mesh.get_group("fsdp") if mesh.ndim == 2 else None)
             norm = float(squares.sqrt())

@@ -308,5 +308,7 @@ def test_multi_node_shards_inside_a_node_and_syncs_once_per_mini_batch(compose, 
     cfg = compose(render_overrides(settings))
     _validated(cfg)  # verl's validate_config passes
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # FSDPActorConfig: what the engine receives
-    assert actor.fsdp_config.fsdp_size == 8 and actor.fsdp_config.use_no_sync_for_gradient_accumulation is True
+    assert (
+        actor.fsdp_config.fsdp_size == 8 and actor.fsdp_config.use_no_sync_for_gradient_accumulation is True
+    )
     assert cfg.actor_rollout_ref.ref.fsdp_config.fsdp_size == 8  # the reference model too (forward only)

@@ -15,14 +15,18 @@ from searchrl.trainer import step_cost
 from searchrl.trainer.settings import TrainSettings
 
 
-def _verl_micro_batches(lengths: list[int], *, budget: int | None = None, rows: int | None = None) -> list[list[int]]:
+def _verl_micro_batches(
+    lengths: list[int], *, budget: int | None = None, rows: int | None = None
+) -> list[list[int]]:
     """verl's prepare_micro_batches on one GPU's samples (nested input_ids, as verl's NO_PADDING batches hold)."""
     import torch
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine.utils import prepare_micro_batches
 
-    ids = torch.nested.as_nested_tensor([torch.ones(n, dtype=torch.long) for n in lengths], layout=torch.jagged)
+    ids = torch.nested.as_nested_tensor(
+        [torch.ones(n, dtype=torch.long) for n in lengths], layout=torch.jagged
+    )
     data = TensorDict({"input_ids": ids}, batch_size=[len(lengths)])
     if budget is not None:
         tu.assign_non_tensor(data, use_dynamic_bsz=True, max_token_len_per_gpu=budget)
