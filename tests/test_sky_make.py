@@ -106,3 +106,6 @@ def test_the_two_node_plan_prints_packed_micro_batches_fsdp_per_node_and_cross_n
     assert "update 15 x 2 mini batches, old log-prob 29, reference 29" in plan[4] and "ASSUMED" in plan[4]
     assert plan[5].startswith("ESTIMATE per step:") and "cross-node 24.7 GB per node" in plan[5]
     assert plan[6].startswith("ESTIMATE for 1005 steps:")
+    deploy_md = (REPO / "docs" / "deploy.md").read_text()
+    for line in plan[1:]:  # docs/deploy.md "What a step costs" shows this very output
+        assert line in deploy_md, line

@@ -336,6 +336,10 @@ def step_cost(settings: TrainSettings, packed: bool) -> StepCost | None:
     return None if shape is None else _step_cost(_inputs(settings, shape), packed)
 
 
+def _secs(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+
 @dataclass(frozen=True)
 class PackingChoice:
     packed: bool
@@ -366,7 +370,7 @@ def choose_packing(settings: TrainSettings) -> PackingChoice:
     pick = packed.step_s() <= padded.step_s()
     return PackingChoice(
         pick,
-        f"ESTIMATED training phases {packed.step_s():.0f} s/step packed vs {padded.step_s():.0f} s padded "
+        f"ESTIMATED training phases {_secs(packed.step_s())} s/step packed vs {_secs(padded.step_s())} s padded "
         f"({sum(p.calls * p.micro_batches for p in packed.phases)} vs "
         f"{sum(p.calls * p.micro_batches for p in padded.phases)} micro batches per GPU, padding "
         f"{padded.phases[0].padded_share:.0%} of padded tokens; sdpa computes a packed row's mask densely)",
