@@ -202,8 +202,18 @@ class Phase:
         return 1 - self.real_tokens / self.processed_tokens if self.processed_tokens else 0.0
 
 
-def _phase(name: str, lengths: list[int], calls: int, backward: bool, *, packed: bool, flash: bool,
-           rows: int, budget: int) -> Phase:  # fmt: skip
+def _phase(
+    name: str,
+    lengths: list[int],
+    calls: int,
+    backward: bool,
+    *,
+    packed: bool,
+    flash: bool,
+    rows: int,
+    budget: int,
+) -> Phase:
+    """verl's micro batches for one GPU's samples, with what they process (padding) and their attention rows."""
     if packed:
         batches = dynamic_micro_batches(lengths, budget)
         processed = sum(lengths)
@@ -280,17 +290,29 @@ def _inputs(s: TrainSettings, shape: ModelShape) -> _Inputs:
 @lru_cache(maxsize=64)
 def _step_cost(x: _Inputs, packed: bool, hw: Hardware = HARDWARE) -> StepCost:
     n_gpus = x.nnodes * x.gpus_per_node
-    lengths = dict(max_prompt=x.max_prompt, max_response=x.max_response, max_turns=x.max_turns,
-                   observation_chars=x.observation_chars)  # fmt: skip
-    per_mini = x.mini_batch * x.rollout_n // n_gpus
-    per_step = x.train_batch * x.rollout_n // n_gpus
-    common = dict(packed=packed, flash=x.flash, rows=x.rows, budget=x.budget)
-    phases = [
-        _phase("update", sample_lengths(per_mini, **lengths), x.train_batch // x.mini_batch, True, **common)
-    ]
-    phases.append(_phase("old log-prob", sample_lengths(per_step, seed=1, **lengths), 1, False, **common))
+    per_mini = x.mini_batch * x.rollout_n // n_gpus  # one GPU's samples in a PPO mini batch
+    per_step = x.train_batch * x.rollout_n // n_gpus  # ... in the whole batch (the log-prob passes)
+
+    def lengths(count: int, seed: int) -> list[int]:
+        return sample_lengths(
+            count,
+            max_prompt=x.max_prompt,
+            max_response=x.max_response,
+            max_turns=x.max_turns,
+            observation_chars=x.observation_chars,
+            seed=seed,
+        )
+
+    def phase(name: str, count: int, calls: int, backward: bool) -> Phase:
+        return _phase(
+            name, lengths(count, 0 if backward else 1), calls, backward,
+            packed=packed, flash=x.flash, rows=x.rows, budget=x.budget,
+        )  # fmt: skip
+
+    phases = [phase("update", per_mini, x.train_batch // x.mini_batch, True)]
+    phases.append(phase("old log-prob", per_step, 1, False))
     if x.kl:
-        phases.append(_phase("reference", sample_lengths(per_step, seed=1, **lengths), 1, False, **common))
+        phases.append(phase("reference", per_step, 1, False))
 
     p, shape = x.shape.params, x.shape
     compute = 0.0
