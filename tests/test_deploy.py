@@ -313,14 +313,14 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
     argv = ["sky", "train", "--dry-run", "--env", f"RETRIEVAL_SERVICE_URL={auth_url}",
             "--env", "CHECKPOINT_BUCKET=my-searchrl-ckpts", "--env", "DATASET_SIZE=small",
             "--env", "ALLOW_SMALL_CORPUS=1",  # the fixture service serves 20 passages, not wiki-18
-            "--secret", "WANDB_API_KEY", "--num-nodes", "3"]  # fmt: skip
+            "--secret", "WANDB_API_KEY", "--num-nodes", "4"]  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "searchrl", *argv], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     for secret in (TOKEN, "wandb-secret-77"):
         assert secret not in proc.stdout and secret not in proc.stderr
     task = yaml.safe_load(proc.stdout)
-    assert task["name"] == "searchrl-train" and task["num_nodes"] == 3
+    assert task["name"] == "searchrl-train" and task["num_nodes"] == 4
     assert _resource(task, "accelerators") == {"H100": 8}
     clouds = sorted(str(alt.get("infra", alt.get("cloud"))).lower() for alt in task["resources"]["any_of"])
     assert clouds == ["aws", "gcp", "nebius"]  # only clouds whose default image has the 580 driver (issue 34)
@@ -374,8 +374,9 @@ def _make_n(*args: str) -> list[str]:
 @pytest.mark.live
 @pytest.mark.parametrize(
     ("make_args", "nodes"),
-    [(["NODES=4"], 4), (["ENV_EXTRA=NUM_NODES=3", "NETWORK_TIER=best"], 3)],
-    ids=["NODES=4", "ENV=NUM_NODES=3,NETWORK_TIER=best"],
+    # (3 nodes: the plan refuses them, tests/test_sky_make.py)
+    [(["NODES=4"], 4), (["ENV_EXTRA=NUM_NODES=8", "NETWORK_TIER=best"], 8)],
+    ids=["NODES=4", "ENV=NUM_NODES=8,NETWORK_TIER=best"],
 )
 def test_make_train_dry_run_launches_the_asked_node_count(
     auth_url: str, make_args: list[str], nodes: int

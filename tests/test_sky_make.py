@@ -73,3 +73,39 @@ def test_train_dry_run_without_a_service_prints_the_task_at_once() -> None:
     assert task["resources"]["infra"] == "aws/us-east-1" and task["resources"]["network_tier"] == "best"
     assert task["resources"]["job_recovery"]["strategy"] == "FAILOVER"
     assert "dry-run-token-1" not in proc.stdout + proc.stderr
+
+
+def _dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [skypilot.sky_python(), "-m", "searchrl", "sky", "train", "--dry-run", "--env", "CHECKPOINT_BUCKET=b", *args],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "RETRIEVAL_API_KEY": "dry-run-token-1"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("nodes", [3, 6])
+def test_a_node_count_the_trainer_would_refuse_is_refused_by_the_plan(nodes: int) -> None:
+    """256 prompts x 5 samples a mini batch do not split over 24 or 48 GPUs: TrainSettings refused that only in
+    the nodes' setup, after the install on every node. The plan builds the same settings from the task."""
+    proc = _dry_run("--num-nodes", str(nodes))
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert proc.stdout == ""  # no task printed, nothing launched
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {nodes} node(s) x 8 GPUs: the trainer would refuse")
+    assert f"(256 x 5) must be divisible by the GPU count NUM_NODES x GPUS_PER_NODE ({nodes} x 8)" in line
+
+
+def test_the_two_node_plan_prints_packed_micro_batches_fsdp_per_node_and_cross_node_bytes() -> None:
+    proc = _dry_run("--num-nodes", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert yaml.safe_load(proc.stdout)["num_nodes"] == 2  # the figures are comments: still one task file
+    plan = [ln.removeprefix("# ").strip() for ln in proc.stdout.splitlines() if ln.startswith("# ")]
+    assert plan[:2] == ["step cost (trainer/step_cost.py):", "2 node(s) x 8 GPUs:"]
+    assert plan[2].startswith("micro batches: packed") and "ESTIMATED" in plan[2]
+    assert plan[3] == "FSDP group: 8 GPUs (inside each node); gradient sync: once per mini batch"
+    assert "update 15 x 2 mini batches, old log-prob 29, reference 29" in plan[4] and "ASSUMED" in plan[4]
+    assert plan[5].startswith("ESTIMATE per step:") and "cross-node 24.7 GB per node" in plan[5]
+    assert plan[6].startswith("ESTIMATE for 1005 steps:")
+    deploy_md = (REPO / "docs" / "deploy.md").read_text()
+    for line in plan[1:]:  # docs/deploy.md "What a step costs" shows this very output
+        assert line in deploy_md, line

@@ -109,6 +109,13 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("actor_rollout_ref.actor.entropy_coeff", s.entropy_coeff),
         ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", micro),
         ("actor_rollout_ref.ref.fsdp_config.param_offload", True),
+        # multi-node: FSDP inside each node, one gradient sync per mini batch (TrainSettings.fsdp_size)
+        ("actor_rollout_ref.actor.fsdp_config.fsdp_size", s.fsdp_size),
+        ("actor_rollout_ref.ref.fsdp_config.fsdp_size", s.fsdp_size),
+        (
+            "actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation",
+            s.sync_grads_per_mini_batch,
+        ),
         # --- rollout: an async engine, the multi-turn tool loop, hermes tool calls
         ("actor_rollout_ref.rollout.name", s.rollout_name),
         ("actor_rollout_ref.rollout.mode", "async"),

@@ -122,6 +122,10 @@ class TrainSettings(StrictSettings):
     # FSDP actor attention: sdpa (torch built-in) or flash_attention_2 (no prebuilt flash-attn wheel on PyPI for
     # the locked torch 2.11/CUDA 13, so it must be installed separately; docs/training.md)
     attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
+    # Packed micro batches (verl's use_remove_padding + dynamic batching) under sdpa: auto = the cheaper
+    # ESTIMATED step of padded and packed (trainer/step_cost.py choose_packing, printed by the launch plan);
+    # on/off force it. flash_attention_2 always packs.
+    remove_padding: Literal["auto", "on", "off"] = "auto"
     # verl's agent loop for every row (the parquet's agent_name and rollout.agent.default_agent_loop); the CPU runs
     # name theirs, whose scripted first turn is environment (trainer/agent_loop.py)
     agent_loop: str = Field(default="tool_agent", pattern=r"^[A-Za-z0-9_]+$")
@@ -288,8 +292,32 @@ class TrainSettings(StrictSettings):
 
     @property
     def removes_padding(self) -> bool:
-        """verl packs samples without padding only with flash-attn's varlen kernels (trainer/overrides.py)."""
-        return self.attn_implementation == "flash_attention_2"
+        """Packed micro batches: always with flash-attn's varlen kernels; under sdpa as remove_padding says, auto
+        being the cheaper estimated step (trainer/step_cost.py; the packed sdpa path is a block-diagonal mask)."""
+        if self.attn_implementation == "flash_attention_2":
+            return True
+        if self.remove_padding != "auto":
+            return self.remove_padding == "on"
+        from searchrl.trainer.step_cost import choose_packing
+
+        return choose_packing(self).packed
+
+    @property
+    def fsdp_size(self) -> int:
+        """verl's fsdp_config.fsdp_size: one node's GPUs on multi-node runs (parameters are gathered over NVLink
+        and only gradient shards cross the node link, once per replica sync), verl's -1 (every GPU) on one node.
+
+        Not with one GPU per node: torch's FSDP1 turns a hybrid shard group of one GPU into NO_SHARD and then
+        all-reduces gradients over that group of one, so the replicas never average (seen on gloo in
+        tests/trainer/test_fsdp_sync.py's setup); there the whole cluster stays one group.
+        """
+        return self.gpus_per_node if self.nnodes > 1 and self.gpus_per_node > 1 else -1
+
+    @property
+    def sync_grads_per_mini_batch(self) -> bool:
+        """verl's use_no_sync_for_gradient_accumulation on multi-node runs: one gradient reduction per mini batch
+        instead of one per micro batch, paid for with unsharded gradients between them (docs/training.md)."""
+        return self.nnodes > 1
 
     @property
     def micro_batch_rows(self) -> int:

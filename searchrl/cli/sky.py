@@ -345,8 +345,10 @@ def _train(args: argparse.Namespace) -> int:
         infra=getattr(args, "infra", None),
         dry_run=getattr(args, "dry_run", False),
     )
+    # the step's cost as YAML comments after the task: the printed plan stays one loadable task file
+    cost = "".join(f"# {line}\n" for line in ["step cost (trainer/step_cost.py):", *plan.cost])
     if getattr(args, "dry_run", False):
-        print(plan.text, end="")  # noqa: T201
+        print(plan.text + cost, end="")  # noqa: T201
         if not plan.resolved:
             print(  # noqa: T201
                 f"dry run: RETRIEVAL_SERVICE_URL above is a placeholder ({launch.UNRESOLVED_URL}); nothing waited "
@@ -357,6 +359,7 @@ def _train(args: argparse.Namespace) -> int:
         print(launch.MERGE_NOTE, file=sys.stderr)  # noqa: T201
         print(launch.billing_reminder(plan_service), file=sys.stderr)  # noqa: T201
         return 0
+    print(cost, end="")  # noqa: T201
     job = launch.launch_train(plan, job_name=getattr(args, "name", launch.DEFAULT_JOB))
     print(f"launched managed job {job} (sky jobs logs {job})")  # noqa: T201
     print(launch.billing_reminder(plan_service), file=sys.stderr)  # noqa: T201

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ class TrainPlan:
     url: str
     # False: a dry run that left the endpoint (and its health and corpus checks) to the launch
     resolved: bool = True
+    # what a step costs with the settings the nodes will build (trainer/step_cost.py plan_lines)
+    cost: list[str] = field(default_factory=list)
 
 
 def plan_train(
@@ -115,7 +117,23 @@ def plan_train(
     else:
         restrict_clouds(task)
     refuse_problems(path, task)
-    return TrainPlan(task=task, text=render_task(task, secrets), url=url, resolved=resolved)
+    cost = step_plan(task)
+    return TrainPlan(task=task, text=render_task(task, secrets), url=url, resolved=resolved, cost=cost)
+
+
+def step_plan(task: Any) -> list[str]:
+    """The nodes' TrainSettings validated here (a node count they would refuse is a ConfigError, one line, before
+    anything is billed) and what a step costs with them (trainer/step_cost.py)."""
+    from searchrl.deploy.train_settings import node_settings, task_gpus_per_node
+    from searchrl.trainer.step_cost import plan_lines
+
+    envs = {k: str(v) for k, v in (task.envs or {}).items() if v is not None}
+    nnodes = int(task.num_nodes or 1)
+    lines: list[str] = []
+    for gpus in task_gpus_per_node(task):
+        settings = node_settings(envs, nnodes=nnodes, gpus_per_node=gpus)
+        lines += [f"{nnodes} node(s) x {gpus} GPUs:", *(f"  {line}" for line in plan_lines(settings))]
+    return lines
 
 
 @dataclass

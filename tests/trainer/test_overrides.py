@@ -69,9 +69,16 @@ def test_defaults_compose_into_a_search_agent_grpo_run(compose, tmp_path):
     # Validation is capped: verl's default sends the whole test split (51,713 rows) as one batch.
     assert cfg.data.val_max_samples == 1000 and cfg.data.val_batch_size == 256
 
-    # SDPA, not flash-attn (no prebuilt wheel for the locked torch); padding removal only with flash-attn.
+    # SDPA, not flash-attn (no prebuilt wheel for the locked torch); packed or padded as the plan's arithmetic
+    # chose (trainer/step_cost.py: packed is the cheaper estimate for the default recipe on one node).
     assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
-    assert cfg.actor_rollout_ref.model.use_remove_padding is False
+    assert settings.remove_padding == "auto" and settings.removes_padding is True
+    assert cfg.actor_rollout_ref.model.use_remove_padding is True
+    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is True
+    # One node: verl's FSDP defaults (one group over the node's GPUs, a reduce-scatter per micro batch).
+    for role in ("actor", "ref"):
+        assert cfg.actor_rollout_ref[role].fsdp_config.fsdp_size == -1
+    assert cfg.actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation is False
 
 
 def test_reward_function_path_loads_ours(compose, tmp_path):
@@ -247,7 +254,7 @@ def test_sdpa_micro_batches_are_bounded_by_the_token_budget_padding_included(com
     """Without padding removal, dynamic batching counted unpadded tokens: two 5,120-token trajectories among 300-token
     ones filled two micro batches of 18 rows each, padded to 92,160 tokens (9x the 10,240 budget; ~28 GB of bf16
     logits over Qwen2.5's 151,936-token vocabulary). Fixed micro batches of budget // max_seq_len rows cannot."""
-    settings = TrainSettings(data_dir=tmp_path, nnodes=2)
+    settings = TrainSettings(data_dir=tmp_path, nnodes=2, remove_padding="off")
     cfg = compose(render_overrides(settings))
     _validated(cfg)
     actor, ref, rollout = (
@@ -277,8 +284,31 @@ def test_sdpa_micro_batches_are_bounded_by_the_token_budget_padding_included(com
 
 
 def test_a_share_that_does_not_split_into_micro_batches_is_refused(tmp_path):
+    odd = dict(data_dir=tmp_path, train_batch_size=2, rollout_n=5, gpus_per_node=1)
     with pytest.raises(
         ValueError, match=r"share of a PPO mini batch \(5 samples\) must be a multiple of the micro"
     ):
-        TrainSettings(data_dir=tmp_path, train_batch_size=2, rollout_n=5, gpus_per_node=1)
+        TrainSettings(**odd, remove_padding="off")
+    packed = TrainSettings(**odd)  # auto: padded rows cannot split 5 samples, packed micro batches can
+    assert packed.removes_padding is True
     assert TrainSettings(data_dir=tmp_path, smoke=True).micro_batch_rows == 2  # the smoke run: 16 x 2 / 1 GPU
+
+
+# --- FSDP inside a node on multi-node runs (issue 38 item 3) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("nnodes", [2, 4])
+def test_multi_node_shards_inside_a_node_and_syncs_once_per_mini_batch(compose, tmp_path, nnodes):
+    """verl's defaults shard over every GPU of every node (fsdp_size -1) and reduce gradients after every micro
+    batch: each node then sends ~2.8 TB a step over the node link (trainer/step_cost.py). The overrides set one
+    node's GPUs per FSDP group and one gradient sync per mini batch; verl's own config classes read them."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    settings = TrainSettings(data_dir=tmp_path, nnodes=nnodes, gpus_per_node=8)
+    cfg = compose(render_overrides(settings))
+    _validated(cfg)  # verl's validate_config passes
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # FSDPActorConfig: what the engine receives
+    assert (
+        actor.fsdp_config.fsdp_size == 8 and actor.fsdp_config.use_no_sync_for_gradient_accumulation is True
+    )
+    assert cfg.actor_rollout_ref.ref.fsdp_config.fsdp_size == 8  # the reference model too (forward only)
