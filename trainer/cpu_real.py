@@ -175,9 +175,9 @@ def check_real_steps(rows: list[StepRow], dtype: str) -> list[str]:
     """The CPU runs' checks; in bf16 the sync bound is verl's mean limit instead of the fp32 maximum."""
     if dtype == "float32":
         return check_steps(rows, STEPS)
-    return check_steps(rows, STEPS, max_prob_diff=math.inf) + [
-        failure for row in rows for failure in gpu_step_problems(row)[0]
-    ]
+    problems = check_steps(rows, STEPS, max_prob_diff=math.inf)
+    # gpu_step_problems repeats the mask checks check_steps made: each problem once
+    return list(dict.fromkeys(problems + [f for row in rows for f in gpu_step_problems(row)[0]]))
 
 
 __all__ = [
