@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
@@ -83,6 +83,18 @@ def parse_steps(log_text: str, run: str) -> list[StepRow]:
                 metrics[key.strip()] = _number(value)
         rows.append(StepRow(step=int(match.group(1)), run=run, metrics=metrics))
     return rows
+
+
+# A per-step check: the problems of one step as verl logs it (empty: fine); the CPU runs stop at the first.
+StepCheck = Callable[[StepRow], list[str]]
+# the short line a CPU run prints per step as it arrives
+_SUMMARY = ("reward", "response_length", "grad_norm", "sync_diff", "obs_in_loss", "wall_s")
+
+
+def step_summary(row: StepRow) -> str:
+    """`step N (run): mean reward 0.41, response length 180.2, ...`: what a CPU run shows as each step ends."""
+    cells = [f"{COLUMNS[name][0]} {COLUMNS[name][2].format(row.get(name))}" for name in _SUMMARY]
+    return f"step {row.step} ({row.run}): " + ", ".join(cells)
 
 
 def step_table(rows: Iterable[StepRow]) -> str:
@@ -195,9 +207,11 @@ __all__ = [
     "mask_problems",
     "COLUMNS",
     "SYNC_MAX_PROB_DIFF",
+    "StepCheck",
     "StepRow",
     "check_steps",
     "parse_steps",
+    "step_summary",
     "step_table",
     "sync_and_mask_problems",
 ]

@@ -278,16 +278,18 @@ def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
                 for problem in warnings:
                     log.warning("%s", problem)
                 if failures:
-                    _stop(proc)
+                    stop_process(proc)
                     raise StepCheckError(f"{failures[0]}; verl stopped at step {row.step} (log: {steps_log})")
     return proc.wait()
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    """SIGINT to verl's process group, then SIGKILL after STOP_GRACE_S."""
+def stop_process(proc: subprocess.Popen[str], grace_s: float | None = None) -> None:
+    """SIGINT to the process group of `proc` (started with start_new_session), then SIGKILL after `grace_s`
+    (default STOP_GRACE_S): verl and every process it started, Ray's included, are gone when this returns."""
     import signal
 
-    for sig, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
+    grace = STOP_GRACE_S if grace_s is None else grace_s
+    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -426,5 +428,6 @@ __all__ = [
     "prepare_launch",
     "record_run",
     "resume_overrides",
+    "stop_process",
     "train_local",
 ]
