@@ -172,8 +172,8 @@ def run_main_ppo(
     """verl's trainer in a subprocess, the CPU plugin in its environment (Ray workers inherit it).
 
     Its output goes to `log_path` as it comes; each step line verl prints is shown at once (one short line: a CPU
-    run's steps otherwise sit silent in the log for minutes) and handed to `on_step`, whose first problem stops verl
-    there (trainer/launch.py `stop_process`) and raises SmokeCheckError: a broken run costs a start-up and the
+    run's steps otherwise sit silent in the log for minutes) and handed to `on_step`; the first step with a problem
+    stops verl there (trainer/launch.py `stop_process`) and raises SmokeCheckError: a broken run costs a start-up and the
     steps up to the broken one, not the whole run.
     """
     from searchrl.trainer.cpu_plugin import ENV
@@ -210,7 +210,7 @@ def run_main_ppo(
                     if problems:
                         stop_process(proc)
                         raise SmokeCheckError(
-                            f"{label + ': ' if label else ''}{problems[0]}; verl stopped at step {row.step} "
+                            f"{label + ': ' if label else ''}{'; '.join(problems)}; verl stopped at step {row.step} "
                             f"(log: {log_path})"
                         )
         code = proc.wait()

@@ -279,7 +279,9 @@ def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
                     log.warning("%s", problem)
                 if failures:
                     stop_process(proc)
-                    raise StepCheckError(f"{failures[0]}; verl stopped at step {row.step} (log: {steps_log})")
+                    raise StepCheckError(
+                        f"{'; '.join(failures)}; verl stopped at step {row.step} (log: {steps_log})"
+                    )
     return proc.wait()
 
 
