@@ -17,6 +17,7 @@
     ├── CheckpointError                checkpoint missing or merge output not loadable
     ├── RolloutFailedError             a rollout group failed inside verl's agent-loop worker: training stops
     ├── SmokeCheckError                a smoke run exited 0 but did not search, checkpoint or merge
+    ├── StepCheckError                 a training step failed a check (loss mask, weight sync, a missing metric): verl stopped
     ├── DeployError                    SkyPilot task invalid, endpoint not ready, launch failed
     ├── InferenceError                 the LLM server (or local model) cannot be reached, loaded or parsed
     │   └── RequestRejectedError       the LLM server refused one request (4xx): recorded, the run goes on
@@ -131,6 +132,11 @@ class SmokeCheckError(SearchRLError):
     """A smoke training run finished but missed what a real run needs (a search, a checkpoint, a merge)."""
 
 
+class StepCheckError(SearchRLError):
+    """A training step verl logged failed a check (tool responses in the loss, a stale weight sync, a check metric
+    verl did not log): `searchrl train local` stops verl there rather than train on for hours past a known bug."""
+
+
 class DeployError(SearchRLError):
     """A SkyPilot task is invalid, an endpoint never became ready, or a launch failed."""
 
@@ -221,4 +227,5 @@ __all__ = [
     "SearchFailureRateError",
     "SearchRLError",
     "SmokeCheckError",
+    "StepCheckError",
 ]  # the tree, plus first_line for building messages (tests/test_errors.py checks both)

@@ -26,7 +26,13 @@ from pathlib import Path
 
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu_precision import choose_cpu_dtype
-from searchrl.trainer.cpu_report import StepRow, check_steps, gpu_step_problems, step_table
+from searchrl.trainer.cpu_report import (
+    StepRow,
+    check_steps,
+    gpu_step_problems,
+    step_table,
+    sync_and_mask_problems,
+)
 from searchrl.trainer.cpu_smoke import FP32, cpu_overrides, cpu_settings, run_training, write_qa
 from searchrl.trainer.hf_rollout import BATCH_PATTERN
 from searchrl.trainer.overrides import hydra_value
@@ -152,7 +158,14 @@ def run_real(
         settings = real_settings(out_dir, run.model_dir, url, chat_template)
         started = time.monotonic()
         extra = [*cpu_overrides(), *precision_overrides(run.dtype)]
-        run.rows, text = run_training(settings, extra, out_dir / "train.log", "real", timeout_s)
+        run.rows, text = run_training(
+            settings,
+            extra,
+            out_dir / "train.log",
+            "real",
+            timeout_s,
+            lambda row: check_real_steps([row], run.dtype, per_step=True),
+        )
         run.batches = [(int(n), int(t), float(s)) for n, t, s in re.findall(BATCH_PATTERN, text)]
         run.phases[f"train {STEPS} steps"] = time.monotonic() - started
         run.chat_template = chat_template
@@ -171,13 +184,19 @@ def run_real(
     return run
 
 
-def check_real_steps(rows: list[StepRow], dtype: str) -> list[str]:
-    """The CPU runs' checks; in bf16 the sync bound is verl's mean limit instead of the fp32 maximum."""
+def check_real_steps(rows: list[StepRow], dtype: str, per_step: bool = False) -> list[str]:
+    """The CPU runs' checks; in bf16 the sync bound is verl's mean limit instead of the fp32 maximum.
+
+    `per_step`: the checks of the rows alone (as each step arrives), not that the run logged every step."""
     if dtype == "float32":
-        return check_steps(rows, STEPS)
-    return check_steps(rows, STEPS, max_prob_diff=math.inf) + [
-        failure for row in rows for failure in gpu_step_problems(row)[0]
-    ]
+        return (
+            [p for row in rows for p in sync_and_mask_problems(row)] if per_step else check_steps(rows, STEPS)
+        )
+    if per_step:
+        return [f for row in rows for f in gpu_step_problems(row)[0]]
+    problems = check_steps(rows, STEPS, max_prob_diff=math.inf)
+    # gpu_step_problems repeats the mask checks check_steps made: each problem once
+    return list(dict.fromkeys(problems + [f for row in rows for f in gpu_step_problems(row)[0]]))
 
 
 __all__ = [

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
@@ -85,6 +85,18 @@ def parse_steps(log_text: str, run: str) -> list[StepRow]:
     return rows
 
 
+# A per-step check: the problems of one step as verl logs it (empty: fine); the CPU runs stop at the first.
+StepCheck = Callable[[StepRow], list[str]]
+# the short line a CPU run prints per step as it arrives
+_SUMMARY = ("reward", "response_length", "grad_norm", "sync_diff", "obs_in_loss", "wall_s")
+
+
+def step_summary(row: StepRow) -> str:
+    """`step N (run): mean reward 0.41, response length 180.2, ...`: what a CPU run shows as each step ends."""
+    cells = [f"{COLUMNS[name][0]} {COLUMNS[name][2].format(row.get(name))}" for name in _SUMMARY]
+    return f"step {row.step} ({row.run}): " + ", ".join(cells)
+
+
 def step_table(rows: Iterable[StepRow]) -> str:
     """A Markdown table, one row a step."""
     headers = ["step", "run", *(header for header, _, _ in COLUMNS.values())]
@@ -133,12 +145,32 @@ def sync_and_mask_problems(row: StepRow, max_prob_diff: float = SYNC_MAX_PROB_DI
             f"step {row.step}: sync max prob diff {diff:.2g} above {max_prob_diff:.0e} "
             "(the rollout did not sample from the weights the trainer holds)"
         )
-    in_loss = row.get("obs_in_loss")
+    return problems + mask_problems(row)
+
+
+def _missing(row: StepRow, key: str, why: str) -> str:
+    return f"step {row.step}: verl logged no {key}, so {why} is unchecked"
+
+
+def mask_problems(row: StepRow) -> list[str]:
+    """The loss-mask checks of one step, on every engine: no tool-response token in the loss, and some tool-response
+    token seen wherever the step searched (else a template that never writes `<tool_response>` passes vacuously).
+    A missing metric is a problem, never a pass: the check that would have caught the bug did not run."""
+    in_loss = row.metrics.get(COLUMNS["obs_in_loss"][1], math.nan)
+    calls = row.metrics.get(ALL_CALLS, math.nan)
+    seen = row.metrics.get(OBSERVATION_TOKENS, math.nan)
+    if math.isnan(in_loss):
+        return [_missing(row, COLUMNS["obs_in_loss"][1], "the loss mask")]
+    problems = []
     if in_loss != 0:
         problems.append(
             f"step {row.step}: observation tokens in loss {in_loss:.0f} (tool responses are trained on)"
         )
-    if row.metrics.get(ALL_CALLS, 0) > 0 and not row.metrics.get(OBSERVATION_TOKENS, 0) > 0:
+    if math.isnan(calls) or math.isnan(seen):
+        problems.append(
+            _missing(row, ALL_CALLS if math.isnan(calls) else OBSERVATION_TOKENS, "the loss mask")
+        )
+    elif calls > 0 and not seen > 0:
         problems.append(
             f"step {row.step}: searched but no tool-response token was found to check the mask on"
         )
@@ -146,24 +178,25 @@ def sync_and_mask_problems(row: StepRow, max_prob_diff: float = SYNC_MAX_PROB_DI
 
 
 def gpu_step_problems(row: StepRow) -> tuple[list[str], list[str]]:
-    """(failures, warnings) of one GPU step: verl's FAQ limits on the mean rollout/actor probability difference
-    (bf16 rollouts differ from the trainer by more than fp32 noise, so the CPU runs' max threshold does not
-    apply), and tool-response tokens in the loss."""
+    """(failures, warnings) of one GPU step. bf16 rollouts differ from the trainer by more than fp32 noise, so the
+    CPU runs' max bound does not apply: verl's FAQ limits on the mean rollout/actor probability difference do (a
+    failure at 0.01, the band [0.005, 0.01) a warning). The loss-mask checks are the CPU runs' own and fail the
+    step; a metric verl did not log fails it too."""
     failures, warnings = [], []
     mean = row.metrics.get(PROB_DIFF_MEAN, math.nan)
-    if mean >= PROB_DIFF_MEAN_FAIL:
+    if math.isnan(mean):
+        failures.append(
+            _missing(row, PROB_DIFF_MEAN, "the weight sync")
+            + " (actor_rollout_ref.rollout.calculate_log_probs must stay True)"
+        )
+    elif mean >= PROB_DIFF_MEAN_FAIL:
         failures.append(
             f"step {row.step}: rollout/actor mean prob diff {mean:.3g} >= {PROB_DIFF_MEAN_FAIL} (verl's FAQ: a "
             "precision or weight-sync bug; check the rollout dtype and that weights reach the rollout engine)"
         )
-    elif mean > PROB_DIFF_MEAN_WARN:
-        warnings.append(f"step {row.step}: rollout/actor mean prob diff {mean:.3g} > {PROB_DIFF_MEAN_WARN}")
-    in_loss = row.metrics.get("loss/observation_tokens_in_loss", 0.0)
-    if in_loss:
-        failures.append(
-            f"step {row.step}: observation tokens in loss {in_loss:.0f} (tool responses are trained on)"
-        )
-    return failures, warnings
+    elif mean >= PROB_DIFF_MEAN_WARN:
+        warnings.append(f"step {row.step}: rollout/actor mean prob diff {mean:.3g} >= {PROB_DIFF_MEAN_WARN}")
+    return failures + mask_problems(row), warnings
 
 
 __all__ = [
@@ -171,11 +204,14 @@ __all__ = [
     "PROB_DIFF_MEAN_FAIL",
     "PROB_DIFF_MEAN_WARN",
     "gpu_step_problems",
+    "mask_problems",
     "COLUMNS",
     "SYNC_MAX_PROB_DIFF",
+    "StepCheck",
     "StepRow",
     "check_steps",
     "parse_steps",
+    "step_summary",
     "step_table",
     "sync_and_mask_problems",
 ]

@@ -35,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,15 @@ from typing import Any
 
 from searchrl.devset import dev_qa_path
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.cpu_report import StepRow, check_steps, parse_steps, step_table
+from searchrl.trainer.cpu_report import (
+    StepCheck,
+    StepRow,
+    check_steps,
+    parse_steps,
+    step_summary,
+    step_table,
+    sync_and_mask_problems,
+)
 from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.settings import TrainSettings
 
@@ -157,20 +166,57 @@ def tokenizer_texts(qa_path: Path) -> list[str]:
     return [CHATML_HERMES_TEMPLATE, json.dumps(SEARCH_TOOL_SCHEMA), *map(build_user_prompt, questions)]
 
 
-def run_main_ppo(command: list[str], log_path: Path, timeout_s: float) -> tuple[int, str]:
-    """verl's trainer in a subprocess, the CPU plugin in its environment (Ray workers inherit it)."""
+def run_main_ppo(
+    command: list[str], log_path: Path, timeout_s: float, on_step: StepCheck | None = None, label: str = ""
+) -> tuple[int, str]:
+    """verl's trainer in a subprocess, the CPU plugin in its environment (Ray workers inherit it).
+
+    Its output goes to `log_path` as it comes; each step line verl prints is shown at once (one short line: a CPU
+    run's steps otherwise sit silent in the log for minutes) and handed to `on_step`; the first step with a problem
+    stops verl there (trainer/launch.py `stop_process`) and raises SmokeCheckError: a broken run costs a start-up and the
+    steps up to the broken one, not the whole run.
+    """
     from searchrl.trainer.cpu_plugin import ENV
+    from searchrl.trainer.launch import stop_process
 
     env = {**os.environ, **ENV, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w", encoding="utf-8") as out:
-        try:
-            code = subprocess.run(
-                command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
-    return code, log_path.read_text(encoding="utf-8", errors="replace")
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        stop_process(proc, grace_s=5.0)
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.start()
+    try:
+        with open(log_path, "w", encoding="utf-8") as out:
+            for line in proc.stdout:
+                out.write(line)
+                for row in parse_steps(line, label):
+                    out.flush()
+                    log.info("%s", step_summary(row))
+                    problems = on_step(row) if on_step is not None else []
+                    if problems:
+                        stop_process(proc)
+                        raise SmokeCheckError(
+                            f"{label + ': ' if label else ''}{'; '.join(problems)}; verl stopped at step {row.step} "
+                            f"(log: {log_path})"
+                        )
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    return (124 if timed_out.is_set() else code), log_path.read_text(encoding="utf-8", errors="replace")
 
 
 _ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)$")
@@ -218,15 +264,23 @@ def _phase(run: CpuRun, name: str, started: float) -> None:
 
 
 def run_training(
-    settings: TrainSettings, extra: list[str], log_path: Path, label: str, timeout_s: float
+    settings: TrainSettings,
+    extra: list[str],
+    log_path: Path,
+    label: str,
+    timeout_s: float,
+    on_step: StepCheck | None = sync_and_mask_problems,
 ) -> tuple[list[StepRow], str]:
-    """One verl invocation through `searchrl train`'s own launch path: its step rows and its log."""
+    """One verl invocation through `searchrl train`'s own launch path: its step rows and its log.
+
+    `on_step` checks each step as verl logs it (default: the fp32 runs' weight-sync and loss-mask checks) and
+    stops the run at the first problem."""
     from searchrl.trainer.launch import prepare_launch
 
     plan = prepare_launch(settings, extra_overrides=extra, check_device=False)
     if plan.state is not None and plan.state.step is not None:
         log.info("%s: resuming from the checkpoint of step %d", label, plan.state.step)
-    code, text = run_main_ppo(plan.command, log_path, timeout_s)
+    code, text = run_main_ppo(plan.command, log_path, timeout_s, on_step, label)
     if code != 0:
         raise SmokeCheckError(f"{label}: verl exited {code}: {first_error(text)} (log: {log_path})")
     return parse_steps(text, label), text

@@ -15,8 +15,10 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   7. Corpus: the healthy services' `GET /` must name wiki-18 for Search-R1 data (retrieval/corpus_check.py).
   8. Record: the overrides, the resolved settings (no secrets) and the service's corpus checksum and index
      fingerprint go into <run>/searchrl/, like nanoGPT keeps its config inside the checkpoint.
-  9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours. SMOKE=1
-     then checks the run (trainer/smoke.py): a search happened, a checkpoint was written, merged, and loads.
+  9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours, except that a
+     step line failing a check (tool responses in the loss, verl's rollout/actor limit, a missing check metric)
+     stops verl there with one line. SMOKE=1 then checks the run (trainer/smoke.py): a search happened, a
+     checkpoint was written, merged, and loads.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
+from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError, StepCheckError
 from searchrl.retrieval.corpus_check import (
     CorpusIdentity,
     check_training_corpus,
@@ -242,16 +244,28 @@ def record_run(
 STEPS_LOG = "steps.log"  # verl's `step:N - ...` console lines of every invocation, in <run>/searchrl/
 
 
+# After a failed step check verl gets SIGINT (Python's atexit runs: ray.shutdown stops a Ray it started itself) and
+# this long to exit before its whole process group is killed.
+STOP_GRACE_S = 30.0
+
+
 def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
     """verl in the foreground, its output passed through; each step line is also appended to `steps_log` and
-    checked as it arrives (trainer/cpu_report.py `gpu_step_problems`: a warning line at once, not at the end)."""
+    checked as it arrives (trainer/cpu_report.py `gpu_step_problems`). A warning is logged at once; the first
+    failure stops verl at that step and raises StepCheckError: a GPU run never trains on past tool responses in its
+    loss, a stale rollout or a check that did not run."""
     from searchrl.trainer.cpu_report import gpu_step_problems, parse_steps
 
     log.info("starting verl: %s -m verl.trainer.main_ppo (%d overrides)", cmd[0], len(cmd) - 3)
     if steps_log is None:
         return subprocess.run(list(cmd), check=False).returncode
     proc = subprocess.Popen(
-        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,  # its own process group: a failed check stops verl and every child it started
     )
     assert proc.stdout is not None
     with open(steps_log, "a", encoding="utf-8") as steps:
@@ -261,9 +275,32 @@ def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
                 steps.write(line if line.endswith("\n") else line + "\n")
                 steps.flush()
                 failures, warnings = gpu_step_problems(row)
-                for problem in failures + warnings:
+                for problem in warnings:
                     log.warning("%s", problem)
+                if failures:
+                    stop_process(proc)
+                    raise StepCheckError(
+                        f"{'; '.join(failures)}; verl stopped at step {row.step} (log: {steps_log})"
+                    )
     return proc.wait()
+
+
+def stop_process(proc: subprocess.Popen[str], grace_s: float | None = None) -> None:
+    """SIGINT to the process group of `proc` (started with start_new_session), then SIGKILL after `grace_s`
+    (default STOP_GRACE_S): verl and every process it started, Ray's included, are gone when this returns."""
+    import signal
+
+    grace = STOP_GRACE_S if grace_s is None else grace_s
+    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def resume_overrides(run_dir: Path, step: int) -> list[str]:
@@ -362,8 +399,9 @@ def train_local(
 ) -> int:
     """Prepare and run verl in the foreground; return its exit code (SMOKE=1: then check the run).
 
-    Every step line verl prints is kept in <run>/searchrl/steps.log; a smoke run fails on a step past verl's
-    rollout/actor consistency limit or with tool-response tokens in the loss (trainer/smoke.py).
+    Every step line verl prints is kept in <run>/searchrl/steps.log and checked as it arrives: the first step past
+    verl's rollout/actor consistency limit, with tool-response tokens in the loss, or missing a check's metric stops
+    verl (StepCheckError). SMOKE=1 then checks the finished run (trainer/smoke.py).
     """
     plan = prepare_launch(settings, gpus=gpus, nvidia_smi=nvidia_smi)
     if not plan.command:
@@ -392,5 +430,6 @@ __all__ = [
     "prepare_launch",
     "record_run",
     "resume_overrides",
+    "stop_process",
     "train_local",
 ]

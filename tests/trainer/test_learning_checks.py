@@ -16,7 +16,7 @@ import torch
 from searchrl.errors import ConfigError
 from searchrl.trainer import sabotage
 from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line, summarize
-from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, sync_and_mask_problems
+from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, gpu_step_problems, sync_and_mask_problems
 from searchrl.trainer.hf_rollout import (
     BATCH_PATTERN,
     UPDATE_LINE,
@@ -284,6 +284,46 @@ def test_sync_and_mask_checks_name_what_broke():
     assert leaked == ["step 4: observation tokens in loss 40 (tool responses are trained on)"]
     blind = sync_and_mask_problems(_row(5, loss__observation_tokens=0.0))
     assert "no tool-response token was found" in blind[0]
+
+
+def _without(row: StepRow, key: str) -> StepRow:
+    return StepRow(row.step, row.run, {k: v for k, v in row.metrics.items() if k != key})
+
+
+def test_gpu_step_checks_fail_on_a_missing_metric_and_warn_only_in_verls_band():
+    """A GPU step fails, never passes, when a check's metric is missing (the check did not run), on tool responses in
+    the loss, and when it searched but saw no tool-response token (a template that never writes the tag); only
+    verl's mean-difference band [0.005, 0.01) warns."""
+    ok = _row(1, training__rollout_probs_diff_mean=1e-3)
+    assert gpu_step_problems(ok) == ([], [])
+    assert gpu_step_problems(_row(1, training__rollout_probs_diff_mean=0.005)) == (
+        [],
+        ["step 1: rollout/actor mean prob diff 0.005 >= 0.005"],
+    )
+    assert "0.01 >= 0.01" in gpu_step_problems(_row(1, training__rollout_probs_diff_mean=0.01))[0][0]
+    for key, what in [
+        ("training/rollout_probs_diff_mean", "the weight sync"),
+        ("loss/observation_tokens_in_loss", "the loss mask"),
+        ("loss/observation_tokens", "the loss mask"),
+        ("search/calls", "the loss mask"),
+    ]:
+        failures, _ = gpu_step_problems(_without(ok, key))
+        assert failures == [f"step 1: verl logged no {key}, so {what} is unchecked"] or (
+            key == "training/rollout_probs_diff_mean"
+            and failures[0].startswith(f"step 1: verl logged no {key}")
+        ), (key, failures)
+    leaked, _ = gpu_step_problems(
+        _row(1, training__rollout_probs_diff_mean=1e-3, loss__observation_tokens_in_loss=3.0)
+    )
+    assert leaked == ["step 1: observation tokens in loss 3 (tool responses are trained on)"]
+    blind, _ = gpu_step_problems(
+        _row(1, training__rollout_probs_diff_mean=1e-3, loss__observation_tokens=0.0)
+    )
+    assert blind == ["step 1: searched but no tool-response token was found to check the mask on"]
+    no_search = _row(
+        1, training__rollout_probs_diff_mean=1e-3, search__calls=0.0, loss__observation_tokens=0.0
+    )
+    assert gpu_step_problems(no_search) == ([], [])
 
 
 def _learn_run(rewards: list[float], **values: float) -> LearnRun:

@@ -6,6 +6,7 @@ verl writes; `make train-smoke` on a GPU runs the real thing (not run here: no G
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,8 @@ def _train_like_verl(
         with open(steps_log, "a") as out:  # the console line verl prints, as `searchrl train local` keeps it
             out.write(
                 f"(TaskRunnerV1 pid=1) step:{step} - training/rollout_probs_diff_mean:{prob_diff_mean} - "
-                "loss/observation_tokens_in_loss:0.0 - critic/score/mean:0.0\n"
+                "search/calls:3.0 - loss/observation_tokens:120.0 - loss/observation_tokens_in_loss:0.0 - "
+                "critic/score/mean:0.0\n"
             )
     _write_fsdp_checkpoints(run, tokenizer, [(last_step, 0)], version=2)
     (run / TRACKER_FILE).write_text(str(last_step))
@@ -158,4 +160,68 @@ def test_the_rollout_actor_probability_gap_fails_or_warns_at_verls_faq_limits(
         return
     caplog.set_level("WARNING", logger="searchrl.trainer.smoke")
     check_smoke_run(settings)
-    assert ("mean prob diff 0.007 > 0.005" in caplog.text) is (outcome == "warns")
+    assert ("mean prob diff 0.007 >= 0.005" in caplog.text) is (outcome == "warns")
+
+
+# A stand-in for `python -m verl.trainer.main_ppo`, found first on PYTHONPATH: it prints verl's console step lines
+# (Ray's actor prefix included), a bad one at step 2, then would train on for 10 minutes.
+STANDIN_VERL = """
+import os, signal, time
+open(PIDFILE, "w").write(str(os.getpid()))
+print("(TaskRunnerV1 pid=7) step:1 - training/rollout_probs_diff_mean:0.001 - search/calls:4.0 - "
+      "loss/observation_tokens:300.0 - loss/observation_tokens_in_loss:0.0 - critic/score/mean:0.1", flush=True)
+print("(TaskRunnerV1 pid=7) step:2 - training/rollout_probs_diff_mean:0.001 - search/calls:4.0 - "
+      "loss/observation_tokens:300.0 - loss/observation_tokens_in_loss:12.0 - critic/score/mean:0.1", flush=True)
+if IGNORE:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+time.sleep(600)
+"""
+
+
+def _standin_verl(root: Path, ignore_sigint: bool) -> Path:
+    pkg = root / "verl" / "trainer"
+    pkg.mkdir(parents=True)
+    (root / "verl" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    pidfile = root / "pid"
+    (pkg / "main_ppo.py").write_text(f"IGNORE = {ignore_sigint}\nPIDFILE = {str(pidfile)!r}\n" + STANDIN_VERL)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.live
+@pytest.mark.parametrize("ignore_sigint", [False, True])
+def test_train_local_stops_verl_at_the_first_step_with_tool_responses_in_the_loss(
+    tmp_path, qa_sample, live_bm25_url, nvidia_smi, monkeypatch, ignore_sigint
+):
+    """`searchrl train local` on a GPU run: the step line with observation tokens in the loss stops verl there
+    (its whole process group, SIGKILL when it ignores SIGINT) with one error line, not a warning and 10 more
+    minutes of training. verl is a stand-in printing verl's console lines; the launch before it is real."""
+    import time
+
+    from searchrl.errors import StepCheckError
+    from searchrl.trainer import launch
+
+    monkeypatch.setenv("SMOKE", "1")
+    monkeypatch.setenv("PYTHONPATH", str(_standin_verl(tmp_path / "standin", ignore_sigint)))
+    monkeypatch.setattr(launch, "installed_cuda", lambda: None)
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 2.0)
+    settings = TrainSettings(
+        qa_source=str(qa_sample),
+        data_dir=tmp_path / "data",
+        checkpoint_dir=tmp_path / "ckpt",
+        retrieval_urls=[live_bm25_url],
+    )
+    started = time.monotonic()
+    with pytest.raises(StepCheckError) as info:
+        launch.train_local(settings, gpus=1, nvidia_smi=nvidia_smi("580.95.05"))
+    assert time.monotonic() - started < 120
+    message = str(info.value)
+    assert message.startswith(
+        "step 2: observation tokens in loss 12 (tool responses are trained on); verl stopped"
+    )
+    assert "\n" not in message
+    log_lines = (settings.run_dir.resolve() / RECORD_DIR / STEPS_LOG).read_text().splitlines()
+    assert [line.split(" - ")[0][-6:] for line in log_lines] == ["step:1", "step:2"]
+    with pytest.raises(ProcessLookupError):  # verl is gone, not left training
+        os.kill(int((tmp_path / "standin" / "pid").read_text()), 0)

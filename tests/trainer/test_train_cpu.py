@@ -51,6 +51,37 @@ def test_check_steps_names_every_miss():
     assert "verl logged no" in check_steps([missing], 1)[0]
 
 
+def _printing(*lines: str, then_sleep_s: float = 600) -> list[str]:
+    """A stand-in for verl's entry point: prints these console lines, then trains on (sleeps)."""
+    script = "import time\n" + "".join(f"print({line!r}, flush=True)\n" for line in lines)
+    return [sys.executable, "-c", script + f"time.sleep({then_sleep_s})"]
+
+
+def test_a_cpu_run_stops_at_the_first_step_that_fails_its_check(tmp_path, caplog):
+    """Each step line is shown as it arrives and checked: a stale sync at step 2 stops verl there (one line naming
+    the step), instead of the whole run going on first; a run past its time limit ends 124."""
+    import time
+
+    from searchrl.errors import SmokeCheckError
+    from searchrl.trainer.cpu_report import sync_and_mask_problems
+    from searchrl.trainer.cpu_smoke import run_main_ppo
+
+    caplog.set_level("INFO", logger="searchrl.trainer.cpu_smoke")
+    ok, stale = STEP_LINE.replace("step:2", "step:1"), STEP_LINE.replace("1.2e-09", "0.0028")
+    started = time.monotonic()
+    with pytest.raises(SmokeCheckError) as info:
+        run_main_ppo(_printing(ok, stale), tmp_path / "train.log", 120, sync_and_mask_problems, "1")
+    assert time.monotonic() - started < 60
+    assert str(info.value).startswith(
+        "1: step 2: sync max prob diff 0.0028 above 1e-04 (the rollout did not sample from the weights the "
+        "trainer holds); verl stopped at step 2"
+    )
+    assert "step 1 (1): mean reward 0.000, response length 375.0" in caplog.text
+    assert (tmp_path / "train.log").read_text().count(" step:") == 2
+    code, text = run_main_ppo(_printing(ok, then_sleep_s=60), tmp_path / "slow.log", 2, None, "1")
+    assert code == 124 and "step:1" in text
+
+
 def test_merge_overrides_replaces_keys_hydra_would_refuse_twice():
     base = ["a.b=1", "+c.d=2", "e=3"]
     assert merge_overrides(base, ["a.b=9", "c.d=8"]) == ["e=3", "a.b=9", "c.d=8"]
