@@ -320,7 +320,12 @@ def run_learn(
             ("2 (resumed)", learn_overrides(seed)),
         ):
             started = time.monotonic()
-            rows, text = run_training(settings, extra, out_dir / f"train-{label[0]}.log", label, timeout_s)
+            try:
+                rows, text = run_training(
+                    settings, extra, out_dir / f"train-{label[0]}.log", label, timeout_s
+                )
+            except SmokeCheckError as exc:  # a step failed its check: verl was stopped there
+                raise SmokeCheckError(f"the learning run (seed {seed}) failed: {exc}") from None
             run.rows += rows
             run.updates[label] = count_updates(text)
             run.phases[f"train {label}"] = time.monotonic() - started

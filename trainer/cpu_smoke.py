@@ -210,8 +210,8 @@ def run_main_ppo(
                     if problems:
                         stop_process(proc)
                         raise SmokeCheckError(
-                            f"{label + ': ' if label else ''}{'; '.join(problems)}; verl stopped at step {row.step} "
-                            f"(log: {log_path})"
+                            f"{'; '.join(problems)}; verl stopped at step {row.step} "
+                            f"({f'invocation {label}, ' if label else ''}log: {log_path})"
                         )
         code = proc.wait()
     finally:

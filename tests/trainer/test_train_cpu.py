@@ -73,8 +73,8 @@ def test_a_cpu_run_stops_at_the_first_step_that_fails_its_check(tmp_path, caplog
         run_main_ppo(_printing(ok, stale), tmp_path / "train.log", 120, sync_and_mask_problems, "1")
     assert time.monotonic() - started < 60
     assert str(info.value).startswith(
-        "1: step 2: sync max prob diff 0.0028 above 1e-04 (the rollout did not sample from the weights the "
-        "trainer holds); verl stopped at step 2"
+        "step 2: sync max prob diff 0.0028 above 1e-04 (the rollout did not sample from the weights the "
+        "trainer holds); verl stopped at step 2 (invocation 1, log: "
     )
     assert "step 1 (1): mean reward 0.000, response length 375.0" in caplog.text
     assert (tmp_path / "train.log").read_text().count(" step:") == 2
