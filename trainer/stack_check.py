@@ -18,7 +18,7 @@ Why each check exists:
   importable `flash_attn` proves neither: flash-attn-4 (in the sglang lock, 4.0.0b15) ships only `flash_attn/cute/`,
   which makes `flash_attn` an importable namespace package without FA2's kernels.
 
-Standard library only, except `packaging` for version ranges (a dependency of verl, so in every venv that has it).
+Standard library only, except `packaging` for version ranges (a dependency of verl; else pip's vendored copy).
 """
 
 from __future__ import annotations
@@ -88,10 +88,13 @@ def unmet_requirements(package: str) -> list[str]:
     not checked (verl lists optional loggers and tools there)."""
     try:
         from packaging.requirements import Requirement
-    except ImportError:
-        raise StackError(
-            "the packaging module is missing from this venv: cannot read version ranges"
-        ) from None
+    except ImportError:  # pip's vendored copy: `uv venv --seed` puts pip in every venv
+        try:
+            from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+        except ImportError:
+            raise StackError(
+                "neither packaging nor pip is importable here: cannot read version ranges"
+            ) from None
     try:
         declared = importlib.metadata.requires(package) or []
     except importlib.metadata.PackageNotFoundError:

@@ -107,6 +107,30 @@ def write_flash_attn(
     return root
 
 
+def write_image_site(root: Path, transformers: str) -> Path:
+    """An image's site-packages as far as trainer/stack_check.py reads it: verl 0.9.1 with its REAL metadata
+    (copied from the installed verl, so the ranges are verl's own), each of its versioned requirements at the
+    version installed here (they satisfy it), and transformers at `transformers`."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    def dist(name: str, version: str, metadata: str | None = None) -> None:
+        info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            metadata or f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        )
+
+    dist("verl", "0.9.1", importlib.metadata.distribution("verl").read_text("METADATA"))
+    for line in importlib.metadata.requires("verl") or []:
+        req = Requirement(line)
+        if req.specifier and req.marker is None and req.name != "transformers":
+            dist(req.name, importlib.metadata.version(req.name))
+    dist("transformers", transformers)
+    return root
+
+
 def forget_flash_attn() -> None:
     """Drop every imported flash-attn module (stand-ins must not outlive the test that made them)."""
     import sys
