@@ -79,10 +79,10 @@ class TrainSettings(StrictSettings):
     ppo_mini_batch_size: int | None = Field(default=None, ge=1)  # prompts per update; None = batch // 2 (256)
     micro_batch_size_per_gpu: int = Field(
         default=8, ge=1
-    )  # most samples per micro batch (actor, ref, rollout)
+    )  # most samples per padded micro batch (actor, ref, rollout); packed ones are sized by tokens
     max_token_len_per_gpu: int | None = Field(
         default=None, ge=1
-    )  # tokens per GPU per micro batch, padding included under sdpa; None = 2 x (prompt + response)
+    )  # tokens per GPU per micro batch (update and both log-prob passes; padding counts when padded); None = 2 x L
     rollout_n: int = Field(
         default=5, ge=1, validation_alias=_alias("ROLLOUT_N", "rollout_n")
     )  # GRPO group size
