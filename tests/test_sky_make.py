@@ -101,11 +101,19 @@ def test_the_two_node_plan_prints_packed_micro_batches_fsdp_per_node_and_cross_n
     assert yaml.safe_load(proc.stdout)["num_nodes"] == 2  # the figures are comments: still one task file
     plan = [ln.removeprefix("# ").strip() for ln in proc.stdout.splitlines() if ln.startswith("# ")]
     assert plan[:2] == ["step cost (trainer/step_cost.py):", "2 node(s) x 8 GPUs:"]
-    assert plan[2].startswith("micro batches: packed") and "ESTIMATED" in plan[2]
+    assert (
+        plan[2].startswith("micro batches: packed") and "flash-attn" in plan[2]
+    )  # FLASH_ATTN=1, the default
     assert plan[3] == "FSDP group: 8 GPUs (inside each node); gradient sync: once per mini batch"
     assert "update 15 x 2 mini batches, old log-prob 29, reference 29" in plan[4] and "ASSUMED" in plan[4]
     assert plan[5].startswith("ESTIMATE per step:") and "cross-node 24.7 GB per node" in plan[5]
     assert plan[6].startswith("ESTIMATE for 1005 steps:")
     deploy_md = (REPO / "docs" / "deploy.md").read_text()
     for line in plan[1:]:  # docs/deploy.md "What a step costs" shows this very output
+        assert line in deploy_md, line
+    sdpa = _dry_run("--num-nodes", "2", "--env", "FLASH_ATTN=0")  # the plan's own choice, and its reason
+    assert sdpa.returncode == 0, sdpa.stderr[-2000:]
+    lines = [ln.removeprefix("# ").strip() for ln in sdpa.stdout.splitlines() if ln.startswith("# ")]
+    assert lines[2].startswith("micro batches: packed") and "ESTIMATED" in lines[2]
+    for line in lines[2:3] + lines[5:]:
         assert line in deploy_md, line

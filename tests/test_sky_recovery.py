@@ -28,6 +28,7 @@ import pytest
 from tests import test_sky_yaml as harness
 from tests.conftest import REPO
 from tests.sky_code import sky_json
+from tests.trainer.conftest import write_flash_attn, write_image_site
 
 GUARD = REPO / "trainer" / "refusal.py"
 
@@ -521,21 +522,58 @@ def test_train_nodes_never_keep_an_old_ray_and_prepare_data_before_run(tmp_path:
 # --- GPU_STACK=image: the image's packages are pinned too ---------------------------------------------------------
 
 
-def test_image_setup_pins_the_images_packages_and_run_notices_a_replaced_one(tmp_path: Path) -> None:
-    image_python = "/usr/bin/python3"  # what setup's `command -v python3` finds on the fake node's PATH
+IMAGE_PYTHON = "/usr/bin/python3"  # what setup's `command -v python3` finds on the fake node's PATH
+
+
+def _stand_in_image(tmp_path: Path, transformers: str) -> Path:
+    """The image's packages on PYTHONPATH: a CUDA torch as trainer/driver.py --torch reads it, flash-attn 2's module
+    names, and verl's declared requirements with this transformers (tests/trainer/conftest.py)."""
     plain = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONNOUSERSITE": "1"}
     if (
-        subprocess.run([image_python, "-m", "pip", "--version"], capture_output=True, env=plain).returncode
+        subprocess.run([IMAGE_PYTHON, "-m", "pip", "--version"], capture_output=True, env=plain).returncode
         != 0
     ):
         pytest.skip("needs a /usr/bin/python3 with pip to stand in for the image's interpreter")
-    fake_torch = tmp_path / "fake-torch"  # the image's CUDA torch, as trainer/driver.py --torch reads it
-    (fake_torch / "torch").mkdir(parents=True)
-    (fake_torch / "torch/__init__.py").write_text("class version:\n    cuda = '12.8'\n")
+    site = tmp_path / "fake-torch"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch/__init__.py").write_text("class version:\n    cuda = '12.8'\n")
+    write_flash_attn(site)
+    return write_image_site(site, transformers)
+
+
+def test_image_below_verls_transformers_stops_setup_before_the_long_part(tmp_path: Path) -> None:
+    """verlai/verl:sgl0512.dev4 carries transformers 5.3.0; verl 0.9.1 needs >=5.5.3. `--no-deps` installed verl over
+    it unchecked, so the run failed inside Ray after data prep. Now setup stops right after the verl install: one
+    line, exit 2 (a refusal: trainer/refusal.py stops the job on the second), no data prep, no package install."""
+    site = _stand_in_image(tmp_path, transformers="5.3.0")
+    code, output, calls = harness.run_setup(  # type: ignore[misc]
+        "train.yaml",
+        tmp_path / "node",
+        check=False,
+        GPU_STACK="image",
+        ROLLOUT="sglang",
+        PYTHONPATH=str(site),
+    )
+    assert code == 2, output
+    errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
+    assert errors == [
+        "error: verl 0.9.1 needs what this environment does not have: transformers 5.3.0 (needs "
+        "!=5.6.0,<5.11,>=5.5.3). With GPU_STACK=image pick an image that satisfies it, or use GPU_STACK=lock "
+        "(requirements/, resolved for it)"
+    ]
+    assert "uv pip install --no-deps verl==0.9.1" in calls  # it ran after verl's install ...
+    assert "-e ." not in calls and "searchrl train data" not in calls  # ... and before anything long
+
+
+def test_image_setup_pins_the_images_packages_and_run_notices_a_replaced_one(tmp_path: Path) -> None:
+    image_python = IMAGE_PYTHON
+    plain = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONNOUSERSITE": "1"}
+    fake_torch = _stand_in_image(tmp_path, transformers="5.9.0")
     home = tmp_path / "node"
     stdout, calls = harness.run_setup(
         "train.yaml", home, attempts=1, GPU_STACK="image", ROLLOUT="sglang", PYTHONPATH=str(fake_torch)
     )
+    assert "verl 0.9.1: its version ranges are met; flash-attn 2.8.3" in stdout  # the image check passed
     venv = home / "sky_workdir/.venv"
     system = subprocess.run([image_python, "-m", "pip", "freeze", "--disable-pip-version-check"], env=plain,
                             capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
@@ -554,6 +592,7 @@ def test_image_setup_pins_the_images_packages_and_run_notices_a_replaced_one(tmp
         "HOME": str(home),
         "GPU_STACK": "image",
         "VIRTUAL_ENV": str(venv),
+        "PYTHONPATH": str(fake_torch),  # the image's packages, as in setup (a task env: run has it too)
     }
     check = subprocess.run(["bash", str(REPO / "trainer/pins.sh"), "check"], cwd=home / "sky_workdir", env=env,
                            capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -259,7 +259,11 @@ STUBS = {
 }
 
 
-NODE_HELPERS = ("refusal.py", "pins.sh")  # trainer/ scripts the train tasks' setup and run call on a node
+NODE_HELPERS = (
+    "refusal.py",
+    "pins.sh",
+    "stack_check.py",
+)  # trainer/ scripts the train tasks' setup and run call on a node
 
 
 def run_node(
@@ -442,9 +446,10 @@ def built_setup(yaml_name: str, **envs: str) -> dict[str, Any]:
 
 
 def run_setup(
-    yaml_name: str, home: Path, *, attempts: int = 2, image: bool = False, **envs: str
+    yaml_name: str, home: Path, *, attempts: int = 2, image: bool = False, check: bool = True, **envs: str
 ) -> tuple[str, str]:
     """Run the setup script `attempts` times in a fake node at `home`; returns (last stdout, calls log).
+    `check=False`: one attempt that may fail; returns (its exit code, stdout and stderr, calls log) instead.
 
     Real `uv venv` on the same folder each time; installs, downloads and `searchrl` are stubs that log their argv.
     `searchrl` is on PATH only inside the venv, as after `uv pip install -e .`, unless `image` (an image_id that
@@ -485,6 +490,9 @@ def run_setup(
     for attempt in range(1, attempts + 1):
         proc = subprocess.run(["/bin/bash", "-i", str(home / "setup.sh")], env=env, capture_output=True,
                               text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+        if not check:
+            calls = (home / "calls.log").read_text() if (home / "calls.log").is_file() else ""
+            return proc.returncode, proc.stdout + proc.stderr, calls  # type: ignore[return-value]
         assert proc.returncode == 0, (
             f"setup run {attempt} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
         )

@@ -141,6 +141,7 @@ def cpu_settings(out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS
         lr=1e-4,
         logger="console",
         allow_small_corpus=True,  # the bundled corpus is not wiki-18 (retrieval/corpus_check.py)
+        flash_attn=False,  # sdpa: flash-attn is CUDA only (given here, so FLASH_ATTN=1 in the env cannot win)
         health_deadline_s=300.0,
         checkpoint_wait_s=0.0,
     )

@@ -3,7 +3,8 @@
 Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   1. GPU check: verl needs NVIDIA GPUs (no CPU rollout exists); without them we stop before touching anything.
   2. Stack check: the NVIDIA driver is new enough for the CUDA in the lock this environment was installed from
-     (trainer/lock.py); flash-attn is importable when attn_implementation asks for it.
+     (trainer/lock.py); with FLASH_ATTN=1 (the default) flash-attn 2's CUDA extension and varlen function import
+     (trainer/stack_check.py).
   3. Resume check: a run folder that already holds a record must have been started with the same settings
      (RESUME_KEYS); a finished run says so instead of training again. The step verl resumes from has every
      rank's shard (trainer/checkpoint.py), else verl is pointed at the newest complete step (resume_overrides).
@@ -23,7 +24,6 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -48,6 +48,7 @@ from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, 
 from searchrl.trainer.merge import TRACKER_FILE
 from searchrl.trainer.overrides import hydra_value, merge_overrides, render_overrides, verl_command
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
+from searchrl.trainer.stack_check import StackError, check_flash_attn_2
 from searchrl.trainer.template import check_train_template
 from searchrl.trainer.toolconfig import write_tool_config
 
@@ -108,7 +109,7 @@ def check_gpus(settings: TrainSettings, found: int | None = None) -> int:
 
 def check_stack(settings: TrainSettings, *, nvidia_smi: str = "nvidia-smi") -> str:
     """The driver against the CUDA of the installed torch (installed from the lock; verl's image brings its
-    own), else of the lock for this engine and Python; flash-attn if asked for."""
+    own), else of the lock for this engine and Python; flash-attn 2 itself when FLASH_ATTN is on."""
     cuda = installed_cuda()
     if cuda is not None:
         import torch
@@ -120,11 +121,14 @@ def check_stack(settings: TrainSettings, *, nvidia_smi: str = "nvidia-smi") -> s
             raise ConfigError(f"{lock} is missing: run `make lock` (ROLLOUT={settings.rollout_name})")
         driver = check_driver(lock, nvidia_smi=nvidia_smi)
     log.info("NVIDIA driver %s is new enough for CUDA %s", driver, cuda or "in the lock")
-    if settings.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        raise ConfigError(
-            "attn_implementation=flash_attention_2 but flash-attn is not installed (PyPI has no wheel for the "
-            "locked torch; see docs/training.md): install a matching wheel or use SEARCHRL_TRAIN_ATTN_IMPLEMENTATION=sdpa"
-        )
+    if settings.flash_attn:
+        # flash-attn 2 itself (its CUDA extension and varlen function), not any importable `flash_attn`:
+        # flash-attn-4's package is one without FA2's kernels (trainer/stack_check.py)
+        try:
+            version = check_flash_attn_2()
+        except StackError as exc:
+            raise ConfigError(str(exc)) from None
+        log.info("flash-attn %s (FA2 CUDA extension and varlen kernels found)", version)
     return driver
 
 

@@ -68,13 +68,15 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
     r = s.rollout  # the episode rules eval shares (searchrl/rollout.py)
     use_kl = s.kl_coef > 0
     total_epochs = s.epochs_for(s.expected_train_rows() if train_rows is None else train_rows)
-    # flash-attn has no prebuilt wheel for the locked torch/CUDA (docs/training.md): verl's FSDP engine reads
-    # attn_implementation from model.override_config (default flash_attention_2). Padding removal packs
-    # sequences for flash-attn's varlen kernels, so it is only on with flash-attn. Without it verl pads each
-    # micro batch to its longest sample, which dynamic batching (unpadded token counts) does not bound: there
-    # micro batches are fixed at TrainSettings.micro_batch_rows, so rows x longest <= the token budget.
-    flash = s.removes_padding
-    micro = s.micro_batch_size_per_gpu if flash else s.micro_batch_rows
+    # verl's FSDP engine reads attn_implementation from model.override_config (default flash_attention_2):
+    # flash-attn 2 by default (FLASH_ATTN=1; its wheel is installed after the lock on the GPU nodes), sdpa with
+    # FLASH_ATTN=0. Packed micro batches (use_remove_padding) go with dynamic batching by a per-GPU token budget,
+    # set for the update and for both log-prob passes (reference, old policy). Padded micro batches are padded to
+    # their longest sample, which dynamic batching (unpadded token counts) does not bound: there micro batches
+    # are fixed at TrainSettings.micro_batch_rows, so rows x longest <= the token budget (docs/training.md).
+    packed = s.removes_padding
+    micro = s.micro_batch_size_per_gpu if packed else s.micro_batch_rows
+    budget = s.token_budget_per_gpu
     pairs: list[tuple[str, object]] = [
         # --- algorithm: GRPO, KL as a loss term (Search-R1), not in the reward
         ("algorithm.adv_estimator", "grpo"),
@@ -94,20 +96,23 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("data.val_batch_size", s.val_batch_size),
         # --- policy model and optimiser
         ("actor_rollout_ref.model.path", s.model_name),
-        ("+actor_rollout_ref.model.override_config.attn_implementation", s.attn_implementation),
-        ("actor_rollout_ref.model.use_remove_padding", flash),
+        ("+actor_rollout_ref.model.override_config.attn_implementation", s.attention),
+        ("actor_rollout_ref.model.use_remove_padding", packed),
         ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
         ("actor_rollout_ref.actor.optim.lr", s.lr),
         ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", s.lr_warmup_ratio),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", s.mini_batch_size),
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", micro),
-        ("actor_rollout_ref.actor.use_dynamic_bsz", flash),  # ref and rollout log-probs follow it
-        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", s.token_budget_per_gpu),
+        ("actor_rollout_ref.actor.use_dynamic_bsz", packed),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", budget),
         ("actor_rollout_ref.actor.use_kl_loss", use_kl),
         ("actor_rollout_ref.actor.kl_loss_coef", s.kl_coef),
         ("actor_rollout_ref.actor.kl_loss_type", s.kl_loss_type),
         ("actor_rollout_ref.actor.entropy_coeff", s.entropy_coeff),
         ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", micro),
+        # verl interpolates these two from the actor's; set here so the budget is ours whatever verl's defaults
+        ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", packed),
+        ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", budget),
         ("actor_rollout_ref.ref.fsdp_config.param_offload", True),
         # multi-node: FSDP inside each node, one gradient sync per mini batch (TrainSettings.fsdp_size)
         ("actor_rollout_ref.actor.fsdp_config.fsdp_size", s.fsdp_size),
@@ -125,6 +130,8 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", s.rollout_tp),
         ("actor_rollout_ref.rollout.gpu_memory_utilization", s.gpu_memory_utilization),
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", micro),
+        ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", packed),
+        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", budget),
         ("actor_rollout_ref.rollout.multi_turn.enable", True),
         ("actor_rollout_ref.rollout.multi_turn.format", "hermes"),
         ("actor_rollout_ref.rollout.multi_turn.tool_config_path", _abs(s.resolved_tool_config_path)),

@@ -6,8 +6,8 @@ passages, up to 4 searches per answer, 1005 steps.
 
 Env names are SEARCHRL_TRAIN_<FIELD>, except those users know from the SkyPilot recipes (DATASET_SIZE,
 MODEL_NAME, TRAIN_BATCH_SIZE, TOTAL_STEPS, NUM_NODES, GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME,
-CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS, ROLLOUT, SMOKE, ALLOW_SMALL_CORPUS), which are declared as aliases so
-`sky launch --env NAME=...` reaches them.
+CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS, ROLLOUT, SMOKE, ALLOW_SMALL_CORPUS, FLASH_ATTN), which are declared as
+aliases so `sky launch --env NAME=...` reaches them.
 
 SMOKE=1 is the first GPU run (`make train-smoke`): SMOKE_PRESET below replaces every default it names (a value
 the user sets still wins), so a tiny model trains for a few steps on one GPU against the bundled corpus.
@@ -79,10 +79,10 @@ class TrainSettings(StrictSettings):
     ppo_mini_batch_size: int | None = Field(default=None, ge=1)  # prompts per update; None = batch // 2 (256)
     micro_batch_size_per_gpu: int = Field(
         default=8, ge=1
-    )  # most samples per micro batch (actor, ref, rollout)
+    )  # most samples per padded micro batch (actor, ref, rollout); packed ones are sized by tokens
     max_token_len_per_gpu: int | None = Field(
         default=None, ge=1
-    )  # tokens per GPU per micro batch, padding included under sdpa; None = 2 x (prompt + response)
+    )  # tokens per GPU per micro batch (update and both log-prob passes; padding counts when padded); None = 2 x L
     rollout_n: int = Field(
         default=5, ge=1, validation_alias=_alias("ROLLOUT_N", "rollout_n")
     )  # GRPO group size
@@ -119,12 +119,17 @@ class TrainSettings(StrictSettings):
     rollout_name: Literal["vllm", "sglang"] = Field(
         default="vllm", validation_alias=_alias("ROLLOUT", "rollout_name")
     )  # the locked engine: vllm resolves as published; sglang needs a transformers override (requirements/)
-    # FSDP actor attention: sdpa (torch built-in) or flash_attention_2 (no prebuilt flash-attn wheel on PyPI for
-    # the locked torch 2.11/CUDA 13, so it must be installed separately; docs/training.md)
-    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
-    # Packed micro batches (verl's use_remove_padding + dynamic batching) under sdpa: auto = the cheaper
-    # ESTIMATED step of padded and packed (trainer/step_cost.py choose_packing, printed by the launch plan);
-    # on/off force it. flash_attention_2 always packs.
+    # FSDP actor/reference attention. FLASH_ATTN is the one switch (sky/train*.yaml and the Makefile read the same
+    # variable to install the wheel): 1 = flash-attn 2 (requirements/gpu-flash-attn-py3XX.txt, installed after the
+    # lock on the GPU nodes), packed micro batches with a token budget; 0 = torch's sdpa, nothing extra installed.
+    flash_attn: bool = Field(default=True, validation_alias=_alias("FLASH_ATTN", "flash_attn"))
+    # The same switch spelled as verl's value (SEARCHRL_TRAIN_ATTN_IMPLEMENTATION, kept for older commands): given
+    # alone it sets flash_attn; contradicting an explicit FLASH_ATTN is an error. It is folded into flash_attn by
+    # validation (None afterwards), so nothing can read a stale copy: use `attention` for verl's value.
+    attn_implementation: Literal["sdpa", "flash_attention_2"] | None = None
+    # Packed micro batches (verl's use_remove_padding + dynamic batching) under sdpa (FLASH_ATTN=0): auto = the
+    # cheaper ESTIMATED step of padded and packed (trainer/step_cost.py choose_packing, printed by the launch plan);
+    # on/off force it. flash-attn always packs.
     remove_padding: Literal["auto", "on", "off"] = "auto"
     # verl's agent loop for every row (the parquet's agent_name and rollout.agent.default_agent_loop); the CPU runs
     # name theirs, whose scripted first turn is environment (trainer/agent_loop.py)
@@ -221,6 +226,7 @@ class TrainSettings(StrictSettings):
             for name, value in SMOKE_PRESET.items():
                 if name not in self.model_fields_set:
                     setattr(self, name, value)
+        self._fold_attn_implementation()
         if not self.experiment_name:
             self.experiment_name = default_experiment_name(
                 self.model_name, self.dataset_size, self.total_steps
@@ -266,7 +272,25 @@ class TrainSettings(StrictSettings):
             raise ValueError("passage_max_chars exceeds the observation budget")  # pragma: no cover
         return self
 
+    def _fold_attn_implementation(self) -> None:
+        """attn_implementation, when given, decides flash_attn (unless an explicit FLASH_ATTN says otherwise)."""
+        if self.attn_implementation is None:
+            return
+        wanted = self.attn_implementation == "flash_attention_2"
+        if "flash_attn" in self.model_fields_set and self.flash_attn != wanted:
+            raise ValueError(
+                f"FLASH_ATTN={int(self.flash_attn)} contradicts attn_implementation={self.attn_implementation}: "
+                "set only FLASH_ATTN (1 = flash_attention_2, 0 = sdpa)"
+            )
+        self.flash_attn = wanted
+        self.attn_implementation = None
+
     # --- derived values ---------------------------------------------------------------------------------------
+    @property
+    def attention(self) -> str:
+        """verl's `attn_implementation` for the FSDP actor and reference (model.override_config)."""
+        return "flash_attention_2" if self.flash_attn else "sdpa"
+
     @property
     def loggers(self) -> list[str]:
         return [name.strip() for name in self.logger.split(",") if name.strip()]
@@ -292,9 +316,11 @@ class TrainSettings(StrictSettings):
 
     @property
     def removes_padding(self) -> bool:
-        """Packed micro batches: always with flash-attn's varlen kernels; under sdpa as remove_padding says, auto
-        being the cheaper estimated step (trainer/step_cost.py; the packed sdpa path is a block-diagonal mask)."""
-        if self.attn_implementation == "flash_attention_2":
+        """verl packs each micro batch into one row (use_remove_padding) with dynamic batching by tokens: always with
+        flash-attn's varlen kernels; under sdpa as remove_padding says, auto being the cheaper estimated step
+        (trainer/step_cost.py). Packed sdpa is correct (tests/trainer/test_packed_sdpa.py: verl's own FSDP engine,
+        packed vs padded log-probs, entropy and gradients) but computes a dense mask over the packed row."""
+        if self.flash_attn:
             return True
         if self.remove_padding != "auto":
             return self.remove_padding == "on"
@@ -441,8 +467,8 @@ SMOKE_PRESET: dict[str, Any] = {
     "val_max_samples": 16,
     "val_batch_size": 16,
     "micro_batch_size_per_gpu": 4,
-    # the full run's lengths (max_prompt_length 1024, max_response_length 4096): the first GPU run sees the
-    # real padded micro batch (2 x 5,120 tokens), not half of it
+    # the full run's lengths (max_prompt_length 1024, max_response_length 4096): the first GPU run sees the real
+    # micro batch (packed to the 10,240-token budget with flash-attn; 2 padded rows of 5,120 with FLASH_ATTN=0)
     "gpu_memory_utilization": 0.4,
     "nnodes": 1,
     "gpus_per_node": 1,

@@ -278,7 +278,7 @@ def _inputs(s: TrainSettings, shape: ModelShape) -> _Inputs:
         rollout_n=s.rollout_n,
         rows=s.micro_batch_rows,
         budget=s.token_budget_per_gpu,
-        flash=s.attn_implementation == "flash_attention_2",
+        flash=s.flash_attn,
         kl=s.kl_coef > 0,
         max_prompt=s.max_prompt_length,
         max_response=s.max_response_length,
@@ -371,7 +371,7 @@ class PackingChoice:
 def choose_packing(settings: TrainSettings) -> PackingChoice:
     """remove_padding=auto under sdpa: the cheaper ESTIMATED step of padded and packed (see the module docstring)."""
     s = settings
-    if s.attn_implementation == "flash_attention_2":
+    if s.flash_attn:
         return PackingChoice(True, "flash-attn's varlen kernels need packed micro batches")
     if s.remove_padding != "auto":
         return PackingChoice(s.remove_padding == "on", f"SEARCHRL_TRAIN_REMOVE_PADDING={s.remove_padding}")

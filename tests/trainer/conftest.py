@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +77,73 @@ def nvidia_smi(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]
         return str(script)
 
     return make
+
+
+def write_flash_attn(
+    root: Path, *, extension: bool = True, varlen: bool = True, fa4_only: bool = False
+) -> Path:
+    """Stand-in flash-attn modules under `root` (put it on sys.path): the names a GPU node's install has.
+
+    Default: flash-attn 2 as its wheel lays it out, a `flash_attn` package exporting `flash_attn_varlen_func` and
+    the top-level CUDA extension module `flash_attn_2_cuda` (here plain Python). `fa4_only`: what flash-attn-4
+    4.0.0b15 installs, `flash_attn/cute/` with no `flash_attn/__init__.py` (an importable namespace package).
+    """
+    package = root / "flash_attn"
+    if fa4_only:
+        (package / "cute").mkdir(parents=True)
+        (package / "cute" / "__init__.py").write_text(
+            "def flash_attn_func(*a, **k):\n    raise RuntimeError\n"
+        )
+        return root
+    package.mkdir(parents=True)
+    body = '__version__ = "2.8.3+cu.13.0.torch.2.11"\n'
+    if varlen:
+        body += "def flash_attn_varlen_func(*args, **kwargs):\n    raise RuntimeError('stand-in')\n"
+    (package / "__init__.py").write_text(body)
+    if extension:
+        (root / "flash_attn_2_cuda.py").write_text(
+            "def varlen_fwd(*args, **kwargs):\n    raise RuntimeError\n"
+        )
+    return root
+
+
+def write_image_site(root: Path, transformers: str) -> Path:
+    """An image's site-packages as far as trainer/stack_check.py reads it: verl 0.9.1 with its REAL metadata
+    (copied from the installed verl, so the ranges are verl's own), each of its versioned requirements at the
+    version installed here (they satisfy it), and transformers at `transformers`."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    def dist(name: str, version: str, metadata: str | None = None) -> None:
+        info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            metadata or f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        )
+
+    dist("verl", "0.9.1", importlib.metadata.distribution("verl").read_text("METADATA"))
+    for line in importlib.metadata.requires("verl") or []:
+        req = Requirement(line)
+        if req.specifier and req.marker is None and req.name != "transformers":
+            dist(req.name, importlib.metadata.version(req.name))
+    dist("transformers", transformers)
+    return root
+
+
+def forget_flash_attn() -> None:
+    """Drop every imported flash-attn module (stand-ins must not outlive the test that made them)."""
+    import sys
+
+    for name in [m for m in sys.modules if m.split(".")[0] in ("flash_attn", "flash_attn_2_cuda")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def flash_attn_2(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """flash-attn 2 importable in this process, as on a GPU node after requirements/gpu-flash-attn-py3XX.txt."""
+    root = write_flash_attn(tmp_path_factory.mktemp("site"))
+    forget_flash_attn()
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    forget_flash_attn()

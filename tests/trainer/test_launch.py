@@ -4,6 +4,8 @@ run record, verl command. The GPU count and nvidia-smi are faked, so the tests p
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from searchrl.trainer.launch import (
 from searchrl.trainer.overrides import main_ppo_command, render_overrides
 from searchrl.trainer.settings import TrainSettings
 from tests.live import free_port
+from tests.trainer.conftest import forget_flash_attn, write_flash_attn
 
 
 def _settings(tmp_path, qa_sample, urls, **kw):
@@ -39,8 +42,9 @@ NEW_DRIVER = "580.95.05"
 
 
 @pytest.fixture(autouse=True)
-def _cpu_torch(monkeypatch):
-    """The driver check reads the lock, as with a CPU torch, whatever torch this machine has."""
+def _cpu_torch(monkeypatch, flash_attn_2):
+    """The driver check reads the lock, as with a CPU torch, whatever torch this machine has; flash-attn 2 stands
+    in as installed, as on a GPU node (tests below take it away)."""
     monkeypatch.setattr("searchrl.trainer.launch.installed_cuda", lambda: None)
 
 
@@ -140,13 +144,50 @@ def test_driver_is_checked_against_the_installed_torch_when_it_has_cuda(monkeypa
         check_stack(TrainSettings(), nvidia_smi=nvidia_smi("560.35.03"))
 
 
-def test_flash_attention_without_flash_attn_is_refused(monkeypatch, nvidia_smi):
+def _without_flash_attn(monkeypatch, root=None):
+    """Take the stand-in flash-attn 2 away (and put `root`'s modules on sys.path instead)."""
+    forget_flash_attn()
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "flash_attn").exists()])
+    if root is not None:
+        monkeypatch.syspath_prepend(str(root))
+
+
+def test_flash_attn_2_passes_the_stack_check(nvidia_smi, caplog):
     from searchrl.trainer.launch import check_stack
 
-    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
-    settings = TrainSettings(attn_implementation="flash_attention_2")
-    with pytest.raises(ConfigError, match="flash-attn is not installed"):
-        check_stack(settings, nvidia_smi=nvidia_smi(NEW_DRIVER))
+    caplog.set_level("INFO")
+    assert check_stack(TrainSettings(), nvidia_smi=nvidia_smi(NEW_DRIVER)) == NEW_DRIVER
+    assert "flash-attn 2.8.3+cu.13.0.torch.2.11 (FA2 CUDA extension and varlen kernels found)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("layout", "says"),
+    [
+        ({"missing": True}, "FLASH_ATTN=1 but flash-attn is not installed"),
+        ({"fa4_only": True}, "has no flash-attn 2 CUDA extension (flash_attn_2_cuda"),
+        ({"extension": False}, "has no flash-attn 2 CUDA extension (flash_attn_2_cuda"),
+        ({"varlen": False}, "has its CUDA extension but no flash_attn_varlen_func"),
+    ],
+    ids=["not-installed", "flash-attn-4-only", "no-extension", "no-varlen"],
+)
+def test_anything_but_flash_attn_2_is_refused_naming_flash_attn_0(
+    monkeypatch, nvidia_smi, tmp_path, layout, says
+):
+    """An importable `flash_attn` is not enough: flash-attn-4's package (flash_attn/cute, a namespace package) has
+    none of FA2's kernels. One line, naming the wheel and FLASH_ATTN=0 as the ways out."""
+    from searchrl.trainer.launch import check_stack
+
+    root = None if layout.get("missing") else write_flash_attn(tmp_path / "site", **layout)
+    _without_flash_attn(monkeypatch, root)
+    if layout.get("fa4_only"):
+        import importlib
+
+        assert importlib.import_module("flash_attn") is not None  # importable, as the old check accepted
+    with pytest.raises(ConfigError) as caught:
+        check_stack(TrainSettings(), nvidia_smi=nvidia_smi(NEW_DRIVER))
+    line = str(caught.value)
+    assert says in line and "FLASH_ATTN=0" in line and "\n" not in line
+    assert check_stack(TrainSettings(flash_attn=False), nvidia_smi=nvidia_smi(NEW_DRIVER)) == NEW_DRIVER
 
 
 # --- corpus ------------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -38,6 +39,8 @@ INSTALL_LINES = {  # every allowed install line in a GPU YAML's setup
     "uv pip install --require-hashes -r requirements/gpu-infer-py311.txt",
     "uv pip install --no-deps -e .",
     'uv pip install --no-deps "verl==0.9.1"',  # train.yaml GPU_STACK=image: verl's image brings the rest
+    # flash-attn 2's wheel after the lock, hash-pinned by URL (FLASH_ATTN=1, the default)
+    "uv pip install --no-deps --require-hashes -r requirements/gpu-flash-attn-py311.txt",
 }
 
 
@@ -98,6 +101,13 @@ def test_yaml_setup_installs_exactly_the_lock(name):
         line = line.split("  #", 1)[0].strip()
         assert line in INSTALL_LINES, f"{name}: free-floating install {line!r}"
     assert 'uv pip install --require-hashes -r "requirements/gpu-${ROLLOUT}-py311.txt"' in installs
+    flash = "uv pip install --no-deps --require-hashes -r requirements/gpu-flash-attn-py311.txt"
+    assert flash in installs
+    lock_at, flash_at = setup.index('requirements/gpu-${ROLLOUT}-py311.txt"'), setup.index(flash)
+    assert (
+        lock_at < flash_at < setup.index("uv pip install --no-deps -e .")
+    )  # after the lock, before the package
+    assert config["envs"]["FLASH_ATTN"] == "1"
     assert "--python 3.11" in setup  # the lock's Python
     for engine in ENGINES:
         assert (REPO / "requirements" / f"gpu-{engine}-py311.txt").is_file()
@@ -123,6 +133,15 @@ def test_make_train_local_installs_the_lock():
     assert any("--require-hashes -r requirements/gpu-sglang-py312.txt" in ln for ln in lines)
     assert any("--no-deps -e ." in ln for ln in lines)
     assert lines[-1].endswith(".venv-gpu/bin/searchrl train local")
+    flash = "--no-deps --require-hashes -r requirements/gpu-flash-attn-py312.txt"
+    at = next(i for i, ln in enumerate(lines) if flash in ln)  # FLASH_ATTN=1 by default: after the lock
+    assert any("gpu-sglang-py312.txt" in ln for ln in lines[:at]) and "--no-deps -e ." in lines[at + 1]
+    assert "FLASH_ATTN=1" in lines[-1]
+    off = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", "train-smoke", "FLASH_ATTN=0"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "gpu-flash-attn" not in off and "FLASH_ATTN=0 SMOKE=1" in off
 
 
 # --- the driver check (a fake nvidia-smi) ----------------------------------------------------------------------
@@ -263,3 +282,84 @@ def test_driver_script_runs_without_the_package_and_says_one_line(tmp_path):
     assert none.returncode == 2 and "nvidia-smi not found" in none.stderr
     missing = _driver_script("--lock", "requirements/gpu-nope-py311.txt", path=path)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+# --- flash-attn 2's wheel: pinned by URL and sha256, built for the lock's torch and CUDA ---------------------------
+
+
+@pytest.mark.parametrize("python", ["311", "312"])
+def test_flash_attn_pin_matches_the_locks_torch_cuda_and_python(python):
+    """The wheel's local version names the (CUDA, torch) pair it was built for, its tag the Python: all must be what
+    the locks pin, or the extension fails to load on the node (an ABI mismatch). Its dependencies (torch, einops)
+    must be in every lock, since it is installed with --no-deps."""
+    text = (REPO / "requirements" / f"gpu-flash-attn-py{python}.txt").read_text()
+    assert "NovaSky-AI/SkyRL" in text and "uv.lock" in text  # where the pin came from
+    body = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(body) == 2 and body[1].strip().startswith("--hash=sha256:")
+    req = Requirement(body[0].rstrip("\\ ").strip())
+    assert req.name == "flash-attn" and req.url and req.url.startswith("https://wheels.astral.sh/")
+    wheel = req.url.rsplit("/", 1)[1]
+    name, version, py, abi, platform = wheel.removesuffix(".whl").split("-")
+    assert (name, py, abi, platform) == ("flash_attn", f"cp{python}", f"cp{python}", "manylinux_2_24_x86_64")
+    match = re.fullmatch(r"2\.8\.3\+cu\.(\d+)\.(\d+)\.torch\.(\d+)\.(\d+)", version)
+    assert match, version
+    digest = body[1].strip().removeprefix("--hash=sha256:")
+    assert re.fullmatch(r"[0-9a-f]{64}", digest) and digest in req.url  # Astral's artifact path is the hash
+    for spec in all_locks():
+        if spec.engine in ENGINES and spec.output.name.endswith(f"py{python}.txt"):
+            locked = pins(_text(spec))
+            assert locked["torch"].split(".")[:2] == [match[3], match[4]], spec.output
+            assert locked_cuda(REPO / spec.output) == (int(match[1]), int(match[2])), spec.output
+            assert "einops" in locked, spec.output
+
+
+def test_uv_installs_that_file_format_only_with_the_pinned_hash(tmp_path):
+    """The committed file's exact format (`name @ URL` plus `--hash`), with the URL pointed at a stand-in wheel of
+    the same file name: uv's --require-hashes install takes it with the right hash and refuses it otherwise, so a
+    node cannot install a swapped wheel. (The real wheel, 242 MB from wheels.astral.sh, is not fetched here.)"""
+    import base64
+    import hashlib
+    import zipfile
+
+    text = (REPO / "requirements" / "gpu-flash-attn-py311.txt").read_text()
+    url = re.search(r"@ (\S+\.whl)", text)[1]
+    wheel = tmp_path / url.rsplit("/", 1)[1]
+    version = wheel.name.split("-")[1]
+    files = {
+        "flash_attn/__init__.py": b"",
+        f"flash_attn-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: flash-attn\nVersion: {version}\n".encode(),
+        f"flash_attn-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp311-cp311-manylinux_2_24_x86_64\n",
+    }
+    record = (
+        "".join(
+            f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}\n"
+            for n, b in files.items()
+        )
+        + f"flash_attn-{version}.dist-info/RECORD,,\n"
+    )
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for n, b in files.items():
+            archive.writestr(n, b)
+        archive.writestr(f"flash_attn-{version}.dist-info/RECORD", record)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    uv = uv_binary()
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=120)
+
+    def install(pinned: str) -> subprocess.CompletedProcess[str]:
+        reqs = tmp_path / "reqs.txt"
+        swapped = re.sub(
+            r"--hash=sha256:[0-9a-f]{64}", f"--hash=sha256:{pinned}", text.replace(url, wheel.as_uri())
+        )
+        reqs.write_text(swapped)
+        return subprocess.run(
+            [uv, "pip", "install", "--python", str(venv / "bin" / "python"), "--no-deps", "--require-hashes",
+             "--offline", "-r", str(reqs)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    wrong = install(re.search(r"sha256:([0-9a-f]{64})", text)[1])  # the committed hash: not this stand-in's
+    assert wrong.returncode != 0 and "Hash mismatch" in wrong.stderr, wrong.stderr
+    right = install(digest)
+    assert right.returncode == 0, right.stderr
+    assert f"flash-attn=={version}" in right.stderr

@@ -69,12 +69,9 @@ def test_defaults_compose_into_a_search_agent_grpo_run(compose, tmp_path):
     # Validation is capped: verl's default sends the whole test split (51,713 rows) as one batch.
     assert cfg.data.val_max_samples == 1000 and cfg.data.val_batch_size == 256
 
-    # SDPA, not flash-attn (no prebuilt wheel for the locked torch); packed or padded as the plan's arithmetic
-    # chose (trainer/step_cost.py: packed is the cheaper estimate for the default recipe on one node).
-    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
-    assert settings.remove_padding == "auto" and settings.removes_padding is True
+    # flash-attn 2 (FLASH_ATTN=1, the default) with packed micro batches (tests below say how many tokens).
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "flash_attention_2"
     assert cfg.actor_rollout_ref.model.use_remove_padding is True
-    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is True
     # One node: verl's FSDP defaults (one group over the node's GPUs, a reduce-scatter per micro batch).
     for role in ("actor", "ref"):
         assert cfg.actor_rollout_ref[role].fsdp_config.fsdp_size == -1
@@ -195,8 +192,9 @@ def test_main_ppo_command():
     assert all(isinstance(part, str) for part in cmd)
 
 
-def test_verl_builds_the_policy_with_sdpa(compose, tmp_path, offline_tokenizer):
-    """verl's own HFModelConfig (what the FSDP engine loads the model with) reads our attention override."""
+def test_verl_builds_the_policy_with_the_chosen_attention(compose, tmp_path, offline_tokenizer):
+    """verl's own HFModelConfig (what the FSDP engine loads the model with) reads our attention override, set by
+    FLASH_ATTN or by its older spelling attn_implementation."""
     from verl.utils.config import omega_conf_to_dataclass
 
     from searchrl.trainer.tiny_model import tiny_qwen2_config
@@ -204,8 +202,13 @@ def test_verl_builds_the_policy_with_sdpa(compose, tmp_path, offline_tokenizer):
     model = tmp_path / "model"
     tiny_qwen2_config(2048).save_pretrained(model)
     offline_tokenizer.save_pretrained(model)
-    for attn, remove_padding in (("sdpa", False), ("flash_attention_2", True)):
-        settings = TrainSettings(data_dir=tmp_path, model_name=str(model), attn_implementation=attn)
+    for switch, attn, remove_padding in (
+        ({"flash_attn": False}, "sdpa", False),
+        ({"flash_attn": True}, "flash_attention_2", True),
+        ({"attn_implementation": "sdpa"}, "sdpa", False),
+        ({"attn_implementation": "flash_attention_2"}, "flash_attention_2", True),
+    ):
+        settings = TrainSettings(data_dir=tmp_path, model_name=str(model), **switch)
         model_config = omega_conf_to_dataclass(compose(render_overrides(settings)).actor_rollout_ref.model)
         assert model_config.hf_config._attn_implementation == attn
         assert model_config.use_remove_padding is remove_padding
@@ -254,7 +257,7 @@ def test_sdpa_micro_batches_are_bounded_by_the_token_budget_padding_included(com
     """Without padding removal, dynamic batching counted unpadded tokens: two 5,120-token trajectories among 300-token
     ones filled two micro batches of 18 rows each, padded to 92,160 tokens (9x the 10,240 budget; ~28 GB of bf16
     logits over Qwen2.5's 151,936-token vocabulary). Fixed micro batches of budget // max_seq_len rows cannot."""
-    settings = TrainSettings(data_dir=tmp_path, nnodes=2, remove_padding="off")
+    settings = TrainSettings(data_dir=tmp_path, nnodes=2, flash_attn=False, remove_padding="off")
     cfg = compose(render_overrides(settings))
     _validated(cfg)
     actor, ref, rollout = (
@@ -266,7 +269,7 @@ def test_sdpa_micro_batches_are_bounded_by_the_token_budget_padding_included(com
     budget, longest = actor.ppo_max_token_len_per_gpu, settings.max_seq_len
     assert (budget, longest) == (10_240, 5_120)
     assert actor.use_dynamic_bsz is False and ref.log_prob_use_dynamic_bsz is False
-    assert rollout.log_prob_use_dynamic_bsz is False  # both log-prob passes inherit it from the actor
+    assert rollout.log_prob_use_dynamic_bsz is False  # both log-prob passes, set with the actor's
     rows = budget // longest
     assert actor.ppo_micro_batch_size_per_gpu == ref.log_prob_micro_batch_size_per_gpu == rows == 2
     assert rollout.log_prob_micro_batch_size_per_gpu == rows
@@ -275,12 +278,35 @@ def test_sdpa_micro_batches_are_bounded_by_the_token_budget_padding_included(com
     # the same samples under the old overrides (dynamic batching on): the risk, replayed with verl's code
     old = compose([*render_overrides(settings), "actor_rollout_ref.actor.use_dynamic_bsz=True"])
     assert max(_micro_batches(worst, longest, old)) == 92_160 == 18 * longest
-    # flash-attn packs samples without padding: dynamic batching is right there and stays on
-    flash = compose(
-        render_overrides(TrainSettings(data_dir=tmp_path, attn_implementation="flash_attention_2"))
+
+
+def test_flash_attn_packs_every_pass_by_the_token_budget(compose, tmp_path):
+    """The default (FLASH_ATTN=1): packed micro batches with dynamic batching by a per-GPU token budget for the
+    update and for both log-prob passes (reference, old policy), read back from verl's composed config; verl's own
+    prepare_micro_batches then packs one GPU's 2-node share into far fewer micro batches than 2-row padding."""
+    settings = TrainSettings(data_dir=tmp_path, nnodes=2)
+    cfg = compose(render_overrides(settings))
+    _validated(cfg)
+    model, actor = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.actor
+    ref, rollout = cfg.actor_rollout_ref.ref, cfg.actor_rollout_ref.rollout
+    assert model.override_config.attn_implementation == "flash_attention_2"
+    assert (
+        model.use_remove_padding is True and actor.use_remove_padding is True
+    )  # the actor reads the model's
+    budget = settings.token_budget_per_gpu
+    assert budget == 10_240
+    assert (actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu) == (True, budget)
+    assert (ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu) == (True, budget)
+    assert (rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu) == (True, budget)
+    # one GPU's share of a mini batch: 256 prompts x 5 / 16 GPUs = 80 samples of mixed lengths
+    lengths = [5_120, 300, 1_500, 800, 2_600] * 16
+    packed = _micro_batches(lengths, 5_120, cfg)
+    sdpa = compose(
+        render_overrides(settings.model_copy(update={"flash_attn": False, "remove_padding": "off"}))
     )
-    assert flash.actor_rollout_ref.actor.use_dynamic_bsz is True
-    assert flash.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 8
+    padded = _micro_batches(lengths, 5_120, sdpa)
+    assert len(padded) == 40 and max(padded) <= budget  # 2 rows each (FLASH_ATTN=0, padded)
+    assert len(packed) < 40 / 2
 
 
 def test_a_share_that_does_not_split_into_micro_batches_is_refused(tmp_path):
@@ -288,8 +314,10 @@ def test_a_share_that_does_not_split_into_micro_batches_is_refused(tmp_path):
     with pytest.raises(
         ValueError, match=r"share of a PPO mini batch \(5 samples\) must be a multiple of the micro"
     ):
-        TrainSettings(**odd, remove_padding="off")
-    packed = TrainSettings(**odd)  # auto: padded rows cannot split 5 samples, packed micro batches can
+        TrainSettings(**odd, flash_attn=False, remove_padding="off")
+    packed = TrainSettings(
+        **odd, flash_attn=False
+    )  # sdpa, auto: padded rows cannot split 5 samples, packed micro batches can
     assert packed.removes_padding is True
     assert TrainSettings(data_dir=tmp_path, smoke=True).micro_batch_rows == 2  # the smoke run: 16 x 2 / 1 GPU
 

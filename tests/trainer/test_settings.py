@@ -33,6 +33,7 @@ def test_defaults_are_the_search_r1_recipe():
         ("ROLLOUT", "sglang", "rollout_name", "sglang"),
         ("ALLOW_SMALL_CORPUS", "1", "allow_small_corpus", True),
         ("SMOKE", "1", "smoke", True),
+        ("FLASH_ATTN", "0", "flash_attn", False),
         ("SEARCHRL_TRAIN_DATASET_SIZE", "medium", "dataset_size", "medium"),
         ("SEARCHRL_TRAIN_LR", "2e-6", "lr", 2e-6),
     ],
@@ -217,3 +218,49 @@ def test_smoke_preset_fills_defaults_but_user_values_win(monkeypatch):
     assert s.experiment_name != TrainSettings(smoke=False).experiment_name  # smoke never resumes a full run
     monkeypatch.setenv("TOTAL_STEPS", "6")
     assert TrainSettings().total_steps == 6
+
+
+# --- attention: FLASH_ATTN is the switch, attn_implementation its older spelling (issue 38) ----------------------
+
+
+def test_flash_attn_is_the_default_and_flash_attn_0_is_sdpa(monkeypatch):
+    s = TrainSettings()
+    assert s.flash_attn is True and s.attention == "flash_attention_2" and s.removes_padding
+    monkeypatch.setenv("FLASH_ATTN", "0")
+    off = TrainSettings()
+    assert off.flash_attn is False and off.attention == "sdpa" and not off.removes_padding
+    assert TrainSettings(flash_attn=True).attention == "flash_attention_2"  # a flag beats the environment
+
+
+def test_attn_implementation_still_works_and_is_folded_into_flash_attn(monkeypatch):
+    assert TrainSettings(attn_implementation="sdpa").flash_attn is False
+    assert TrainSettings(attn_implementation="flash_attention_2").flash_attn is True
+    monkeypatch.setenv("SEARCHRL_TRAIN_ATTN_IMPLEMENTATION", "sdpa")
+    s = TrainSettings()
+    assert (s.flash_attn, s.attention) == (False, "sdpa")
+    assert s.attn_implementation is None  # one source of truth after validation: flash_attn
+    assert s.redacted_dump()["flash_attn"] is False
+    monkeypatch.setenv("FLASH_ATTN", "0")  # both, agreeing
+    assert TrainSettings().attention == "sdpa"
+    monkeypatch.setenv("FLASH_ATTN", "1")  # both, contradicting: one line naming the fix
+    with pytest.raises(
+        ConfigError, match=r"FLASH_ATTN=1 contradicts attn_implementation=sdpa: set only FLASH_ATTN"
+    ):
+        load_settings(TrainSettings)
+
+
+def test_the_cpu_runs_keep_sdpa_whatever_the_environment_says(monkeypatch, tmp_path):
+    """`searchrl train cpu` (and learn-cpu, train-cpu-real, built on the same settings) has no flash-attn."""
+    from searchrl.trainer.cpu_learn import learn_settings
+    from searchrl.trainer.cpu_smoke import cpu_settings
+    from searchrl.trainer.overrides import render_overrides
+
+    monkeypatch.setenv("FLASH_ATTN", "1")
+    for settings in (
+        cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1"),
+        learn_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1", seed=1),
+    ):
+        assert settings.attention == "sdpa" and not settings.removes_padding
+        overrides = render_overrides(settings, train_rows=8)
+        assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in overrides
+        assert "actor_rollout_ref.model.use_remove_padding=False" in overrides

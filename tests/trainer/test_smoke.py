@@ -112,7 +112,7 @@ def test_early_checkpoint_fails_the_smoke_run(tmp_path, offline_tokenizer):
 @pytest.mark.slow
 @pytest.mark.live
 def test_smoke_launch_checks_search_checkpoint_and_merge(
-    tmp_path, qa_sample, live_bm25_url, nvidia_smi, offline_tokenizer, monkeypatch, caplog
+    tmp_path, qa_sample, live_bm25_url, nvidia_smi, offline_tokenizer, monkeypatch, caplog, flash_attn_2
 ):
     """`SMOKE=1 searchrl train local` end to end on CPU: bundled-corpus service allowed, verl replaced by a
     function writing verl's files, then the real checks: searches counted, checkpoint found, merged, loaded."""

@@ -118,7 +118,7 @@ def test_verls_defaults_on_two_nodes_cross_the_node_link_per_micro_batch() -> No
 
 
 def test_unknown_model_keeps_verls_padded_default_and_says_so() -> None:
-    s = TrainSettings(_env_file=None, model_name="/models/my-tiny-model", nnodes=2)
+    s = TrainSettings(_env_file=None, model_name="/models/my-tiny-model", nnodes=2, flash_attn=False)
     assert s.removes_padding is False
     assert "unknown model shape" in step_cost.choose_packing(s).reason
     assert any("not estimated" in line for line in step_cost.plan_lines(s))
