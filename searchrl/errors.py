@@ -33,8 +33,9 @@ with the error's `exit_code`: 2 (a refusal: fixing the input fixes it), except S
 is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and never contain a secret.
 
 Every exception class lives here (tests/test_errors.py checks the tree above against the classes), except
-trainer/driver.py's `DriverError`, which never leaves its module: that file runs with the system python before
-anything of ours is installed, and trainer/lock.py turns it into ConfigError.
+trainer/driver.py's `DriverError` and trainer/stack_check.py's `StackError`, which never leave their modules: those
+files run as scripts on the nodes before this package is importable (driver.py with the system python), and
+trainer/lock.py and trainer/launch.py turn them into ConfigError.
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ def _settings(tmp_path: Path, qa_sample: Path, url: str) -> TrainSettings:
         checkpoint_dir=tmp_path / "ckpt",
         retrieval_urls=[url],
         gpus_per_node=1,
+        flash_attn=False,  # no flash-attn here; the launch check refuses FLASH_ATTN=1 without it
         train_batch_size=8,
         health_deadline_s=2,
         checkpoint_wait_s=0,

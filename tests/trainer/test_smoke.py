@@ -192,7 +192,7 @@ def _standin_verl(root: Path, ignore_sigint: bool) -> Path:
 @pytest.mark.live
 @pytest.mark.parametrize("ignore_sigint", [False, True])
 def test_train_local_stops_verl_at_the_first_step_with_tool_responses_in_the_loss(
-    tmp_path, qa_sample, live_bm25_url, nvidia_smi, monkeypatch, ignore_sigint
+    tmp_path, qa_sample, live_bm25_url, nvidia_smi, monkeypatch, ignore_sigint, flash_attn_2
 ):
     """`searchrl train local` on a GPU run: the step line with observation tokens in the loss stops verl there
     (its whole process group, SIGKILL when it ignores SIGINT) with one error line, not a warning and 10 more
