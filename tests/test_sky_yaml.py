@@ -443,9 +443,10 @@ def built_setup(yaml_name: str, **envs: str) -> dict[str, Any]:
 
 
 def run_setup(
-    yaml_name: str, home: Path, *, attempts: int = 2, image: bool = False, **envs: str
+    yaml_name: str, home: Path, *, attempts: int = 2, image: bool = False, rc: int = 0, **envs: str
 ) -> tuple[str, str]:
-    """Run the setup script `attempts` times in a fake node at `home`; returns (last stdout, calls log).
+    """Run the setup script `attempts` times in a fake node at `home`; returns (last stdout, calls log), and
+    leaves the last stderr in `home`/setup.err. Each run must exit `rc`.
 
     Real `uv venv` on the same folder each time; installs, downloads and `searchrl` are stubs that log their argv.
     `searchrl` is on PATH only inside the venv, as after `uv pip install -e .`, unless `image` (an image_id that
@@ -461,6 +462,10 @@ def run_setup(
     for helper in ("driver.py", *NODE_HELPERS):
         shutil.copy(REPO / "trainer" / helper, home / "sky_workdir" / "trainer" / helper)
     shutil.copytree(REPO / "requirements", home / "sky_workdir" / "requirements")
+    # and the standard-library corpus gate the train tasks run first (python3 -m searchrl.corpus_gate)
+    shutil.copytree(
+        REPO / "searchrl", home / "sky_workdir" / "searchrl", ignore=shutil.ignore_patterns("__pycache__")
+    )
     searchrl_stub = '#!/bin/bash\necho "searchrl $*" >> "$HOME/calls.log"\n'
     stubs = {
         # the real `uv venv` minus --seed (which would fetch pip from PyPI): re-running is about the folder; then
@@ -486,10 +491,11 @@ def run_setup(
     for attempt in range(1, attempts + 1):
         proc = subprocess.run(["/bin/bash", "-i", str(home / "setup.sh")], env=env, capture_output=True,
                               text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
-        assert proc.returncode == 0, (
-            f"setup run {attempt} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
+        assert proc.returncode == rc, (
+            f"setup run {attempt} exited {proc.returncode}:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
         )
         stdout = proc.stdout
+        (home / "setup.err").write_text(proc.stderr)
     calls = (home / "calls.log").read_text() if (home / "calls.log").is_file() else ""
     return stdout, calls
 
@@ -723,3 +729,43 @@ def test_sky_train_says_the_service_keeps_billing() -> None:
         "after the job ends, until `sky serve down searchrl-retrieval`" in proc.stderr
     )
     assert TOKEN not in proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def bundled_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real retrieval service on loopback serving the bundled corpus (BM25, ~2 s to start). No token: the built
+    setup script exports the secret redacted (SkyPilot's `envs_and_secrets`), so the node could not send one."""
+    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.settings import RetrievalSettings
+    from tests.live import serve_in_thread
+
+    settings = RetrievalSettings(
+        backend="bm25", corpus="bundled", data_dir=tmp_path_factory.mktemp("bundled")
+    )
+    with serve_in_thread(create_app(settings)) as url:
+        yield url
+
+
+@pytest.mark.live
+def test_a_by_hand_train_launch_refuses_the_bundled_service_before_installing_anything(
+    bundled_service: str, tmp_path: Path
+) -> None:
+    """Trap (issue 38 item 5): `sky jobs launch sky/train.yaml` by hand skipped the plan's corpus check, so a
+    service on the bundled 10k summaries was found only by `searchrl train local`, after the lock install, the
+    data prep and Ray on 2 x 8 H100. The first check of setup now reads the service's GET / with the system python
+    and refuses it (exit 2 through trainer/refusal.py, one line) before the driver check and any install."""
+    home = tmp_path / "node"
+    stdout, calls = run_setup("train.yaml", home, attempts=1, rc=2, RETRIEVAL_SERVICE_URL=bundled_service)
+    err = (home / "setup.err").read_text()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, err
+    assert "corpus bundled (10,033 passages" in errors[0] and "not wiki-18" in errors[0], errors
+    assert "ALLOW_SMALL_CORPUS=1" in errors[0]
+    assert calls == "" and "is new enough" not in stdout  # no driver check, no uv, no pip, no searchrl
+    # control: a smoke run that allows it goes on to the driver check and the install, and says what it saw
+    stdout, calls = run_setup(
+        "train.yaml", tmp_path / "allowed", attempts=1, RETRIEVAL_SERVICE_URL=bundled_service,
+        ALLOW_SMALL_CORPUS="1",
+    )  # fmt: skip
+    assert "retrieval corpus: backend bm25, corpus bundled (10,033 passages" in stdout
+    assert "is new enough for CUDA 13.0" in stdout and "uv venv" in calls

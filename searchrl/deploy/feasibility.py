@@ -116,7 +116,6 @@ def pin_one_cloud(task: sky.Task, infra: str | None = None) -> str:
     bucket where the job runs. Raises ConfigError when SkyPilot rejects `infra`.
     """
     import sky as sky_mod
-
     from searchrl.errors import ConfigError
 
     first = list(task.resources)[0]
