@@ -42,12 +42,17 @@ log = logging.getLogger(__name__)
 WIKI18_PASSAGES = 21_015_324
 ALLOW_ENV = "ALLOW_SMALL_CORPUS"
 ALLOW_FLAT_ENV = "ALLOW_FLAT_INDEX"
-# A Flat index above this many passages is refused on CPU: at 1M x 768 a query scans 3 GB (~10 ms per query per
-# core by docs/sizing.md's per-byte cost), and the guard trips well before wiki-18's 21M.
+# A Flat index from this many passages on is refused on CPU. Flat's cost grows with N: docs/sizing.md's ~200 ms a
+# query on 2 cores at 21M x 768 gives ~40 x 21M/N q/s per 16-core replica (index alone, an ESTIMATE), so two
+# replicas miss step 1's 2,560 searches in 10 s from ~6.6M passages, sooner with the encoder on the same cores.
+# 1M errs early on purpose (the issue's line; no CPU Flat corpus between 1M and 21M is documented): a replica
+# measured with `make bench-service` can be let through with ALLOW_FLAT_INDEX=1.
 FLAT_MAX_PASSAGES = 1_000_000
 SEARCH_R1_DATASET = "PeterJinGo/nq_hotpotqa_train"  # Search-R1's NQ+HotpotQA training data (trainer default)
 QA_SOURCE_ENV = "SEARCHRL_TRAIN_QA_SOURCE"
-_CA_BUNDLE_ENV = "SEARCHRL_RETRIEVAL_CA_BUNDLE"  # = searchrl/http.py CA_BUNDLE_ENV (that module needs tenacity)
+_CA_BUNDLE_ENV = (
+    "SEARCHRL_RETRIEVAL_CA_BUNDLE"  # = searchrl/http.py CA_BUNDLE_ENV (that module needs tenacity)
+)
 _TRUE = {"1", "true", "yes", "on"}  # what pydantic reads as True for the same variable in TrainSettings
 
 
