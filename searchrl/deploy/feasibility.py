@@ -92,18 +92,6 @@ def check_clouds(task: sky.Task, cloud_names: list[str]) -> list[CloudFit]:
     return fits
 
 
-def restrict_clouds(task: sky.Task, cloud_names: tuple[str, ...] = DRIVER_OK_CLOUDS) -> None:
-    """Let the optimizer choose only among `cloud_names`: each of the task's resources becomes one `any_of`
-    alternative per cloud (what `resources: {any_of: [{infra: aws}, ...]}` parses to). Resources that already
-    name a cloud are left as they are."""
-    import sky as sky_mod
-
-    if any(r.cloud is not None for r in task.resources):
-        return
-    clouds = [sky_mod.CLOUD_REGISTRY.from_str(name) for name in cloud_names]
-    task.set_resources({r.copy(cloud=cloud) for r in task.resources for cloud in clouds})
-
-
 def pin_one_cloud(task: sky.Task, infra: str | None = None) -> str:
     """Run the job, and so its checkpoint bucket, in one cloud: `infra` (`--infra aws/us-east-1`), else the first
     cloud the task lists (sky/train.yaml's `ordered`: AWS), else the first of DRIVER_OK_CLOUDS. Returns the cloud.
