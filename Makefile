@@ -102,7 +102,7 @@ bench-start: $(VENV)/.retrieval  ## replica start: index copy + serve to the fir
 # --- deployment (issue 5) -------------------------------------------------------------------------------------
 # make serve-retrieval-sky ENV="SEARCHRL_RETRIEVAL_BACKEND=bm25"   (export RETRIEVAL_API_KEY first)
 # make serve-retrieval-sky ENV="SEARCHRL_INDEX_BUCKET=my-searchrl-index"   (after sky/index-build.yaml filled it)
-# make serve-retrieval-sky ENV="SEARCHRL_RETRIEVAL_CORPUS=wiki18 ..." CPUS=16+ MEMORY=96+ DISK_SIZE=256   (wiki-18 Flat)
+# make serve-retrieval-sky ENV="SEARCHRL_INDEX_BUCKET=my-searchrl-index SEARCHRL_RETRIEVAL_CORPUS=wiki18 SEARCHRL_RETRIEVAL_INDEX_TYPE=IVF16384,SQ8 ..." CPUS=16+ MEMORY=32+ DISK_SIZE=256   (wiki-18 for training; Flat is refused by `make train`)
 # make train NODES=4 ENV="DATASET_SIZE=small" SECRETS="WANDB_API_KEY"   (DRY_RUN=1: print the task, launch nothing)
 # make train NETWORK_TIER=best INFRA=aws/us-east-1 ...   (EFA; the job and its recoveries stay by the bucket)
 # Both run in $(SKY_VENV) alone: nothing here needs the dev venv (torch, verl).

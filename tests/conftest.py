@@ -44,6 +44,7 @@ _LEAKY = (
     "ROLLOUT",
     "SMOKE",
     "ALLOW_SMALL_CORPUS",
+    "ALLOW_FLAT_INDEX",
 )
 
 

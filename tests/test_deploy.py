@@ -297,8 +297,7 @@ def test_train_refuses_a_wrong_token_and_missing_inputs(
 
 
 def _resource(task: dict, key: str) -> object:
-    """A resources field of a printed task: at the top, or the same in every `any_of` alternative (the default
-    train launch offers one alternative per cloud whose image passes the driver check)."""
+    """A resources field of a printed task: at the top, or the same in every `any_of` alternative."""
     resources = task["resources"]
     if key in resources:
         return resources[key]
@@ -322,8 +321,9 @@ def test_sky_train_dry_run_prints_the_task_with_url_and_redacted_secrets(auth_ur
     task = yaml.safe_load(proc.stdout)
     assert task["name"] == "searchrl-train" and task["num_nodes"] == 4
     assert _resource(task, "accelerators") == {"H100": 8}
-    clouds = sorted(str(alt.get("infra", alt.get("cloud"))).lower() for alt in task["resources"]["any_of"])
-    assert clouds == ["aws", "gcp", "nebius"]  # only clouds whose default image has the 580 driver (issue 34)
+    # one cloud whose default image has the 580 driver (issue 34), the one its checkpoint bucket is created in
+    assert "any_of" not in task["resources"] and "ordered" not in task["resources"], task["resources"]
+    assert str(task["resources"].get("infra", task["resources"].get("cloud"))).lower() == "aws"
     assert task["envs"]["RETRIEVAL_SERVICE_URL"] == auth_url
     assert task["envs"]["DATASET_SIZE"] == "small" and task["envs"]["CHECKPOINT_DIR"] == "/checkpoints"
     assert task["secrets"] == {
@@ -351,6 +351,86 @@ def test_sky_train_refuses_search_r1_data_against_a_small_corpus(auth_url: str) 
     assert line.startswith("error: the retrieval service searches backend bm25, corpus ")
     assert "not wiki-18 (21,015,324 passages)" in line and "ALLOW_SMALL_CORPUS=1" in line
     assert TOKEN not in proc.stderr and not proc.stdout  # nothing printed, nothing launched
+
+
+@pytest.fixture(scope="module")
+def wiki18_services() -> Any:
+    """Two real services (create_app) whose `GET /` describes wiki-18 as the dense backend does: one Flat, one
+    IVF16384,SQ8 (tests/rated_replica.py: only the index behind the batcher is stood in for)."""
+    import contextlib
+
+    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.settings import RetrievalSettings
+    from tests.conftest import TINY_CORPUS
+    from tests.live import serve_in_thread
+    from tests.rated_replica import RatedSearch, Wiki18Replica
+
+    settings = RetrievalSettings(backend="bm25", corpus=str(TINY_CORPUS))
+    with contextlib.ExitStack() as stack:
+        yield {
+            kind: stack.enter_context(
+                serve_in_thread(
+                    create_app(
+                        settings, Wiki18Replica(RatedSearch(TINY_CORPUS, 1e4), settings, index_type=kind)
+                    )
+                )
+            )
+            for kind in ("Flat", "IVF16384,SQ8")
+        }
+
+
+def _dry_run_train(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [
+        "sky",
+        "train",
+        "--dry-run",
+        "--env",
+        f"RETRIEVAL_SERVICE_URL={url}",
+        "--env",
+        "CHECKPOINT_BUCKET=b",
+        *extra,
+    ]
+    return subprocess.run([sys.executable, "-m", "searchrl", *argv], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "RETRIEVAL_API_KEY": TOKEN}, timeout=120)  # fmt: skip
+
+
+@pytest.mark.live
+def test_sky_train_refuses_a_flat_wiki18_index_and_launches_the_ivf_build(
+    wiki18_services: dict[str, str],
+) -> None:
+    """Trap (issue 38 item 5): a wiki-18 service on Search-R1's Flat index passed the plan, and step 1's 2,560
+    searches then outlasted the tool's timeout until the failure guard stopped the run. The plan reads `GET /` and
+    refuses it in one line (exit 2, nothing launched); the documented IVF build passes."""
+    flat = _dry_run_train(wiki18_services["Flat"])
+    assert flat.returncode == 2, flat.stderr[-3000:]
+    (line,) = [ln for ln in flat.stderr.splitlines() if ln.startswith("error: ")]
+    assert "corpus wiki18 (21,015,324 passages) with a Flat index on CPU" in line, line
+    assert "IVF16384,SQ8" in line and "ALLOW_FLAT_INDEX=1" in line and not flat.stdout
+    ivf = _dry_run_train(wiki18_services["IVF16384,SQ8"])
+    assert ivf.returncode == 0, ivf.stderr[-3000:]
+    assert "retrieval corpus: backend dense, corpus wiki18 (21,015,324 passages)" in ivf.stderr
+
+
+def test_the_flat_check_reads_get_slash_and_has_an_override() -> None:
+    from searchrl.corpus_gate import check_service
+
+    flat = {"service": "searchrl-retrieval", "backend": "dense", "corpus": "wiki18", "corpus_size": 21_015_324,
+            "index_type": "Flat", "device": "cpu"}  # fmt: skip
+    with pytest.raises(ConfigError, match="ALLOW_FLAT_INDEX=1"):
+        check_service(flat, {})
+    assert check_service(flat, {"ALLOW_FLAT_INDEX": "1"}).index_type == "Flat"
+    assert check_service({**flat, "device": "cuda:0"}, {}).is_wiki18  # the index is searched on the GPU
+    small = {
+        **flat,
+        "corpus": "wiki18-100k",
+        "corpus_size": 100_000,
+    }  # Flat is fine at 100k (and refused as small)
+    with pytest.raises(ConfigError, match="not wiki-18"):
+        check_service(small, {})
+    assert check_service(small, {"ALLOW_SMALL_CORPUS": "1"}).corpus_size == 100_000
+    hybrid = {"service": "searchrl-retrieval", "backend": "hybrid", "parts": [{**flat, "backend": "dense"}]}
+    with pytest.raises(ConfigError, match="with a Flat index"):
+        check_service(hybrid, {})
 
 
 def test_module_imports_without_skypilot() -> None:

@@ -93,8 +93,9 @@ def fits(catalogs: Path, how: str, path: Path, tier: str, clouds: list[str] = CL
 
 
 def test_the_multinode_train_request_has_candidates_on_every_documented_cloud(catalogs: Path) -> None:
-    """The file as it is (`sky jobs launch sky/train.yaml`), and what `--infra` opens up."""
-    got = fits(catalogs, "load", REPO / "sky/train.yaml", "standard")
+    """Without the file's cloud list every documented cloud but RunPod has candidates; `--infra` reaches each."""
+    unrestricted = tmp_copy_without_clouds(catalogs)
+    got = fits(catalogs, "load", unrestricted, "standard")
     for cloud in ["aws", "gcp", "azure", "lambda", "nebius", "kubernetes"]:
         assert got[cloud]["types"], f"{cloud}: {got[cloud]['reason']}"
     assert got["aws"]["types"] == ["p5.48xlarge"] and got["kubernetes"]["types"] == ["32CPU--128GB--H100:8"]
@@ -104,6 +105,16 @@ def test_the_multinode_train_request_has_candidates_on_every_documented_cloud(ca
     for cloud in ["azure", "lambda", "kubernetes"]:  # `searchrl sky train --infra CLOUD`: the user's choice
         pinned = fits(catalogs, f"plan_train:{cloud}", REPO / "sky/train.yaml", "standard")
         assert sorted(c for c, v in pinned.items() if v["types"]) == [cloud], pinned
+
+
+def tmp_copy_without_clouds(catalogs: Path) -> Path:
+    """sky/train.yaml without its `ordered` cloud list (what the file was before the list moved into it)."""
+    text = (REPO / "sky/train.yaml").read_text()
+    block = "  ordered:\n    - infra: aws\n    - infra: gcp\n    - infra: nebius\n"
+    assert text.count(block) == 1
+    path = catalogs / "train-any-cloud.yaml"
+    path.write_text(text.replace(block, ""))
+    return path
 
 
 DEFAULT_IMAGES = r"""
@@ -145,20 +156,39 @@ def test_the_default_launch_goes_only_where_the_default_image_has_the_580_driver
     assert cuda13 == sorted(got["ok"]) == ["aws", "gcp", "nebius"], got["images"]
     assert got["images"]["azure"] == "skypilot:custom-gpu-ubuntu-v2"
     plan = fits(catalogs, "plan_train", REPO / "sky/train.yaml", "standard")
-    assert sorted(c for c, v in plan.items() if v["types"]) == ["aws", "gcp", "nebius"], plan
-    for cloud in ["azure", "lambda", "kubernetes", "runpod"]:
+    # one driver-ready cloud: the one its checkpoint bucket is created in (test_the_checkpoint_bucket_...)
+    assert sorted(c for c, v in plan.items() if v["types"]) == ["aws"], plan
+    for cloud in ["gcp", "nebius", "azure", "lambda", "kubernetes", "runpod"]:
         assert "the task allows" in plan[cloud]["reason"], plan[cloud]
 
 
 def test_the_file_itself_asks_for_no_network_tier(catalogs: Path) -> None:
-    """`sky jobs launch sky/train.yaml` by hand gets the same clouds as `make train` (the tier is a flag)."""
-    got = fits(catalogs, "load", REPO / "sky/train.yaml", "file", ["azure", "lambda", "kubernetes"])
+    """The tier is a flag: without the file's cloud list, the clouds that lack `best` keep their candidates."""
+    got = fits(catalogs, "load", tmp_copy_without_clouds(catalogs), "file", ["azure", "lambda", "kubernetes"])
     assert all(v["types"] for v in got.values()), got
+
+
+def test_a_by_hand_launch_of_the_file_goes_only_where_the_default_image_has_the_580_driver(
+    catalogs: Path,
+) -> None:
+    """Trap (issue 38 item 5): `sky jobs launch sky/train.yaml` skipped the plan's cloud restriction, so the
+    cheapest candidate (Lambda here, as in fault 4) failed the driver check on every FAILOVER retry. The file
+    itself now lists the driver-ready clouds; SkyPilot's own feasibility code drops the rest."""
+    got = fits(catalogs, "load", REPO / "sky/train.yaml", "file")
+    assert sorted(c for c, v in got.items() if v["types"]) == ["aws", "gcp", "nebius"], got
+    for cloud in ["azure", "lambda", "kubernetes", "runpod"]:
+        assert "the task allows" in got[cloud]["reason"], got[cloud]
+    ok = sky_json(DEFAULT_IMAGES, env={"SKY_RUNTIME_DIR": str(catalogs)}, timeout=180)["ok"]
+    assert sorted(ok) == [
+        "aws",
+        "gcp",
+        "nebius",
+    ]  # the same list the plan applies (feasibility.DRIVER_OK_CLOUDS)
 
 
 def test_network_tier_best_keeps_only_aws_gcp_and_nebius(catalogs: Path) -> None:
     """The tier alone (the file with `--network-tier best` applied), apart from the default launch's own choice."""
-    got = fits(catalogs, "load", REPO / "sky/train.yaml", "best")
+    got = fits(catalogs, "load", tmp_copy_without_clouds(catalogs), "best")
     assert sorted(c for c, v in got.items() if v["types"]) == ["aws", "gcp", "nebius"]
     for cloud in ["azure", "lambda", "kubernetes"]:
         assert got[cloud]["reason"].startswith("custom_network_tier: Custom network tier is"), got[cloud]
@@ -194,3 +224,65 @@ def test_an_unknown_network_tier_is_one_line(catalogs: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and "--network-tier: invalid choice: 'fastest'" in proc.stderr
+
+
+# SkyPilot's own choice of the checkpoint bucket's store: `sky jobs launch` syncs storage mounts on the client
+# (controller_utils.maybe_translate_local_file_mounts_and_sync_up -> Task.sync_storage_mounts), before the
+# optimizer picks the job's cloud, and a mount with no `store:` gets `Task._get_preferred_store()`. Only the list
+# of clouds with storage credentials is stood in for (it asks each cloud's credentials).
+STORE = r"""
+import json, sys
+from pathlib import Path
+from sky.data import storage as storage_lib
+from searchrl.deploy import launch, tasks
+
+storage_lib.get_cached_enabled_storage_cloud_names_or_refresh = lambda **kw: ["Nebius", "GCP", "AWS"]
+how, path = sys.argv[1], Path(sys.argv[2])
+if how.startswith("plan_train"):
+    infra = how.partition(":")[2] or None
+    task = launch.plan_train(envs={"CHECKPOINT_BUCKET": "b"}, yaml_path=path, dry_run=True, infra=infra).task
+else:
+    need_envs, need_secrets = tasks.required_names(path)
+    task = tasks.load_task(path, {n: "placeholder" for n in need_envs}, {n: "s" for n in need_secrets})
+mounts = task.storage_mounts or {}
+store, region = task._get_preferred_store()
+print(json.dumps({"store": store.value, "store_cloud": store.to_cloud().lower(), "store_region": region,
+                  "unnamed": all(not s.stores for s in mounts.values()) and bool(mounts),
+                  "clouds": [str(r.cloud).lower() if r.cloud else None for r in task.resources],
+                  "regions": [r.region for r in task.resources]}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "store", "region"),
+    [
+        ("plan_train", "S3", None),
+        ("plan_train:gcp/us-central1", "GCS", "us-central1"),
+        ("plan_train:nebius", "NEBIUS", None),
+    ],
+)
+def test_the_checkpoint_bucket_is_created_in_the_cloud_the_planned_job_runs_in(
+    catalogs: Path, how: str, store: str, region: str | None
+) -> None:
+    """Trap (issue 38 item 5): the plan allowed three clouds, and SkyPilot created the bucket in whichever came
+    first in the task's set (Nebius, for a job that ran elsewhere: ~37 GB a save across clouds). The planned job now
+    runs in one cloud, so SkyPilot's own rule puts the bucket there (with --infra's region, when it names one)."""
+    env = {"SKY_RUNTIME_DIR": str(catalogs), "RETRIEVAL_API_KEY": "t"}
+    got = sky_json(STORE, how, str(REPO / "sky/train.yaml"), env=env, timeout=180)
+    assert got["unnamed"], got  # the file names no store: SkyPilot's _get_preferred_store decides
+    assert got["store"] == store and got["store_region"] == region, got
+    assert set(got["clouds"]) == {got["store_cloud"]}, (
+        got
+    )  # every resource the job may use is in the bucket's cloud
+
+
+def test_a_by_hand_launch_creates_the_bucket_in_the_jobs_first_choice_of_cloud(catalogs: Path) -> None:
+    """`sky jobs launch sky/train.yaml` without the plan: the file's `ordered` list makes its first entry both the
+    bucket's cloud and the cloud the job tries first (an `any_of` set, or no list at all, left it to chance)."""
+    env = {"SKY_RUNTIME_DIR": str(catalogs), "RETRIEVAL_API_KEY": "t"}
+    got = sky_json(STORE, "load", str(REPO / "sky/train.yaml"), env=env, timeout=180)
+    assert got["clouds"][0] == got["store_cloud"] == "aws", got
+    unrestricted = sky_json(STORE, "load", str(tmp_copy_without_clouds(catalogs)), env=env, timeout=180)
+    assert unrestricted["clouds"] == [None] and unrestricted["store_cloud"] == "nebius", (
+        unrestricted
+    )  # control

@@ -389,6 +389,8 @@ from searchrl.deploy import launch, tasks
 
 envs = json.loads(sys.argv[1])
 train = tasks.load_task(Path("sky/train.yaml"), envs, {"RETRIEVAL_API_KEY": "s"})
+from searchrl.deploy.feasibility import pin_one_cloud
+pin_one_cloud(train)  # as plan_train does: one cloud for the job and its bucket
 built = launch.train_pipeline(train, job_name="searchrl-train")
 # what `sky.jobs.launch` sends the API server (jobs/client/sdk.py) and the server loads back
 from sky.utils import dag_utils
@@ -398,6 +400,7 @@ merge = dag.tasks[1]
 print(json.dumps({
     "chain": dag.is_chain(), "order": order, "name": dag.name, "nodes": [t.num_nodes for t in dag.tasks],
     "accelerators": [[r.accelerators for r in t.resources] for t in dag.tasks],
+    "clouds": [[str(r.cloud).lower() for r in t.resources] for t in dag.tasks],
     "autostop": [(r.autostop_config.idle_minutes, r.autostop_config.down) for r in merge.resources],
     "buckets": [t.storage_mounts["/checkpoints"].name for t in dag.tasks],
     "envs": [dict(t.envs) for t in dag.tasks],
@@ -423,6 +426,7 @@ def test_sky_train_launches_the_merge_as_a_cpu_task_after_training(envs: dict[st
         1,
     ]  # no GPU waits for the merge
     assert got["autostop"] == [[10, True]] and got["buckets"] == ["my-ckpts", "my-ckpts"]
+    assert got["clouds"] == [["aws"], ["aws"]]  # the merge runs in the cloud of the bucket it reads
     assert "searchrl train merge" in got["run"]
     dirs = [
         subprocess.run([sys.executable, "-m", "searchrl", "train", "run-dir"], env={**os.environ, **task_envs},

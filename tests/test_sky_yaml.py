@@ -446,9 +446,17 @@ def built_setup(yaml_name: str, **envs: str) -> dict[str, Any]:
 
 
 def run_setup(
-    yaml_name: str, home: Path, *, attempts: int = 2, image: bool = False, check: bool = True, **envs: str
+    yaml_name: str,
+    home: Path,
+    *,
+    attempts: int = 2,
+    image: bool = False,
+    check: bool = True,
+    rc: int = 0,
+    **envs: str,
 ) -> tuple[str, str]:
-    """Run the setup script `attempts` times in a fake node at `home`; returns (last stdout, calls log).
+    """Run the setup script `attempts` times in a fake node at `home`; returns (last stdout, calls log), and
+    leaves the last stderr in `home`/setup.err. Each run must exit `rc`.
     `check=False`: one attempt that may fail; returns (its exit code, stdout and stderr, calls log) instead.
 
     Real `uv venv` on the same folder each time; installs, downloads and `searchrl` are stubs that log their argv.
@@ -465,6 +473,10 @@ def run_setup(
     for helper in ("driver.py", *NODE_HELPERS):
         shutil.copy(REPO / "trainer" / helper, home / "sky_workdir" / "trainer" / helper)
     shutil.copytree(REPO / "requirements", home / "sky_workdir" / "requirements")
+    # and the standard-library corpus gate the train tasks run first (python3 -m searchrl.corpus_gate)
+    shutil.copytree(
+        REPO / "searchrl", home / "sky_workdir" / "searchrl", ignore=shutil.ignore_patterns("__pycache__")
+    )
     searchrl_stub = '#!/bin/bash\necho "searchrl $*" >> "$HOME/calls.log"\n'
     stubs = {
         # the real `uv venv` minus --seed (which would fetch pip from PyPI): re-running is about the folder; then
@@ -493,10 +505,11 @@ def run_setup(
         if not check:
             calls = (home / "calls.log").read_text() if (home / "calls.log").is_file() else ""
             return proc.returncode, proc.stdout + proc.stderr, calls  # type: ignore[return-value]
-        assert proc.returncode == 0, (
-            f"setup run {attempt} failed:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
+        assert proc.returncode == rc, (
+            f"setup run {attempt} exited {proc.returncode}:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}"
         )
         stdout = proc.stdout
+        (home / "setup.err").write_text(proc.stderr)
     calls = (home / "calls.log").read_text() if (home / "calls.log").is_file() else ""
     return stdout, calls
 
@@ -504,7 +517,9 @@ def run_setup(
 @pytest.mark.parametrize("yaml_name", [p.name for p in YAMLS])
 def test_setup_runs_twice_on_the_same_node(yaml_name: str, tmp_path: Path) -> None:
     """Real `uv venv` on the same folder twice; installs and downloads are stubbed (no network, no GPU wheels)."""
-    stdout, calls = run_setup(yaml_name, tmp_path)
+    # infer.yaml checks the trained model's folder first: an HF id stands in for the bucket's merged folder
+    model = {"TRAINED_MODEL": "Qwen/Qwen2.5-3B-Instruct"} if yaml_name == "infer.yaml" else {}
+    stdout, calls = run_setup(yaml_name, tmp_path, **model)
     venv = tmp_path / "sky_workdir" / ".venv"
     assert (venv / "bin" / "python").exists()
     assert calls.count("uv venv") == 2 and calls.count("uv pip install") >= 2
@@ -731,3 +746,108 @@ def test_sky_train_says_the_service_keeps_billing() -> None:
         "after the job ends, until `sky serve down searchrl-retrieval`" in proc.stderr
     )
     assert TOKEN not in proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def bundled_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real retrieval service on loopback serving the bundled corpus (BM25, ~2 s to start). No token: the built
+    setup script exports the secret redacted (SkyPilot's `envs_and_secrets`), so the node could not send one."""
+    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.settings import RetrievalSettings
+    from tests.live import serve_in_thread
+
+    settings = RetrievalSettings(
+        backend="bm25", corpus="bundled", data_dir=tmp_path_factory.mktemp("bundled")
+    )
+    with serve_in_thread(create_app(settings)) as url:
+        yield url
+
+
+@pytest.mark.live
+def test_a_by_hand_train_launch_refuses_the_bundled_service_before_installing_anything(
+    bundled_service: str, tmp_path: Path
+) -> None:
+    """Trap (issue 38 item 5): `sky jobs launch sky/train.yaml` by hand skipped the plan's corpus check, so a
+    service on the bundled 10k summaries was found only by `searchrl train local`, after the lock install, the
+    data prep and Ray on 2 x 8 H100. The first check of setup now reads the service's GET / with the system python
+    and refuses it (exit 2 through trainer/refusal.py, one line) before the driver check and any install."""
+    home = tmp_path / "node"
+    stdout, calls = run_setup("train.yaml", home, attempts=1, rc=2, RETRIEVAL_SERVICE_URL=bundled_service)
+    err = (home / "setup.err").read_text()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, err
+    assert "corpus bundled (10,033 passages" in errors[0] and "not wiki-18" in errors[0], errors
+    assert "ALLOW_SMALL_CORPUS=1" in errors[0]
+    assert calls == "" and "is new enough" not in stdout  # no driver check, no uv, no pip, no searchrl
+    # control: a smoke run that allows it goes on to the driver check and the install, and says what it saw
+    stdout, calls = run_setup(
+        "train.yaml", tmp_path / "allowed", attempts=1, RETRIEVAL_SERVICE_URL=bundled_service,
+        ALLOW_SMALL_CORPUS="1",
+    )  # fmt: skip
+    assert "retrieval corpus: backend bm25, corpus bundled (10,033 passages" in stdout
+    assert "is new enough for CUDA 13.0" in stdout and "uv venv" in calls
+
+
+# --- the trained model's folder: one name, the trainer's (issue 38 item 5) --------------------------------------
+MERGED = re.compile(r"/checkpoints/([A-Za-z0-9._-]+)/merged/global_step_(\d+)")
+
+
+def _trained_folder(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where sky/train.yaml's default run merges its last step: TrainSettings from the file's envs (the trainer's
+    own default_experiment_name), then trainer/merge.py's <run>/merged/global_step_<TOTAL_STEPS>."""
+    from searchrl.trainer.settings import TrainSettings
+
+    envs = yaml.safe_load((SKY / "train.yaml").read_text())["envs"]
+    for name in ("MODEL_NAME", "DATASET_SIZE", "TOTAL_STEPS", "CHECKPOINT_DIR", "EXPERIMENT_NAME"):
+        monkeypatch.setenv(name, str(envs[name]))
+    settings = TrainSettings()
+    return f"{settings.run_dir}/merged/global_step_{settings.total_steps}"
+
+
+def test_infer_and_the_docs_read_the_folder_the_trainer_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trap (issue 38 item 5): infer.yaml and the docs named `search-r1-qwen2.5-3b-grpo`, a run the trainer never
+    writes (`search-r1-qwen2.5-3b-instruct-full-1005steps`); the wrong folder showed only after infer.yaml's ~48
+    min wiki-18 download. infer.yaml's default folder is now the trainer's, and every documented one agrees."""
+    folder = _trained_folder(monkeypatch)
+    assert folder == "/checkpoints/search-r1-qwen2.5-3b-instruct-full-1005steps/merged/global_step_1005"
+    infer = yaml.safe_load((SKY / "infer.yaml").read_text())["envs"]
+    derived = "/checkpoints/$EXPERIMENT_NAME/merged/global_step_$TRAINED_STEP"
+    assert infer["TRAINED_MODEL"] == "" and derived in (SKY / "infer.yaml").read_text()
+    assert (
+        derived.replace("$EXPERIMENT_NAME", infer["EXPERIMENT_NAME"]).replace(
+            "$TRAINED_STEP", infer["TRAINED_STEP"]
+        )
+        == folder
+    )
+    shown = {
+        f"{path.relative_to(REPO)}: {m.group(0)}"
+        for path in [
+            REPO / "README.md",
+            REPO / "sky/README.md",
+            *(REPO / "docs").glob("*.md"),
+            *SKY.glob("*.yaml"),
+        ]
+        for m in MERGED.finditer(path.read_text())
+    }
+    assert shown and all(s.endswith(folder) for s in shown), sorted(shown)
+
+
+def test_infer_setup_stops_on_a_missing_model_folder_before_the_download(tmp_path: Path) -> None:
+    """The folder is checked at the top of setup (the bucket is mounted by then): one line, exit 2, nothing
+    installed or downloaded; a folder that is there goes on to the driver check and the install."""
+    stdout, calls = run_setup("infer.yaml", tmp_path / "missing", attempts=1, rc=2)
+    err = (tmp_path / "missing/setup.err").read_text()
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert (
+        "no merged model at /checkpoints/search-r1-qwen2.5-3b-instruct-full-1005steps/merged/global_step_1005"
+        in line
+    )
+    assert calls == "" and "is new enough" not in stdout  # no driver check, no uv, no download
+    model = tmp_path / "bucket/merged/global_step_7"
+    model.mkdir(parents=True)
+    stdout, calls = run_setup("infer.yaml", tmp_path / "there", attempts=1, TRAINED_MODEL=str(model))
+    assert (
+        "is new enough for CUDA" in stdout
+        and "uv venv" in calls
+        and "searchrl index download wiki18" in calls
+    )

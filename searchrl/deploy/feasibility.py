@@ -92,16 +92,32 @@ def check_clouds(task: sky.Task, cloud_names: list[str]) -> list[CloudFit]:
     return fits
 
 
-def restrict_clouds(task: sky.Task, cloud_names: tuple[str, ...] = DRIVER_OK_CLOUDS) -> None:
-    """Let the optimizer choose only among `cloud_names`: each of the task's resources becomes one `any_of`
-    alternative per cloud (what `resources: {any_of: [{infra: aws}, ...]}` parses to). Resources that already
-    name a cloud are left as they are."""
-    import sky as sky_mod
+def pin_one_cloud(task: sky.Task, infra: str | None = None) -> str:
+    """Run the job, and so its checkpoint bucket, in one cloud: `infra` (`--infra aws/us-east-1`), else the first
+    cloud the task lists (sky/train.yaml's `ordered`: AWS), else the first of DRIVER_OK_CLOUDS. Returns the cloud.
 
-    if any(r.cloud is not None for r in task.resources):
-        return
-    clouds = [sky_mod.CLOUD_REGISTRY.from_str(name) for name in cloud_names]
-    task.set_resources({r.copy(cloud=cloud) for r in task.resources for cloud in clouds})
+    Why one: `sky jobs launch` creates a missing bucket on the client, before the optimizer has picked the job's
+    cloud (`controller_utils.maybe_translate_local_file_mounts_and_sync_up` -> `Task.sync_storage_mounts` ->
+    `Task._get_preferred_store`, which then takes `list(task.resources)[0]`). With several clouds allowed, that is
+    whichever entry comes first (of an `any_of` set: any), so a run on another cloud wrote every ~37 GB
+    checkpoint across clouds. With one cloud (and region, when `infra` names one), SkyPilot's own rule puts the
+    bucket where the job runs. Raises ConfigError when SkyPilot rejects `infra`.
+    """
+    import sky as sky_mod
+    from searchrl.errors import ConfigError
+
+    first = list(task.resources)[0]
+    if infra:
+        task.set_resources(first.copy(cloud=None, region=None, zone=None))
+        try:
+            task.set_resources_override({"infra": infra})
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"--infra {infra}: SkyPilot rejected it: {_one_line(str(exc))}") from None
+    elif first.cloud is None:
+        task.set_resources(first.copy(cloud=sky_mod.CLOUD_REGISTRY.from_str(DRIVER_OK_CLOUDS[0])))
+    else:
+        task.set_resources(first)
+    return str(list(task.resources)[0].cloud).lower()
 
 
 def set_network_tier(task: sky.Task, tier: str) -> None:

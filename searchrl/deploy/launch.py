@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.deploy.endpoint import DEFAULT_SERVICE, ENDPOINT_TIMEOUT_S, wait_for_endpoint
-from searchrl.deploy.feasibility import DEFAULT_NETWORK_TIER, restrict_clouds, set_network_tier
+from searchrl.deploy.feasibility import DEFAULT_NETWORK_TIER, pin_one_cloud, set_network_tier
 from searchrl.deploy.skypilot import SKY_DIR, _sky
 from searchrl.deploy.tasks import load_task, refuse_problems, render_task, required_names, secrets_from_env
 from searchrl.errors import ConfigError, DeployError, first_line
@@ -55,9 +55,8 @@ def plan_train(
     `network_tier` is `sky jobs launch --network-tier`: `standard` (default) keeps every cloud docs/deploy.md names;
     `best` (EFA/GPUDirect/InfiniBand) leaves only AWS, GCP and Nebius (searchrl/deploy/feasibility.py). `infra`
     (`sky jobs launch --infra aws/us-east-1`) pins the job, and every recovery, where the checkpoint bucket lives;
-    without it the optimizer chooses only among the clouds whose default image has the 580 driver the locks need
-    (feasibility.DRIVER_OK_CLOUDS): elsewhere the setup's driver check would refuse, and FAILOVER retries the same
-    cloud into the same refusal.
+    without it the job runs in the first of train.yaml's driver-ready clouds (AWS), so that SkyPilot creates the
+    bucket in the job's cloud (feasibility.pin_one_cloud).
     A `dry_run` without RETRIEVAL_SERVICE_URL waits for nothing: the task gets UNRESOLVED_URL and no health or
     corpus check runs.
     """
@@ -109,15 +108,12 @@ def plan_train(
             raise ConfigError(f"--num-nodes must be at least 1, got {num_nodes}")
         task.num_nodes = num_nodes  # as `sky jobs launch --num-nodes`; the trainer reads SKYPILOT_NUM_NODES
     set_network_tier(task, network_tier)
-    if infra:
-        try:
-            task.set_resources_override({"infra": infra})
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"--infra {infra}: SkyPilot rejected it: {first_line(exc)}") from None
-    else:
-        restrict_clouds(task)
+    # One cloud for the job and its checkpoint bucket (feasibility.pin_one_cloud says why): --infra, else the
+    # first of train.yaml's driver-ready clouds.
+    cloud = pin_one_cloud(task, infra)
     refuse_problems(path, task)
-    cost = step_plan(task)
+    cost = step_plan(task)  # a node count the trainer would refuse stops here, with its one line
+    log.info("job and checkpoint bucket: %s (--infra moves both)", infra or cloud)
     return TrainPlan(task=task, text=render_task(task, secrets), url=url, resolved=resolved, cost=cost)
 
 
@@ -214,6 +210,9 @@ def train_pipeline(train_task: Any, *, job_name: str = DEFAULT_JOB) -> Any:
     if missing:
         raise ConfigError(f"{MERGE_YAML.name} needs {' '.join(f'--env {n}=...' for n in missing)}")
     merge_task = load_task(MERGE_YAML, envs, {})
+    clouds = {str(r.cloud).lower() for r in train_task.resources if r.cloud is not None}
+    if len(clouds) == 1:  # the plan pinned the job (and so its bucket) to one cloud: merge next to the bucket
+        merge_task.set_resources_override({"infra": clouds.pop()})
     with sky.Dag() as dag:
         dag.add(train_task)
         dag.add(merge_task)
