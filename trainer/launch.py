@@ -13,7 +13,8 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
      verl's epochs so training reaches TOTAL_STEPS (TrainSettings.epochs_for).
   5. Tool config: `trainer/toolconfig.py` writes the verl tool YAML for the current RETRIEVAL_SERVICE_URL.
   6. Health: a real `POST /retrieve` against every URL; at least one must answer (the rest are failovers).
-  7. Corpus: the healthy services' `GET /` must name wiki-18 for Search-R1 data (retrieval/corpus_check.py).
+  7. Corpus: the healthy services' `GET /` must name wiki-18 for Search-R1 data, and not a Flat index over 1M+
+     passages searched on CPU (ALLOW_FLAT_INDEX=1 overrides; retrieval/corpus_check.py).
   8. Record: the overrides, the resolved settings (no secrets) and the service's corpus checksum and index
      fingerprint go into <run>/searchrl/, like nanoGPT keeps its config inside the checkpoint.
   9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours, except that a
@@ -38,6 +39,7 @@ from typing import Any
 from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError, StepCheckError
 from searchrl.retrieval.corpus_check import (
     CorpusIdentity,
+    check_index_speed,
     check_training_corpus,
     corpus_identity,
     fetch_service_info,
@@ -218,9 +220,10 @@ def check_corpus(settings: TrainSettings, urls: Sequence[str]) -> CorpusIdentity
                 f"failover URLs serve different indexes ({redact_url(first_url)}: {first.describe()}; "
                 f"{redact_url(url)}: {other.describe()}): point RETRIEVAL_SERVICE_URL at replicas of one service"
             )
-    return check_training_corpus(
+    check_training_corpus(
         first, search_r1_data=settings.qa_source == SEARCH_R1_DATASET, allow_small=settings.allow_small_corpus
     )
+    return check_index_speed(first, allow_flat=settings.allow_flat_index)
 
 
 def _lock_name(settings: TrainSettings) -> str | None:

@@ -179,6 +179,9 @@ class TrainSettings(StrictSettings):
     allow_small_corpus: bool = Field(
         default=False, validation_alias=_alias("ALLOW_SMALL_CORPUS", "allow_small_corpus")
     )  # 1 = train Search-R1 data against a corpus other than wiki-18 (smoke runs); recorded in the run
+    allow_flat_index: bool = Field(
+        default=False, validation_alias=_alias("ALLOW_FLAT_INDEX", "allow_flat_index")
+    )  # 1 = train against a Flat index over 1M+ passages searched on CPU (too slow for step 1: docs/sizing.md)
     smoke: bool = Field(default=False, validation_alias=_alias("SMOKE", "smoke"))  # apply SMOKE_PRESET
     tool_config_path: Path | None = (
         None  # where the verl tool YAML is written; None = <data_dir>/search_tool.yaml

@@ -213,6 +213,23 @@ def test_allow_small_corpus_lets_a_smoke_run_through(tmp_path, live_bm25_url, mo
     assert "not wiki-18 (ALLOW_SMALL_CORPUS=1)" in caplog.text
 
 
+def test_train_local_refuses_a_flat_wiki18_index_on_cpu(tmp_path, monkeypatch):
+    """`searchrl train local` (make train-local) refuses what the plan and the nodes' setup refuse: a Flat index over
+    wiki-18 searched on CPU cannot answer step 1's searches inside the tool's timeout. ALLOW_FLAT_INDEX=1 overrides."""
+    flat = {"service": "searchrl-retrieval", "backend": "dense", "corpus": "wiki18", "corpus_size": 21_015_324,
+            "index_type": "Flat", "device": "cpu", "corpus_checksum": "c", "index_fingerprint": "f"}  # fmt: skip
+    monkeypatch.setattr("searchrl.trainer.launch.fetch_service_info", lambda url, key: flat)
+    url = "http://127.0.0.1:9"
+    with pytest.raises(ConfigError, match="with a Flat index on CPU.*ALLOW_FLAT_INDEX=1"):
+        check_corpus(TrainSettings(data_dir=tmp_path, retrieval_urls=[url]), [url])
+    monkeypatch.setenv("ALLOW_FLAT_INDEX", "1")
+    assert check_corpus(TrainSettings(data_dir=tmp_path, retrieval_urls=[url]), [url]).index_type == "Flat"
+    ivf = {**flat, "index_type": "IVF16384,SQ8"}
+    monkeypatch.setattr("searchrl.trainer.launch.fetch_service_info", lambda url, key: ivf)
+    monkeypatch.delenv("ALLOW_FLAT_INDEX")
+    assert check_corpus(TrainSettings(data_dir=tmp_path, retrieval_urls=[url]), [url]).is_wiki18
+
+
 def test_wiki18_and_other_data_pass_and_web_backends_do_not(caplog):
     from searchrl.retrieval.corpus_check import check_training_corpus, corpus_identity
 
