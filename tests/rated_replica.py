@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.corpus_gate import WIKI18_PASSAGES
-from searchrl.retrieval.backends.base import Backend
 from searchrl.retrieval.batcher import Batcher
 from searchrl.retrieval.schemas import ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
-from tests.retrieval.batching import HashedFlatSearch
+from tests.retrieval.batching import BatchedBackend, HashedFlatSearch
 
 
 class RatedSearch:
@@ -40,7 +39,7 @@ class RatedSearch:
         return self.search(queries, topk)
 
 
-class Wiki18Replica(Backend):
+class Wiki18Replica(BatchedBackend):
     """The dense backend's shape on wiki-18: `info()` as retrieval/backends/dense.py reports it, searches through
     the service's Batcher built from `settings` (Batcher.from_settings, as the dense backend builds it)."""
 
@@ -50,6 +49,7 @@ class Wiki18Replica(Backend):
         self.fn = fn
         self.index_type = index_type
         self.batcher = Batcher.from_settings(fn, settings, name="wiki18-standin")
+        self.closed = False
 
     def info(self) -> dict[str, Any]:
         return {
@@ -64,21 +64,3 @@ class Wiki18Replica(Backend):
             "corpus_checksum": "sha256:standin",
             "index_fingerprint": f"standin-{self.index_type}",
         }
-
-    def attach_metrics(self, metrics: Any) -> None:
-        self.batcher.attach_metrics(metrics)
-
-    async def start(self) -> None:
-        await self.batcher.start()
-
-    def problem(self) -> str | None:
-        return self.batcher.problem()
-
-    def busy(self) -> str | None:
-        return self.batcher.busy()
-
-    async def search(self, queries: list[str], topk: int) -> list[list[ScoredDocument]]:
-        return await self.batcher.search(queries, topk)
-
-    async def close(self) -> None:
-        await self.batcher.close()

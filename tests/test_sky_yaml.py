@@ -724,14 +724,7 @@ def test_every_task_that_installs_uv_pins_the_same_version() -> None:
         for line in path.read_text().splitlines()
         if re.search(r"pip install -q \S*uv\b", line)
     }
-    assert set(found) == {
-        "retrieval.yaml",
-        "index-build.yaml",
-        "train.yaml",
-        "train-single.yaml",
-        "merge.yaml",
-        "infer.yaml",
-    }
+    assert set(found) == set(skypilot.TASK_FILES)  # every task file
     assert set(found.values()) == {'"uv==0.13.9"'}, found
 
 
