@@ -54,8 +54,8 @@ def node_settings(envs: Mapping[str, str], *, nnodes: int, gpus_per_node: int) -
         msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
         where = ".".join(str(p) for p in err.get("loc", ()))
         raise ConfigError(
-            f"{nnodes} node(s) x {gpus_per_node} GPUs: the trainer would refuse {where + ': ' if where else ''}"
-            f"{msg}"
+            f"{nnodes} node(s) x {gpus_per_node} GPUs: the trainer would refuse this shape "
+            f"({where + ': ' if where else ''}{msg})"
         ) from None
 
 
