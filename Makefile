@@ -178,7 +178,7 @@ BENCH_ROLLOUT_ARGS ?=
 bench-rollout: $(VENV)/.dev  ## one GRPO model turn of 8 trajectories through the hf rollout engine, before vs after batching (MODEL)
 	$(BIN)/searchrl train bench-rollout $(MODEL) $(BENCH_ROLLOUT_ARGS)
 
-test-sabotage: $(VENV)/.dev  ## three deliberate bugs (stale sync, flipped advantage, observations in the loss) each fail make learn-cpu
+test-sabotage: $(VENV)/.dev  ## three deliberate bugs (stale sync, flipped advantage, observations in the loss) each fail make learn-cpu (make test runs the first and last)
 	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py -k sabotage $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge

@@ -1,8 +1,9 @@
 """`make learn-cpu`: verl's GRPO loop on CPU learns, and each of three deliberate bugs makes it fail (issue 31).
 
 The learning run is in `make test` (minutes on 2 cores): as a user runs it, the CLI, its exit code, its last line
-and its reward curve. The sabotage runs are `make test-sabotage` (three more learning runs): each switches on one
-bug a peer shipped (trainer/sabotage.py) and must end in exit 2 with the one line that names the check it broke.
+and its reward curve. Each sabotage switches on one bug a peer shipped (trainer/sabotage.py) and must end in exit 2
+with the one line that names the check it broke: `stale_sync` and `observations_in_loss` stop at their step 1 or 2
+and run in `make test`; `flip_advantage` needs the whole curve and runs in `make test-sabotage` (all three).
 """
 
 from __future__ import annotations
@@ -58,21 +59,44 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(tmp
     assert "| seed | reward first 5 |" in proc.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.live
-@pytest.mark.timeout(2400)
-@pytest.mark.skipif(not SABOTAGE_TESTS, reason="three more learning runs: make test-sabotage")
-@pytest.mark.parametrize(
-    ("sabotaged", "named"),
-    [
-        (sabotage.STALE_SYNC, r"sync max prob diff \S+ above 1e-04"),
-        (sabotage.FLIP_ADVANTAGE, r"reward did not rise"),
-        (sabotage.OBSERVATIONS_IN_LOSS, r"observation tokens in loss [1-9]\d*"),
-    ],
-)
-def test_each_sabotage_fails_the_learning_run_with_one_line(tmp_path, sabotaged, named):
-    proc = _learn(tmp_path / sabotaged, sabotaged)
+def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str, named: str) -> None:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     print(f"{sabotaged}: exit {proc.returncode}; {errors}; {proc.stdout.strip().splitlines()[-1:]}")
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-4000:]
     assert len(errors) == 1 and re.search(named, errors[0]), errors
+
+
+@pytest.mark.slow
+@pytest.mark.live
+@pytest.mark.timeout(1200)  # each stops at its step 1 or 2: a verl start-up and 1-2 steps (~1.5 min quiet)
+@pytest.mark.parametrize(
+    ("sabotaged", "named"),
+    [
+        pytest.param(
+            sabotage.STALE_SYNC,
+            r"step 2: sync max prob diff \S+ above 1e-04 .*verl stopped at step 2 ",
+            id="stale_sync",
+        ),
+        pytest.param(
+            sabotage.OBSERVATIONS_IN_LOSS,
+            r"step 1: observation tokens in loss [1-9]\d* .*verl stopped at step 1 ",
+            id="observations_in_loss",
+        ),
+    ],
+)
+def test_sabotage_a_stale_sync_or_observations_in_the_loss_stop_the_learning_run_at_their_step(
+    tmp_path, sabotaged, named
+):
+    """In every `make test`: the per-step checks stop verl at the first broken step with one line, so each of
+    these planted bugs costs a start-up and one or two steps, not the whole run."""
+    _fails_with_one_line(_learn(tmp_path / sabotaged, sabotaged), sabotaged, named)
+
+
+@pytest.mark.slow
+@pytest.mark.live
+@pytest.mark.timeout(2400)
+@pytest.mark.skipif(not SABOTAGE_TESTS, reason="a whole learning run: make test-sabotage")
+def test_sabotage_a_flipped_advantage_fails_the_learning_run_with_one_line(tmp_path):
+    """Only the reward curve shows a flipped advantage, so this one runs all the steps (make test-sabotage)."""
+    proc = _learn(tmp_path / sabotage.FLIP_ADVANTAGE, sabotage.FLIP_ADVANTAGE)
+    _fails_with_one_line(proc, sabotage.FLIP_ADVANTAGE, r"reward did not rise")
