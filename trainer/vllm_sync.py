@@ -23,9 +23,9 @@ Registered for `rollout.name=vllm` by importing this module in every Ray process
 verl imports the named modules at `import verl` (verl/__init__.py). Importing this module needs no vLLM.
 
 Not covered: LoRA adapter updates and verl's `delta_flush` wire format (only full named-tensor updates are
-checked); an MTP draft model; KV heads replicated across more tensor-parallel ranks than the model has (a split
-`qkv_proj` whose k/v shards repeat reads as a mismatch: loud, not silent); models whose vLLM names need a
-`hf_to_vllm_mapper` beyond fused modules (their tensors show as "missing on the rollout").
+checked); an MTP draft model; models whose vLLM names need a `hf_to_vllm_mapper` beyond fused modules (their
+tensors show as "missing on the rollout": loud, not silent). KV heads repeated over more tensor-parallel ranks
+than the model has are counted (`num_kv_head_replicas`).
 """
 
 from __future__ import annotations
@@ -86,10 +86,19 @@ class FingerprintWorkerMixin:
         packed = getattr(model, "packed_modules_mapping", None) or {}
         vllm_config = getattr(self.model_runner, "vllm_config", None)  # as verl's extension reads it
         hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
+        # vLLM's QKVParallelLinear repeats each KV head on `num_kv_head_replicas` ranks when tensor parallelism
+        # exceeds the model's KV heads: the ranks' k/v shards then sum to that many copies of k and v
+        kv_replicas = {}
+        for module_name, module in model.named_modules():
+            copies = getattr(module, "num_kv_head_replicas", 1)
+            if isinstance(copies, int) and copies > 1:
+                for param_name, _ in module.named_parameters(recurse=False):
+                    kv_replicas[f"{module_name}.{param_name}" if module_name else param_name] = copies
         return {
             "prints": prints,
             "packed": {fused: list(parts) for fused, parts in packed.items()},
             "tied": bool(getattr(hf_config, "tie_word_embeddings", False)),
+            "kv_replicas": kv_replicas,
         }
 
 
@@ -165,8 +174,24 @@ def check_vllm_sync(reports: Any, sent: Mapping[str, TensorPrint], global_steps:
     ranks = [{name: TensorPrint(*p) for name, p in r["prints"].items()} for r in reports]
     held_names = set().union(*ranks)
     packed, tied = reports[0].get("packed", {}), bool(reports[0].get("tied"))
-    grouped = group_sent(sent, lambda name: vllm_param_name(name, held_names, packed, tied))
+    kv_replicas = reports[0].get("kv_replicas", {})
+    targets = {name: vllm_param_name(name, held_names, packed, tied) for name in sent}
+    scaled = {}
+    for name, p in sent.items():
+        target = targets[name]
+        copies = kv_replicas.get(target, 1) if target is not None and _is_kv_part(name, target, packed) else 1
+        scaled[name] = p.times(copies) if copies > 1 else p
+    grouped = group_sent(scaled, targets.__getitem__)
     check_sync(merge_ranks(grouped, ranks), grouped, global_steps)
+
+
+def _is_kv_part(name: str, target: str, packed: Mapping[str, Iterable[str]]) -> bool:
+    """Whether HF tensor `name` is a k or v part (not the first, q) of the fused parameter `target`."""
+    for fused, parts in packed.items():
+        for index, part in enumerate(parts):
+            if index > 0 and name.replace(f".{part}.", f".{fused}.") == target and name != target:
+                return True
+    return False
 
 
 class FingerprintAdapterMixin:

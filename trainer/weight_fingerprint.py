@@ -51,6 +51,10 @@ class TensorPrint(NamedTuple):
             self.dtype, self.numel + other.numel, _wrap(self.s1 + other.s1), _wrap(self.s2 + other.s2)
         )
 
+    def times(self, copies: int) -> TensorPrint:
+        """The print of `copies` copies of the tensor (a tensor-parallel layout that repeats it on several ranks)."""
+        return TensorPrint(self.dtype, self.numel * copies, _wrap(self.s1 * copies), _wrap(self.s2 * copies))
+
     def same_values(self, other: TensorPrint) -> bool:
         """Equal dtype and sums (not numel: vLLM pads the vocabulary with zero rows, which add nothing)."""
         return (self.dtype, self.s1, self.s2) == (other.dtype, other.s1, other.s2)

@@ -65,7 +65,10 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(tmp
 @pytest.mark.parametrize(
     ("sabotaged", "named"),
     [
-        (sabotage.STALE_SYNC, r"sync max prob diff \S+ above 1e-04"),
+        (
+            sabotage.STALE_SYNC,
+            r"weight sync check failed at step 2 \(the update after step 1\): rollout holds",
+        ),
         (sabotage.FLIP_ADVANTAGE, r"reward did not rise"),
         (sabotage.OBSERVATIONS_IN_LOSS, r"observation tokens in loss [1-9]\d*"),
     ],

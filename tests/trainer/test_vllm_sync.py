@@ -30,7 +30,7 @@ from searchrl.trainer.vllm_sync import (
     vllm_param_name,
 )
 
-VOCAB, PADDED, HIDDEN, Q, KV, FFN = 10, 16, 8, 8, 4, 12
+VOCAB, PADDED, HIDDEN, Q, KV, FFN, HEAD_DIM = 10, 16, 8, 8, 4, 12, 2
 PREFIX = "model.layers.0."
 
 
@@ -62,7 +62,10 @@ def hf_weights(seed: int) -> dict[str, torch.Tensor]:
 
 
 class VllmQwen2Rank(torch.nn.Module):
-    """One tensor-parallel rank of vLLM's Qwen2 parameters (names, fusing, sharding, padding), in bf16."""
+    """One tensor-parallel rank of vLLM's Qwen2 parameters (names, fusing, sharding, padding), in bf16.
+
+    Heads of HEAD_DIM rows: 4 query heads, 2 KV heads. Past 2 ranks each KV head is repeated on
+    `num_kv_head_replicas` ranks, as vLLM's QKVParallelLinear does."""
 
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
@@ -72,32 +75,49 @@ class VllmQwen2Rank(torch.nn.Module):
     def __init__(self, rank: int, tp: int) -> None:
         super().__init__()
         self.rank, self.tp = rank, tp
-        shapes = {
-            "model.embed_tokens.weight": (PADDED // tp, HIDDEN),
-            PREFIX + "self_attn.qkv_proj.weight": ((Q + 2 * KV) // tp, HIDDEN),
-            PREFIX + "self_attn.qkv_proj.bias": ((Q + 2 * KV) // tp,),
-            PREFIX + "self_attn.o_proj.weight": (HIDDEN, Q // tp),
-            PREFIX + "mlp.gate_up_proj.weight": (2 * FFN // tp, HIDDEN),
-            PREFIX + "mlp.down_proj.weight": (HIDDEN, FFN // tp),
-            PREFIX + "input_layernorm.weight": (HIDDEN,),
-            PREFIX + "post_attention_layernorm.weight": (HIDDEN,),
-            "model.norm.weight": (HIDDEN,),
+        kv_heads = KV // HEAD_DIM
+        self.kv_replicas = max(1, tp // kv_heads)
+        kv_rows = HEAD_DIM * max(1, kv_heads // tp)
+        layers = {
+            "model.embed_tokens": {"weight": (PADDED // tp, HIDDEN)},
+            PREFIX + "self_attn.qkv_proj": {
+                "weight": (Q // tp + 2 * kv_rows, HIDDEN),
+                "bias": (Q // tp + 2 * kv_rows,),
+            },
+            PREFIX + "self_attn.o_proj": {"weight": (HIDDEN, Q // tp)},
+            PREFIX + "mlp.gate_up_proj": {"weight": (2 * FFN // tp, HIDDEN)},
+            PREFIX + "mlp.down_proj": {"weight": (HIDDEN, FFN // tp)},
+            PREFIX + "input_layernorm": {"weight": (HIDDEN,)},
+            PREFIX + "post_attention_layernorm": {"weight": (HIDDEN,)},
+            "model.norm": {"weight": (HIDDEN,)},
         }
-        self.params = torch.nn.ParameterDict()
-        for name, shape in shapes.items():  # dummy weights until the first load, as vLLM's dummy load format
-            self.params[name.replace(".", "__")] = torch.nn.Parameter(
-                torch.randn(*shape).to(torch.bfloat16), requires_grad=False
-            )
-
-    def named_parameters(self, *args: Any, **kwargs: Any):  # type: ignore[override]
-        for key, p in self.params.items():
-            yield key.replace("__", "."), p
+        for path, shapes in layers.items():
+            parent: torch.nn.Module = self
+            *outer, leaf = path.split(".")
+            for part in outer:
+                if not hasattr(parent, part):
+                    parent.add_module(part, torch.nn.Module())
+                parent = getattr(parent, part)
+            layer = torch.nn.Module()
+            for name, shape in shapes.items():  # dummy weights until the first load, as vLLM's dummy format
+                layer.register_parameter(
+                    name, torch.nn.Parameter(torch.randn(*shape).to(torch.bfloat16), False)
+                )
+            if leaf == "qkv_proj":
+                layer.num_kv_head_replicas = self.kv_replicas  # type: ignore[assignment]
+            parent.add_module(leaf, layer)
 
     def _p(self, name: str) -> torch.Tensor:
-        return self.params[name.replace(".", "__")].data
+        return self.get_parameter(name).data
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         return t.chunk(self.tp, dim=0)[self.rank]
+
+    def _kv_rows(self, t: torch.Tensor) -> torch.Tensor:
+        if self.kv_replicas == 1:
+            return self._rows(t)
+        head = self.rank // self.kv_replicas
+        return t[head * HEAD_DIM : (head + 1) * HEAD_DIM]
 
     def load_weights(self, weights: dict[str, torch.Tensor], skip: str = "") -> None:
         """vLLM's load: split, fuse, pad and cast (copy_ into the bf16 parameter)."""
@@ -107,9 +127,10 @@ class VllmQwen2Rank(torch.nn.Module):
             padded[:VOCAB] = w["model.embed_tokens.weight"]
             self._p("model.embed_tokens.weight").copy_(self._rows(padded))
         for kind in ("weight", "bias"):
-            parts = [w.get(f"{PREFIX}self_attn.{p}_proj.{kind}") for p in "qkv"]
-            if all(p is not None for p in parts):
-                self._p(f"{PREFIX}self_attn.qkv_proj.{kind}").copy_(torch.cat([self._rows(p) for p in parts]))
+            q, k, v = (w.get(f"{PREFIX}self_attn.{p}_proj.{kind}") for p in "qkv")
+            if q is not None and k is not None and v is not None:
+                fused = torch.cat([self._rows(q), self._kv_rows(k), self._kv_rows(v)])
+                self._p(f"{PREFIX}self_attn.qkv_proj.{kind}").copy_(fused)
         if f"{PREFIX}self_attn.o_proj.weight" in w:
             self._p(f"{PREFIX}self_attn.o_proj.weight").copy_(
                 w[f"{PREFIX}self_attn.o_proj.weight"].chunk(self.tp, dim=1)[self.rank]
@@ -231,12 +252,12 @@ def _run(tp: int, steps: int, **adapter_kw: Any) -> Adapter:
     return adapter
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, 2, 4])  # 4: each KV head on 2 ranks
 def test_a_real_sync_passes_through_fused_sharded_padded_bf16_weights(tp):
     assert _run(tp, 3).updates == 3
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, 2, 4])
 def test_a_rollout_that_keeps_stale_weights_stops_the_run_at_step_2(tp):
     with pytest.raises(StepCheckError) as err:
         _run(tp, 3, stale_after=1)  # loads the initial sync, then ignores updates (TRL #5312)

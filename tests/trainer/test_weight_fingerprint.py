@@ -80,6 +80,7 @@ def test_fused_parts_tensor_parallel_shards_and_zero_padding_add_up():
     assert tensor_print(shards[0]) + tensor_print(shards[1]) == tensor_print(fused)
     padded = torch.cat([fused, torch.zeros(4, 4)])  # vLLM pads the vocabulary with zero rows
     assert tensor_print(padded).same_values(tensor_print(fused))
+    assert tensor_print(torch.cat([k, k, k])) == tensor_print(k).times(3)  # a KV head repeated on 3 ranks
 
 
 def test_the_check_passes_on_equal_weights_and_names_the_step_on_a_stale_one():
