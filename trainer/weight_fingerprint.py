@@ -72,8 +72,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 def tensor_print(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> TensorPrint:
     """The print of `tensor` as the rollout holds it: cast to `dtype` first when given (None: as it is)."""
     t = tensor.detach()
-    if hasattr(t, "full_tensor"):  # a DTensor shard from FSDP: the whole tensor is what was sent
-        t = t.full_tensor()
+    if hasattr(t, "full_tensor"):  # gathering it is a collective one rank must not start alone
+        raise TypeError("a DTensor shard: print the full tensor the rollout receives (DTensor.full_tensor())")
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     flat = t.contiguous().reshape(-1)
