@@ -82,7 +82,9 @@ class FingerprintWorkerMixin:
     def weight_fingerprint(self) -> dict[str, Any]:
         """This rank's parameter prints, plus what the trainer needs to map HF names onto them."""
         model = self.model_runner.model
-        prints = {name: tuple(tensor_print(p)) for name, p in model.named_parameters()}
+        prints = {
+            name: tuple(tensor_print(p.data)) for name, p in model.named_parameters()
+        }  # vLLM subclasses
         packed = getattr(model, "packed_modules_mapping", None) or {}
         vllm_config = getattr(self.model_runner, "vllm_config", None)  # as verl's extension reads it
         hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_config", None)
