@@ -384,3 +384,19 @@ def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_i
     assert not any(o.startswith(VLLM_SYNC_KEY) for o in sglang)
     cpu = [o for o in merge_overrides(gpu, cpu_overrides()) if o.startswith(VLLM_SYNC_KEY)]
     assert cpu == [f"{VLLM_SYNC_KEY}={ENV['VERL_USE_EXTERNAL_MODULES']}"]
+
+
+def test_the_plugin_reaches_the_runtime_env_verls_main_ppo_gives_ray(compose, tmp_path):
+    """verl's main_ppo merges `ray_kwargs.ray_init.runtime_env` over its defaults and hands it to `ray.init`
+    (trainer/main_ppo.py:62-72): the variable is in every Ray process's environment, on every node."""
+    from omegaconf import OmegaConf
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    from searchrl.trainer.overrides import render_overrides
+    from searchrl.trainer.settings import TrainSettings
+
+    config = compose(render_overrides(TrainSettings(data_dir=tmp_path)))
+    defaults = get_ppo_ray_runtime_env(config)
+    runtime_env = OmegaConf.merge(defaults, config.ray_kwargs.ray_init.runtime_env)
+    assert runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == vllm_sync.__name__
+    assert set(defaults["env_vars"]) < set(runtime_env.env_vars)  # verl's own variables kept
