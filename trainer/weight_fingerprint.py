@@ -188,15 +188,15 @@ def check_sync(
     when = "the initial sync" if step == 1 else f"the update after step {step - 1}"
     first = diff[0]
     detail = (
-        "missing on the rollout"
+        " (missing on the rollout)"
         if first not in held
-        else "not sent by the trainer"
+        else " (not sent by the trainer)"
         if first not in sent
-        else f"{tuple(held[first])} vs {tuple(sent[first])}"
+        else ""
     )
     raise StepCheckError(
         f"weight sync check failed at step {step} ({when}): rollout holds {digest(held)} but the trainer sent "
-        f"{digest(sent)} ({len(diff)} of {len(set(held) | set(sent))} tensors differ, first: {first}: {detail})"
+        f"{digest(sent)} ({len(diff)} of {len(set(held) | set(sent))} tensors differ, first: {first}{detail})"
     )
 
 
