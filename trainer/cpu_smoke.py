@@ -74,9 +74,12 @@ FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
 def cpu_overrides(*, scripted_first_turn: bool = True) -> list[str]:
     """What the CPU run changes on top of the GPU run's overrides (each with its reason; DESIGN.md section 3b)."""
-    from searchrl.trainer.cpu_plugin import ROLLOUT_NAME
+    from searchrl.trainer.cpu_plugin import ENV, ROLLOUT_NAME
+    from searchrl.trainer.overrides import VLLM_SYNC_KEY
 
     pairs: list[tuple[str, object]] = [
+        # every Ray process imports the CPU plugin (its environment says so too), not the GPU run's vLLM one
+        (VLLM_SYNC_KEY, ENV["VERL_USE_EXTERNAL_MODULES"]),
         # the hf engine (trainer/hf_rollout.py) instead of vLLM/sglang; one replica on the one "GPU"
         ("actor_rollout_ref.rollout.name", ROLLOUT_NAME),
         ("+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn", scripted_first_turn),

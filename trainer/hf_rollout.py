@@ -16,9 +16,12 @@ matching verl's (DESIGN.md section 3b):
   applies); the agent loop cuts the trajectory at its budget.
 - `HFServerAdapter` (verl's `BaseRollout`, in the training worker): after every actor update verl's naive
   checkpoint engine hands it the new weights tensor by tensor (workers/engine_workers.py:727-827); it sends them to
-  the server. The server refuses an update that misses any of its weights (only a tied `lm_head` may be absent)
-  and prints one `UPDATE_LINE` per update, which the CPU runs count; whether generation then really ran the
-  trained policy is checked on every step by verl's own `training/rollout_probs_diff_max` (trainer/cpu_report.py).
+  the server. The server refuses an update that misses any of its weights (only a tied `lm_head` may be absent),
+  prints one `UPDATE_LINE` per update, which the CPU runs count, and returns the exact fingerprint of the weights
+  it now holds (trainer/weight_fingerprint.py). The adapter compares it with the fingerprint of what it sent, cast
+  to the server's dtype, and a mismatch raises StepCheckError naming the step: verl's `ray.get` on the update
+  re-raises it in the trainer and the run stops before sampling from stale weights. verl's own
+  `training/rollout_probs_diff_max` stays a per-step diagnostic (trainer/cpu_report.py).
 
 Log-probabilities are those of the distribution the token was sampled from: the logits divided by the sampling
 temperature, as verl's actor divides them when it recomputes `old_log_probs`. The CPU runs' scripted first turn
@@ -41,12 +44,13 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from searchrl.trainer import sabotage
+from searchrl.trainer.weight_fingerprint import TensorPrint, check_sync, digest, fingerprint
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "searchrl_hf_rollout_{rank}"
 # One line per weight update, in the run's log (Ray forwards the actor's stdout): the CPU runs count them.
-UPDATE_LINE = "searchrl-hf-rollout: weight update {n} for step {step}: {tensors} tensors{note}"
+UPDATE_LINE = "searchrl-hf-rollout: weight update {n} for step {step}: {tensors} tensors, fingerprint {fingerprint}{note}"
 UPDATE_PATTERN = r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+)"
 # One line per generate batch: how well the turns batched, and the model's own tokens/s (the CPU runs sum them).
 BATCH_LINE = "searchrl-hf-rollout: batch of {n} sequences, {tokens} new tokens in {seconds:.2f} s"
@@ -141,8 +145,10 @@ class HFGenerateServer:
     def ready(self) -> bool:
         return True
 
-    def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
-        """Load the trainer's weights (HF names), all of them; returns how many tensors were loaded."""
+    def update_weights(
+        self, state: dict[str, torch.Tensor], global_steps: int | None = None
+    ) -> dict[str, TensorPrint]:
+        """Load the trainer's weights (HF names), all of them; returns the fingerprint of what the model now holds."""
         own = self.model.state_dict()
         unknown = sorted(set(state) - set(own))
         if unknown:
@@ -155,18 +161,32 @@ class HFGenerateServer:
                 f"({', '.join(missing[:5])}): generation would mix old and new weights"
             )
         stale = sabotage.active(sabotage.STALE_SYNC)
-        if not stale:
-            with self._model_lock:
+        with self._model_lock:
+            if not stale:
                 self.model.load_state_dict(state, strict=False)
+            held = self.weight_fingerprint(sent=set(state))
         if global_steps is not None:
             self.global_steps = int(global_steps)
         self.weight_updates += 1
         note = " (IGNORED: sabotage stale_sync)" if stale else ""
         line = UPDATE_LINE.format(
-            n=self.weight_updates, step=self.global_steps, tensors=len(state), note=note
+            n=self.weight_updates,
+            step=self.global_steps,
+            tensors=len(state),
+            fingerprint=digest(held),
+            note=note,
         )
         print(line, flush=True)  # noqa: T201  (Ray forwards it to the run's log)
-        return len(state)
+        return held
+
+    def weight_fingerprint(self, sent: set[str] | None = None) -> dict[str, TensorPrint]:
+        """The prints of every weight the model holds, in its own dtype (a tied `lm_head` only if it was sent)."""
+        prints = fingerprint(self.model.state_dict().items())
+        if getattr(self.model.config, "tie_word_embeddings", False) and "lm_head.weight" not in (
+            sent or set()
+        ):
+            prints.pop("lm_head.weight", None)
+        return prints
 
     def stats(self) -> dict[str, int]:
         return {
@@ -350,9 +370,16 @@ class HFServerAdapter(BaseRollout):
         state = {}
         for name, tensor in weights:
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            state[name] = full.detach().to("cpu", torch.float32).clone()
+            state[name] = full.detach().to("cpu", torch.float32).clone()  # exact for bf16 and fp32 sources
         if self.is_leader:
-            await self._get_server().update_weights.remote(state, kwargs.get("global_steps"))
+            global_steps = kwargs.get("global_steps")
+            held = await self._get_server().update_weights.remote(state, global_steps)
+            check_sync(held, sent_fingerprint(state, held), global_steps)
+
+
+def sent_fingerprint(state: dict[str, torch.Tensor], held: dict[str, TensorPrint]) -> dict[str, TensorPrint]:
+    """The prints of the tensors sent, each cast to the dtype the server holds it in (as its load casts it)."""
+    return fingerprint(state.items(), lambda name: getattr(torch, held[name].dtype) if name in held else None)
 
 
 __all__ = [
@@ -367,4 +394,5 @@ __all__ = [
     "hf_engine_kwargs",
     "missing_weights",
     "sampled_log_probs",
+    "sent_fingerprint",
 ]

@@ -9,7 +9,8 @@ characters would cut every observation to a stub), and `data.return_raw_chat=Tru
 `resume_mode=auto`, `save_freq>0`, `max_actor_ckpt_to_keep>=2` and a per-experiment `default_local_dir`.
 `trainer.total_epochs` comes from the train rows (TrainSettings.epochs_for), because verl stops at
 epochs x steps-per-epoch whatever `total_training_steps` says. Keys verl's config does not declare are added
-with hydra's `+` (the attention override, the reward function's kwargs).
+with hydra's `+` (the attention override, the reward function's kwargs, the vLLM weight-sync plugin that every
+Ray process imports).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ TRAINER_MODE = "sync"
 # Its replay buffer plus a stop on failed rollout groups and per-step search metrics (trainer/sampler.py).
 SAMPLER_PATH = "pkg://searchrl.trainer.sampler"
 SAMPLER_NAME = "SearchReplayBuffer"
+# The exact weight-sync check on vLLM (trainer/vllm_sync.py), imported by every Ray process at `import verl`.
+VLLM_SYNC_PLUGIN = "searchrl.trainer.vllm_sync"
+VLLM_SYNC_KEY = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
 
 # Values hydra's override grammar accepts unquoted; anything else is single-quoted.
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./:+\-~@]+$")
@@ -170,6 +174,9 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
     ]
     if s.rollout_data_dir is not None:
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
+    if s.rollout_name == "vllm":
+        # the workers fingerprint their weights after every sync and the trainer compares (trainer/vllm_sync.py)
+        pairs.append((VLLM_SYNC_KEY, VLLM_SYNC_PLUGIN))
     if s.chat_template == "searchrl":
         # verl's agent loop renders every prompt with it (trainer/template.py checked it fits the tokenizer)
         pairs.append(("actor_rollout_ref.model.custom_chat_template", CHATML_HERMES_TEMPLATE))

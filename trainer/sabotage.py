@@ -4,7 +4,9 @@
 learning check must notice; each is a bug a peer shipped:
 
 - `stale_sync`: the rollout server ignores weight updates and keeps sampling the initial policy (TRL #5312:
-  vLLM kept stale weights after sleep mode). Caught by `training/rollout_probs_diff_max`.
+  vLLM kept stale weights after sleep mode). Caught by the exact weight fingerprint at the first sync after
+  step 1, before step 2 samples (trainer/weight_fingerprint.py); `training/rollout_probs_diff_max` would see it
+  at step 2.
 - `flip_advantage`: GRPO's advantages come out with the wrong sign, so the update pushes away from reward.
   Caught by the reward curve and the probe.
 - `observations_in_loss`: tool responses keep loss mask 1, so the policy is trained to predict retrieved text.

@@ -2,8 +2,9 @@
 
 The learning run is in `make test` (minutes on 2 cores): as a user runs it, the CLI, its exit code, its last line
 and its reward curve. Each sabotage switches on one bug a peer shipped (trainer/sabotage.py) and must end in exit 2
-with the one line that names the check it broke: `stale_sync` and `observations_in_loss` stop at their step 1 or 2
-and run in `make test`; `flip_advantage` needs the whole curve and runs in `make test-sabotage` (all three).
+with the one line that names the check it broke: `stale_sync` (at the weight sync after step 1) and
+`observations_in_loss` (at step 1) stop early and run in `make test`; `flip_advantage` needs the whole curve and
+runs in `make test-sabotage` (all three).
 """
 
 from __future__ import annotations
@@ -68,13 +69,13 @@ def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str,
 
 @pytest.mark.slow
 @pytest.mark.live
-@pytest.mark.timeout(1200)  # each stops at its step 1 or 2: a verl start-up and 1-2 steps (~1.5 min quiet)
+@pytest.mark.timeout(1200)  # each stops at its step: a verl start-up and at most one step (~1-1.5 min quiet)
 @pytest.mark.parametrize(
     ("sabotaged", "named"),
     [
         pytest.param(
             sabotage.STALE_SYNC,
-            r"step 2: sync max prob diff \S+ above 1e-04 .*verl stopped at step 2 ",
+            r"weight sync check failed at step 2 \(the update after step 1\): rollout holds \w+ but the trainer sent",
             id="stale_sync",
         ),
         pytest.param(
@@ -87,8 +88,8 @@ def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str,
 def test_sabotage_a_stale_sync_or_observations_in_the_loss_stop_the_learning_run_at_their_step(
     tmp_path, sabotaged, named
 ):
-    """In every `make test`: the per-step checks stop verl at the first broken step with one line, so each of
-    these planted bugs costs a start-up and one or two steps, not the whole run."""
+    """In every `make test`: a stale rollout fails the exact weight fingerprint at the sync after step 1, tool
+    responses in the loss fail step 1's check; each costs a start-up and a step, not the whole run."""
     _fails_with_one_line(_learn(tmp_path / sabotaged, sabotaged), sabotaged, named)
 
 

@@ -32,6 +32,7 @@ from searchrl.trainer.masks import (
     observation_spans,
     tool_response_spans,
 )
+from searchrl.trainer.weight_fingerprint import fingerprint
 
 # ---- loss-mask spans -----------------------------------------------------------------------------------------
 
@@ -157,7 +158,8 @@ def test_the_server_loads_whole_updates_counts_them_and_refuses_partial_ones(
     with pytest.raises(ValueError, match=r"update lacks \d+ of the model's \d+ weights"):
         server.update_weights(partial, global_steps=1)
     assert server.weight_updates == 0
-    assert server.update_weights(trained, global_steps=3) == len(trained)
+    held = server.update_weights(trained, global_steps=3)
+    assert (held == fingerprint(trained.items())) is not stale  # what it holds, not what it was sent
     assert server.stats()["global_steps"] == 3 and server.stats()["weight_updates"] == 1
     line = capsys.readouterr().out.strip()
     assert count_updates(line) == [3] and line.startswith(UPDATE_LINE.split("{")[0])

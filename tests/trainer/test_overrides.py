@@ -7,6 +7,7 @@ import pytest
 from searchrl.trainer.overrides import (
     REWARD_FN_NAME,
     REWARD_FN_PATH,
+    VLLM_SYNC_KEY,
     hydra_value,
     main_ppo_command,
     render_overrides,
@@ -148,6 +149,7 @@ def test_override_keys_are_existing_and_unique(tmp_path, compose):
         "+reward.custom_reward_function.reward_kwargs.max_failure_rate",
         "+reward.custom_reward_function.reward_kwargs.failure_window",
         "+trainer.v1.sampler.sampler_kwargs.tokenizer",  # the sampler's loss-mask metrics (trainer/masks.py)
+        VLLM_SYNC_KEY,  # the exact weight-sync check on vLLM (trainer/vllm_sync.py)
     }
     bare = compose([])
     from omegaconf import OmegaConf
