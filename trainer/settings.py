@@ -323,11 +323,7 @@ class TrainSettings(StrictSettings):
         flash-attn's varlen kernels; under sdpa as remove_padding says, auto being the cheaper estimated step
         (trainer/step_cost.py). Packed sdpa is correct (tests/trainer/test_packed_sdpa.py: verl's own FSDP engine,
         packed vs padded log-probs, entropy and gradients) but computes a dense mask over the packed row."""
-        if self.flash_attn:
-            return True
-        if self.remove_padding != "auto":
-            return self.remove_padding == "on"
-        from searchrl.trainer.step_cost import choose_packing
+        from searchrl.trainer.step_cost import choose_packing  # the one rule, and the reason the plan prints
 
         return choose_packing(self).packed
 
