@@ -253,6 +253,82 @@ def test_flipped_advantages_are_verls_grpo_advantages_negated(monkeypatch):
     assert honest[0, 0] > 0 and torch.allclose(flipped, -honest)
 
 
+def test_misjoined_scores_move_every_trajectory_and_repeat_with_the_seed():
+    perms = [sabotage.misjoin(16, torch.Generator().manual_seed(sabotage.SHUFFLE_SEED)) for _ in range(2)]
+    assert torch.equal(perms[0], perms[1])  # seeded: the sabotaged run is reproducible
+    assert sorted(perms[0].tolist()) == list(range(16))  # a permutation: the step's scores, re-joined
+    assert all(perms[0] != torch.arange(16))  # nobody keeps its own score
+    assert sabotage.misjoin(1, torch.Generator().manual_seed(0)).tolist() == [0]
+
+
+def _advantages_through_verls_v1_trainer(monkeypatch, scores: list[float]) -> torch.Tensor:
+    """Per-trajectory advantages from verl's own v1 trainer method `_compute_advantage` (what a training step
+    calls, which reaches GRPO through v1/utils.py and ray_trainer.compute_advantage) on a batch of two prompts x
+    two samples; TransferQueue is a stand-in that serves the batch's fields and keeps what verl writes back."""
+    from tensordict import TensorDict
+    from tensordict.tensorclass import NonTensorData, NonTensorStack
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1 import trainer_base
+
+    uids, lengths = ["a", "a", "b", "b"], [3, 2, 4, 3]
+    rows = [torch.tensor([0.0] * (n - 1) + [score]) for n, score in zip(lengths, scores, strict=True)]
+    fields = TensorDict(
+        {
+            "uid": NonTensorStack(*[NonTensorData(uid) for uid in uids]),
+            "response_mask": torch.nested.as_nested_tensor(
+                [torch.ones(n, dtype=torch.long) for n in lengths], layout=torch.jagged
+            ),
+            "rm_scores": torch.nested.as_nested_tensor(rows, layout=torch.jagged),
+        },
+        batch_size=4,
+    )
+    written: dict[str, TensorDict] = {}
+
+    class TransferQueue:
+        def kv_batch_get(self, keys, partition_id, select_fields):
+            return fields.select(*[name for name in select_fields if name in fields.keys()])
+
+        def kv_batch_put(self, keys, partition_id, fields):
+            written["fields"] = fields
+
+    monkeypatch.setattr(trainer_base, "tq", TransferQueue())
+    config = {
+        "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0},
+        "actor_rollout_ref": {"rollout": {"n": 2}},
+    }
+    from omegaconf import OmegaConf
+
+    trainer = type("Trainer", (), {"config": OmegaConf.create(config)})()
+    keys = [f"{uid}_{i % 2}_0" for i, uid in enumerate(uids)]  # verl's {uid}_{session}_{output} keys
+    batch = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
+    trainer_base.PPOTrainer._compute_advantage(trainer, batch, metrics={})
+    return torch.stack([row[0] for row in written["fields"]["advantages"].unbind(0)])
+
+
+@pytest.mark.parametrize("name", [sabotage.FLIP_ADVANTAGE, sabotage.SHUFFLE_REWARDS])
+def test_verls_training_step_calls_the_advantage_function_the_sabotages_patch(monkeypatch, name):
+    """A verl upgrade that computes GRPO advantages without looking up `core_algos.compute_grpo_outcome_advantage`
+    would make flip_advantage and shuffle_rewards silent no-ops (the run would learn and the sabotage test would
+    "fail to fail" only after 20 steps, or pass for the wrong reason): here verl's own step method must call it."""
+    from verl.trainer.ppo import core_algos
+
+    monkeypatch.setattr(
+        core_algos, "compute_grpo_outcome_advantage", core_algos.compute_grpo_outcome_advantage
+    )
+    scores = [1.0, 0.2, 0.9, 0.1]
+    honest = _advantages_through_verls_v1_trainer(monkeypatch, scores)
+    assert torch.allclose(honest, torch.tensor([1.0, -1.0, 1.0, -1.0]) / 2**0.5, atol=1e-4)
+    if name == sabotage.FLIP_ADVANTAGE:
+        sabotage.flip_advantages()
+        assert torch.allclose(_advantages_through_verls_v1_trainer(monkeypatch, scores), -honest)
+        return
+    perm = sabotage.misjoin(4, torch.Generator().manual_seed(sabotage.SHUFFLE_SEED))  # the wrapper's first draw
+    misjoined = _advantages_through_verls_v1_trainer(monkeypatch, [scores[i] for i in perm.tolist()])
+    sabotage.shuffle_rewards()
+    shuffled = _advantages_through_verls_v1_trainer(monkeypatch, scores)
+    assert torch.allclose(shuffled, misjoined) and not torch.allclose(shuffled, honest)
+
+
 # ---- the step checks -----------------------------------------------------------------------------------------
 
 
