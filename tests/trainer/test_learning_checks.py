@@ -16,6 +16,7 @@ import torch
 from searchrl.errors import ConfigError
 from searchrl.trainer import sabotage
 from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line, summarize
+from searchrl.trainer.learn_epochs import Trajectory
 from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, gpu_step_problems, sync_and_mask_problems
 from searchrl.trainer.hf_rollout import (
     BATCH_PATTERN,
@@ -322,7 +323,9 @@ def test_verls_training_step_calls_the_advantage_function_the_sabotages_patch(mo
         sabotage.flip_advantages()
         assert torch.allclose(_advantages_through_verls_v1_trainer(monkeypatch, scores), -honest)
         return
-    perm = sabotage.misjoin(4, torch.Generator().manual_seed(sabotage.SHUFFLE_SEED))  # the wrapper's first draw
+    perm = sabotage.misjoin(
+        4, torch.Generator().manual_seed(sabotage.SHUFFLE_SEED)
+    )  # the wrapper's first draw
     misjoined = _advantages_through_verls_v1_trainer(monkeypatch, [scores[i] for i in perm.tolist()])
     sabotage.shuffle_rewards()
     shuffled = _advantages_through_verls_v1_trainer(monkeypatch, scores)
@@ -404,14 +407,25 @@ def test_gpu_step_checks_fail_on_a_missing_metric_and_warn_only_in_verls_band():
     assert gpu_step_problems(no_search) == ([], [])
 
 
-def _learn_run(rewards: list[float], **values: float) -> LearnRun:
+def _learn_run(rewards: list[float], spread: float = 0.05, **values: float) -> LearnRun:
+    """A run whose step s trains questions 2((s-1) mod 5) and the next, 8 samples each, scoring around the step's
+    reward (+-spread; spread 0: every group scores alike)."""
     rows = [
         _row(i + 1, "1" if i < 10 else "2 (resumed)", critic__score__mean=r, **values)
         for i, r in enumerate(rewards)
     ]
-    run = LearnRun(seed=0, out_dir=None, rows=rows)  # type: ignore[arg-type]
+    trajectories = [
+        Trajectory(
+            step, f"question {2 * ((step - 1) % WINDOW) + k}", f"g{step}{k}", r + spread * (-1) ** sample
+        )
+        for step, r in enumerate(rewards, start=1)
+        for k in range(2)
+        for sample in range(8)
+    ]
+    run = LearnRun(seed=0, out_dir=None, rows=rows, trajectories=trajectories)  # type: ignore[arg-type]
     run.updates = {"1": list(range(0, 11)), "2 (resumed)": list(range(10, len(rewards) + 1))}
     run.probe_initial, run.probe_merged, run.weight_change = 0.30, 0.60, 0.2
+    run.probe_rotated_initial, run.probe_rotated_merged = 0.31, 0.55
     return run
 
 
@@ -422,7 +436,10 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
     assert _learn_run(rising).problems(steps=20) == []
     flat = _learn_run([0.3] * 20).problems(steps=20)
-    assert flat == ["reward did not rise: 0.300 -> 0.300 (needs +0.05)"]
+    assert flat == [
+        "reward did not rise: per question (first epoch -> last, paired): 0.300 -> 0.300 (+0.000), 0 of 10 rose "
+        "(needs +0.05)"
+    ]
     no_adv = _learn_run(rising, critic__advantages__max=0.0, actor__pg_loss=0.0).problems(steps=20)
     assert no_adv == ["only 0 of 20 steps had a positive advantage"]
     no_loss = _learn_run(rising, actor__pg_loss=0.0).problems(steps=20)
@@ -435,9 +452,29 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     assert "the merged weights equal the initial weights" in problems
     assert "probe did not move: 0.300 -> 0.310" in problems
     assert learned_line([_learn_run(rising)]) == (
-        "learned: reward 0.300 -> 0.600 (+0.300); sync max prob diff 1e-07; observation tokens in loss 0; "
-        "model-written searches 0"
+        "learned: reward per question, first epoch -> last 0.300 -> 0.600 (+0.300), 10 of 10 rose; last epoch's "
+        "groups varying 1.00; sync max prob diff 1e-07; observation tokens in loss 0; model-written searches 0"
     )
+    assert _learn_run(rising).specificity() == pytest.approx((-0.01, 0.05))
+
+
+def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_collapsed(monkeypatch):
+    """Issue 39 item 6: at lr 3e-2 every group scored alike from step ~15 (no advantage, no gradient), and the
+    rise was measured over a window in which nothing was learning any more."""
+    import searchrl.trainer.cpu_learn as cpu_learn
+
+    monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps: [])
+    rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
+    collapsed = _learn_run(rising)
+    late = {step for step in range(21 - WINDOW, 21)}
+    collapsed.trajectories = [
+        Trajectory(t.step, t.question, t.group, 0.6) if t.step in late else t for t in collapsed.trajectories
+    ]
+    assert collapsed.last_epoch_varying() == 0.0
+    assert collapsed.problems(steps=20) == [
+        "the policy collapsed: 0.00 of the last epoch's groups scored differently (needs 0.50; a group that scores "
+        "alike has no advantage and no gradient)"
+    ]
 
 
 def test_the_error_line_names_each_failed_check_once():
