@@ -16,7 +16,6 @@ import torch
 from searchrl.errors import ConfigError
 from searchrl.trainer import sabotage
 from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line, summarize
-from searchrl.trainer.learn_epochs import Trajectory
 from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, gpu_step_problems, sync_and_mask_problems
 from searchrl.trainer.hf_rollout import (
     BATCH_PATTERN,
@@ -26,6 +25,7 @@ from searchrl.trainer.hf_rollout import (
     missing_weights,
     sampled_log_probs,
 )
+from searchrl.trainer.learn_epochs import Trajectory
 from searchrl.trainer.learn_task import answer_char_share, compute_score, own_turn
 from searchrl.trainer.masks import (
     mask_step_metrics,
