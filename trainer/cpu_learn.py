@@ -504,6 +504,20 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
         ax.plot(steps, [statistics.fmean(c) for c in columns], lw=2, color="black", label="mean over seeds")
     ax.axvline(RESUME_STEP + 0.5, ls=":", color="grey", label="resume")
     epoch = runs[0].epoch if runs else WINDOW
+    # each epoch holds every question once, so its mean is comparable from epoch to epoch where single steps are not
+    epochs = [
+        statistics.fmean(statistics.fmean(c[start : start + epoch]) for c in curves)
+        for start in range(0, width - epoch + 1, epoch)
+    ]
+    for i, mean in enumerate(epochs):
+        ax.hlines(
+            mean,
+            i * epoch + 0.5,
+            (i + 1) * epoch + 0.5,
+            color="tab:orange",
+            lw=2.5,
+            label="epoch mean (every question once)" if i == 0 else None,
+        )
     for edge in (epoch + 0.5, width - epoch + 0.5):
         ax.axvline(edge, ls="--", color="tab:blue", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
