@@ -5,7 +5,7 @@ rebased away), so a reader could not check what the figures came from. A doc nam
 abbreviation; each such word (hex, with a letter and a digit, alone: not part of a longer hash or checksum) of
 README.md, docs/**/*.md and sky/README.md must be an ancestor of HEAD, or be listed below as another project's.
 
-It needs the history: without git, outside a work tree (an unpacked sdist) or in a shallow clone (GitHub's
+It needs the history: without git, outside a work tree of its own (an unpacked sdist) or in a shallow clone (GitHub's
 default checkout) it skips and says why.
 """
 
@@ -51,8 +51,13 @@ def _git(*args: str) -> subprocess.CompletedProcess[str]:
 def _history_or_skip() -> None:
     if shutil.which("git") is None:
         pytest.skip("git is not installed: the docs' commits cannot be looked up")
-    if _git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
-        pytest.skip(f"{REPO} is not a git work tree (no .git): the docs' commits cannot be looked up")
+    top = _git("rev-parse", "--show-toplevel").stdout.strip()
+    if (
+        not top or Path(top).resolve() != REPO.resolve()
+    ):  # no .git, or the tree sits inside another repository
+        pytest.skip(
+            f"{REPO} is not a git work tree of its own (no .git): the docs' commits cannot be looked up"
+        )
     if _git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
         pytest.skip("a shallow clone lacks the history the docs name (clone in full, or fetch-depth: 0)")
 
