@@ -555,8 +555,11 @@ async def _show_tokens(bar: Any, tokens: Callable[[], int], every_s: float) -> N
     """Every `every_s`, the tokens generated so far in the bar: a question on a CPU can take minutes (a model
     rambling to a 4,096-token budget), and a bar counting questions alone sits at 0 all that time."""
     start, t0 = tokens(), time.perf_counter()
-    while True:
-        await asyncio.sleep(every_s)
+    try:
+        while True:
+            await asyncio.sleep(every_s)
+            bar.set_postfix_str(token_postfix(tokens() - start, time.perf_counter() - t0))
+    finally:  # cancelled when the questions are done: the bar's last frame carries the totals
         bar.set_postfix_str(token_postfix(tokens() - start, time.perf_counter() - t0))
 
 
