@@ -93,11 +93,14 @@ def turn_budget_notice(settings: InferSettings) -> str:
         why = f"--max-tokens-per-turn {cap}"
     else:
         why = f"--max-response-tokens {most}, below --max-tokens-per-turn {cap}"
-    turns = "its one turn (no search)" if not settings.search else f"up to {spec.max_assistant_turns} turns"
+    if settings.search:
+        question = f"a question up to {most:,} over up to {spec.max_assistant_turns} turns"
+    else:
+        question = "one turn a question (no search)"
     return (
-        f"local engine on CPU: a turn may generate up to {spec.turn_token_budget(0):,} tokens ({why}), a "
-        f"question {most:,} over {turns}; a model that does not stop runs to the cap at tens of tokens/s: "
-        "cap it with --max-tokens-per-turn N (or --max-response-tokens N)"
+        f"local engine on CPU: a turn may generate up to {spec.turn_token_budget(0):,} tokens ({why}), "
+        f"{question}; a model that does not stop runs to the cap at tens of tokens/s: cap it with "
+        "--max-tokens-per-turn N (or --max-response-tokens N)"
     )
 
 
