@@ -151,9 +151,8 @@ def run_real(
     run = RealRun(out_dir, model_dir.resolve())
     started = time.monotonic()
     # a line per phase before verl's first step (issue 39: this run printed nothing for 6 minutes)
-    log.info(
-        "precision %s: on a CPU with native BF16, auto times a training step in fp32 and in bf16", precision
-    )
+    if precision == "auto":
+        log.info("precision auto: on a CPU with native BF16 this times a training step in fp32 and in bf16")
     run.dtype, run.dtype_reason = choose_cpu_dtype(model_dir, precision)
     log.info("precision %s (%.0f s)", run.dtype_reason, time.monotonic() - started)
     run.phases["precision"] = time.monotonic() - started
