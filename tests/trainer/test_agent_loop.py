@@ -268,6 +268,16 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
     tokens in it, and counts them all when the observations-in-loss sabotage is on."""
     from searchrl.trainer import sabotage
     from searchrl.trainer.agent_loop import SearchToolAgentLoop, scripted_tool_call
+    from searchrl.trainer.generated_spans import (
+        LAST_TURN,
+        MISSING,
+        OUTSIDE,
+        SPANS,
+        TOOL_RESPONSES,
+        UNRECORDED,
+        parse_spans,
+        span_step_metrics,
+    )
     from searchrl.trainer.masks import mask_step_metrics
     from searchrl.trainer.metrics import search_step_metrics
 
@@ -289,10 +299,18 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
     ids, mask = np.array(output.response_ids), np.array(output.response_mask)
     metrics = mask_step_metrics([(tok.convert_ids_to_tokens(ids.tolist()), mask.tolist())])
     assert metrics["loss/observation_tokens"] > 20
+    # the record of what the server generated: one span, the model's own turn, at the end of the response
+    spans = parse_spans(output.extra_fields[SPANS])
+    assert spans == [(len(ids) - len(tok.encode(reply + "<|im_end|>", add_special_tokens=False)), len(ids))]
+    assert output.extra_fields[LAST_TURN] == reply and output.extra_fields[TOOL_RESPONSES] == 1
+    invariant = span_step_metrics([(output.extra_fields, mask.tolist())])
     if sabotaged:
         assert metrics["loss/observation_tokens_in_loss"] == metrics["loss/observation_tokens"]
+        # the invariant catches it too, without reading the text: every tool-turn token is off the record
+        assert invariant[OUTSIDE] >= metrics["loss/observation_tokens"] and invariant[MISSING] == 0
         return
     assert metrics["loss/observation_tokens_in_loss"] == 0
+    assert invariant == {OUTSIDE: 0.0, MISSING: 0.0, UNRECORDED: 0.0}
     assert tok.decode(ids[mask == 1].tolist()) == reply + "<|im_end|>"
     assert scripted_tool_call(SEVENTH_SEAL_QUESTION) in tok.decode(ids[mask == 0].tolist())
     steps = search_step_metrics([output.extra_fields])

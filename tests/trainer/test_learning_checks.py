@@ -263,6 +263,9 @@ def _row(step: int, run: str = "1", **values: float) -> StepRow:
         "training/rollout_probs_diff_max": 1e-7,
         "loss/observation_tokens_in_loss": 0.0,
         "loss/observation_tokens": 900.0,
+        "loss/mask_outside_generated": 0.0,
+        "loss/mask_missing_in_generated": 0.0,
+        "loss/unrecorded_trajectories": 0.0,
         "critic/score/mean": 0.3,
         "critic/score/max": 0.6,
         "critic/score/min": 0.1,
@@ -288,6 +291,22 @@ def test_sync_and_mask_checks_name_what_broke():
     assert "no tool-response token was found" in blind[0]
 
 
+def test_the_mask_invariant_fails_a_step_on_each_count_and_on_a_missing_one():
+    """Issue 39 item 3: mask 1 off the generated tokens, mask 0 on them, and an unrecorded trajectory each fail."""
+    assert sync_and_mask_problems(_row(1, loss__mask_outside_generated=12.0)) == [
+        "step 1: 12 loss-mask tokens outside what the rollout server generated (environment text is trained on)"
+    ]
+    assert sync_and_mask_problems(_row(1, loss__mask_missing_in_generated=3.0)) == [
+        "step 1: 3 generated tokens with loss mask 0 (the policy's own samples are left out of the loss)"
+    ]
+    (unrecorded,) = sync_and_mask_problems(_row(1, loss__unrecorded_trajectories=16.0))
+    assert unrecorded.startswith("step 1: 16 trajectories without the agent loop's record")
+    for key in ("loss/mask_outside_generated", "loss/unrecorded_trajectories"):
+        assert sync_and_mask_problems(_without(_row(1), key)) == [
+            f"step 1: verl logged no {key}, so the mask invariant is unchecked"
+        ]
+
+
 def _without(row: StepRow, key: str) -> StepRow:
     return StepRow(row.step, row.run, {k: v for k, v in row.metrics.items() if k != key})
 
@@ -308,6 +327,9 @@ def test_gpu_step_checks_fail_on_a_missing_metric_and_warn_only_in_verls_band():
         ("loss/observation_tokens_in_loss", "the loss mask"),
         ("loss/observation_tokens", "the loss mask"),
         ("search/calls", "the loss mask"),
+        ("loss/mask_outside_generated", "the mask invariant"),
+        ("loss/mask_missing_in_generated", "the mask invariant"),
+        ("loss/unrecorded_trajectories", "the mask invariant"),
     ]:
         failures, _ = gpu_step_problems(_without(ok, key))
         assert failures == [f"step 1: verl logged no {key}, so {what} is unchecked"] or (
