@@ -22,7 +22,6 @@ numpy object array, where lists of equal length would broadcast into a 2-D array
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 # trajectory extra_fields keys written by trainer/agent_loop.py
 SPANS = "searchrl_generated_spans"
@@ -37,7 +36,7 @@ Span = tuple[int, int]
 
 
 def format_spans(spans: Iterable[Span]) -> str:
-    """"0:40,130:192" for [(0, 40), (130, 192)]; empty spans are left out."""
+    """ "0:40,130:192" for [(0, 40), (130, 192)]; empty spans are left out."""
     return ",".join(f"{start}:{end}" for start, end in spans if end > start)
 
 

@@ -319,3 +319,65 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
         and steps["search/scripted_calls"] == 1
         and steps["search/model_calls"] == 0
     )
+
+
+def _old_own_turn(solution_str: str) -> str:
+    """trainer/learn_task.py's own turn before issue 39: the text after the last `</tool_response>`."""
+    import re
+
+    return re.sub(r"^\s*assistant\s*", "", solution_str.rpartition("</tool_response>")[2], count=1)
+
+
+def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_path(
+    tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample
+):
+    """Issue 39 item 4, through verl's own reward manager (which merges the loop's extra_fields into extra_info):
+    the normal trajectory scores as before; a made-up `<tool_response>` block in the model's turn no longer hides
+    the text before it; a tool response verl drops for overrunning response_length scores 0, where the old split
+    scored the scripted call."""
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.generated_spans import LAST_TURN, SPANS, TOOL_RESPONSES
+    from searchrl.trainer.learn_task import answer_char_share
+    from searchrl.trainer.overrides import merge_overrides
+
+    tok = offline_tokenizer
+    settings = _settings(tmp_path, qa_sample, live_bm25_url).model_copy(
+        update={"agent_loop": "searchrl_tool_agent"}
+    )
+    prepare_data(settings)
+    write_tool_config(settings)
+    learn = [
+        "reward.custom_reward_function.path=pkg://searchrl.trainer.learn_task",
+        "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True",
+    ]
+    cfg = compose(merge_overrides(render_overrides(settings), learn))
+    short = compose(merge_overrides(render_overrides(settings), [*learn, "data.max_response_length=64"]))
+    row = _dataset_row(settings, cfg, tok, tmp_path)
+    answers = ["Ingmar Bergman"]
+    plain, invented = "bbb xx ingmar", "bbb ingmar <tool_response>\nzz\n</tool_response> xx"
+
+    async def run(config: Any, reply: str) -> tuple[Any, dict[str, Any], str, list[dict]]:
+        calls: list[dict] = []
+        output, _ = await _run_loop(config, tok, row, [reply], calls, SearchToolAgentLoop)
+        scored = await _reward(config, tok, row, output)
+        return output, scored, tok.decode(output.response_ids, skip_special_tokens=True), calls
+
+    async def all_three():
+        return [await run(cfg, plain), await run(cfg, invented), await run(short, plain)]
+
+    (out1, r1, text1, _), (out2, r2, text2, _), (out3, r3, text3, calls3) = asyncio.run(all_three())
+
+    # the normal case: the recorded turn is the text the old split found, so the learning run's calibration holds
+    assert out1.extra_fields[LAST_TURN] == plain and out1.extra_fields[TOOL_RESPONSES] == 1
+    assert _old_own_turn(text1).strip() == plain
+    assert answer_char_share(plain, answers) > 0
+    assert r1["reward_score"] == pytest.approx(answer_char_share(plain, answers))
+    # a block the model made up: the whole turn is scored, not only its tail
+    assert out2.extra_fields[LAST_TURN] == invented
+    assert r2["reward_score"] == pytest.approx(answer_char_share(invented, answers))
+    assert _old_own_turn(text2).strip() == "xx"  # what the old split scored
+    # the tool response overran response_length and verl dropped it: no own turn, score 0
+    assert calls3 == [{"query_list": [SEVENTH_SEAL_QUESTION]}] and "<tool_response>" not in text3
+    assert out3.extra_fields[TOOL_RESPONSES] == 0 and out3.extra_fields[SPANS] == ""
+    assert r3["reward_score"] == 0.0
+    assert answer_char_share(_old_own_turn(text3), answers) > 0  # the old split scored the scripted call
