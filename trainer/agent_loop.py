@@ -21,9 +21,11 @@ the last one's text (`LAST_TURN`, decoded as verl's reward manager decodes) and 
 into the response (`TOOL_RESPONSES`) reach the reward's `extra_info` (verl's reward managers merge the
 trajectory's extra_fields into it), so a reward can score the model's own last turn without parsing the text.
 
-Registered as `searchrl_tool_agent` when this module is imported; the CPU runs import it in every process
-(trainer/cpu_plugin.py) and select it with `rollout.agent.default_agent_loop`. A GPU run keeps verl's
-`tool_agent`: it never scripts a turn, and every call it executes is the model's.
+Registered as `searchrl_tool_agent` when this module is imported. Every run selects it (the rows' agent_name and
+`rollout.agent.default_agent_loop`, TrainSettings.agent_loop) and imports it in every Ray process: the CPU runs
+through trainer/cpu_plugin.py, the GPU runs through `VERL_USE_EXTERNAL_MODULES` (trainer/overrides.py), so the
+mask invariant holds whatever the engine and chat template. A GPU run never scripts a turn (the switch is the CPU
+runs' `engine_kwargs.hf.scripted_first_turn`): there it is verl's ToolAgentLoop plus the record.
 """
 
 from __future__ import annotations

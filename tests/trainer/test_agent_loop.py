@@ -162,14 +162,16 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     cfg = compose(render_overrides(settings))
     assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).multi_turn.enable
     row = _dataset_row(settings, cfg, tok, tmp_path)
-    assert row["agent_name"] == "tool_agent"
+    assert row["agent_name"] == "searchrl_tool_agent"  # a GPU run's loop: ours, no scripted turn
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.generated_spans import SPANS, parse_spans, span_step_metrics
 
     async def both():
         results = {}
         for name, final in (("right", RIGHT), ("wrong", WRONG)):
             calls: list[dict] = []
             replies = [tool_call_text(SEVENTH_SEAL_QUESTION), f"{THINK_ANSWER}\n{final}"]
-            output, server = await _run_loop(cfg, tok, row, replies, calls)
+            output, server = await _run_loop(cfg, tok, row, replies, calls, SearchToolAgentLoop)
             results[name] = (output, server, calls, await _reward(cfg, tok, row, output))
         return results
 
@@ -202,6 +204,10 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     # The response is one contiguous story: model turn, observation, model turn.
     changes = np.flatnonzero(np.diff(mask)).size
     assert changes == 2 and mask[0] == 1 and mask[-1] == 1
+    # the loop recorded both generated turns, and mask 1 falls exactly on them
+    spans = parse_spans(output.extra_fields[SPANS])
+    assert len(spans) == 2 and [i for s, e in spans for i in range(s, e)] == np.flatnonzero(mask).tolist()
+    assert set(span_step_metrics([(output.extra_fields, mask.tolist())]).values()) == {0.0}
 
     # verl's reward manager, loading our reward via pkg://searchrl.trainer.reward: EM 1.0, with F1/format/search metrics.
     assert reward["reward_score"] == 1.0
