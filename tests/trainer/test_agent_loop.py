@@ -89,9 +89,10 @@ async def _run_loop(
     cfg: Any, tokenizer: Any, row: dict[str, Any], replies: list[str], calls: list[dict], loop_cls: Any = None
 ):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
     from verl.tools.tool_registry import load_all_tools
     from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop
 
     # verl's own loader builds our tool from the YAML that trainer/toolconfig.py wrote.
     tools = load_all_tools(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path, None)
@@ -104,7 +105,7 @@ async def _run_loop(
 
     tool.execute = spy
     server = ScriptedServer(tokenizer, replies)
-    loop = (loop_cls or ToolAgentLoop)(
+    loop = (loop_cls or SearchToolAgentLoop)(  # every run's loop: verl's ToolAgentLoop plus its record
         trainer_config=DictConfigWrap(cfg),
         server_manager=server,
         tokenizer=tokenizer,
