@@ -59,10 +59,13 @@ def clip_spans(spans: Iterable[Span], length: int) -> list[Span]:
 def mask_span_counts(mask: Sequence[int], spans: Sequence[Span]) -> tuple[int, int]:
     """(mask-1 tokens outside every span, mask-0 tokens inside a span) of one trajectory."""
     inside = [False] * len(mask)
+    missing = 0
     for start, end in spans:
-        for i in range(start, min(end, len(mask))):
-            inside[i] = True
-    missing = sum(1 for start, end in spans for i in range(start, end) if i >= len(mask) or not mask[i])
+        window = mask[start:end]
+        inside[start : start + len(window)] = [True] * len(window)
+        missing += (end - start - len(window)) + sum(
+            1 for m in window if not m
+        )  # past the mask's end: missing
     outside = sum(1 for m, covered in zip(mask, inside, strict=True) if m and not covered)
     return outside, missing
 
