@@ -25,8 +25,8 @@ STEP_LINE = (
     "search/model_calls:0.0 - search/scripted_calls:4.0 - "
     "search/failures:0.0 - actor/pg_loss:0.0 - actor/grad_norm:1.5e-05 - critic/score/mean:0.0 - "
     "critic/advantages/max:0.0 - training/rollout_probs_diff_max:1.2e-09 - loss/observation_tokens:300.0 - "
-    "loss/observation_tokens_in_loss:0.0 - "
-    "response_length/mean:375.0 - timing_s/step:7.0 - num_turns/mean:np.float64(4.0)"
+    "loss/observation_tokens_in_loss:0.0 - loss/mask_outside_generated:0.0 - loss/mask_missing_in_generated:0.0 - "
+    "loss/unrecorded_trajectories:0.0 - response_length/mean:375.0 - timing_s/step:7.0 - num_turns/mean:np.float64(4.0)"
 )
 
 
