@@ -506,14 +506,21 @@ async def run_questions(
     concurrency: int = 16,
     progress: bool = True,
     on_done: Callable[[int, Episode], None] | None = None,
+    refresh_s: float = 1.0,
 ) -> list[Episode]:
     """Run many episodes with at most `concurrency` in flight; results in input order, a tqdm bar on stderr.
 
     `on_done(index, episode)` is called as each episode finishes (the evaluator appends it to disk). The first
     exception (a fatal search failure, the LLM gone after its retries) cancels the episodes still running.
+    With an engine that counts its tokens as it makes them (the local one: `LocalLLM.tokens_generated`), the
+    bar also shows the tokens generated and tokens/s, refreshed every `refresh_s` seconds.
     """
     sem = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(questions), desc="questions", unit="q", disable=not progress)
+    tokens = getattr(agent.llm, "tokens_generated", None)  # the local engine counts as it generates
+    ticker = (
+        asyncio.ensure_future(_show_tokens(bar, tokens, refresh_s)) if progress and callable(tokens) else None
+    )
 
     async def one(i: int, q: str) -> Episode:
         async with sem:
@@ -532,7 +539,28 @@ async def run_questions(
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     finally:
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
         bar.close()
+
+
+def token_postfix(tokens: int, seconds: float) -> str:
+    """The bar's postfix: tokens generated since the bar opened and their rate over that wall time."""
+    rate = tokens / seconds if seconds > 0 else 0.0
+    return f"{tokens:,} tokens, {rate:.1f} tok/s"
+
+
+async def _show_tokens(bar: Any, tokens: Callable[[], int], every_s: float) -> None:
+    """Every `every_s`, the tokens generated so far in the bar: a question on a CPU can take minutes (a model
+    rambling to a 4,096-token budget), and a bar counting questions alone sits at 0 all that time."""
+    start, t0 = tokens(), time.perf_counter()
+    try:
+        while True:
+            await asyncio.sleep(every_s)
+            bar.set_postfix_str(token_postfix(tokens() - start, time.perf_counter() - t0))
+    finally:  # cancelled when the questions are done: the bar's last frame carries the totals
+        bar.set_postfix_str(token_postfix(tokens() - start, time.perf_counter() - t0))
 
 
 __all__ = [

@@ -9,16 +9,19 @@ tool stops the run in seconds.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from searchrl.infer.llm import ChatRenderer, ServerLLM, TextGenerator, load_tokenizer
 from searchrl.infer.settings import InferSettings
 
+log = logging.getLogger(__name__)
+
 
 async def open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerLLM, ChatRenderer | None]:
     """The engine `settings` name, answering, and the renderer when prompts are rendered here (completions, local)."""
     if settings.engine == "local":
-        from searchrl.infer.local import LocalLLM
+        from searchrl.infer.local import LocalLLM, pick_device
         from searchrl.models import resolve_model
 
         # a known name (`searchrl model get`) loads from its folder, got on first use; the protocol keeps the name
@@ -28,6 +31,8 @@ async def open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerLL
         # weights load
         tokenizer = await asyncio.to_thread(load_tokenizer, tok_path)
         _prepare_template(tokenizer, settings)
+        if pick_device(settings.device) == "cpu":
+            log.info("%s", turn_budget_notice(settings))
         llm_local = await asyncio.to_thread(
             LocalLLM.from_pretrained,
             model,
@@ -74,6 +79,31 @@ async def open_engine(settings: InferSettings) -> tuple[TextGenerator | ServerLL
     return server, renderer
 
 
+def turn_budget_notice(settings: InferSettings) -> str:
+    """What one turn may generate and the flags that cap it, said before a local CPU eval starts.
+
+    A model that never writes EOS (SmolLM2-135M rambles) runs every turn to this budget, at tens of tokens/s
+    on a CPU: minutes per question with the bar at 0 unless one knows why.
+    """
+    spec = settings.rollout
+    cap, most = spec.max_tokens_per_turn, spec.max_response_tokens
+    if cap is None:
+        why = f"what is left of --max-response-tokens {most}; no --max-tokens-per-turn"
+    elif cap < most:
+        why = f"--max-tokens-per-turn {cap}"
+    else:
+        why = f"--max-response-tokens {most}, below --max-tokens-per-turn {cap}"
+    if settings.search:
+        question = f"a question up to {most:,} over up to {spec.max_assistant_turns} turns"
+    else:
+        question = "one turn a question (no search)"
+    return (
+        f"local engine on CPU: a turn may generate up to {spec.turn_token_budget(0):,} tokens ({why}), "
+        f"{question}; a model that does not stop runs to the cap at tens of tokens/s: cap it with "
+        "--max-tokens-per-turn N (or --max-response-tokens N)"
+    )
+
+
 def _prepare_template(tokenizer: Any, settings: InferSettings) -> str:
     """The chat template the run renders with: the repo's when asked, else the model's once it keeps tools=."""
     from searchrl.chat_template import prepare_chat_template
@@ -94,4 +124,4 @@ def engine_identity(llm: TextGenerator | ServerLLM) -> dict[str, Any]:
     return ident() if callable(ident) else {}
 
 
-__all__ = ["engine_identity", "open_engine"]
+__all__ = ["engine_identity", "open_engine", "turn_budget_notice"]

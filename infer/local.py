@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from searchrl.infer.llm import Completion, Sampling, load_tokenizer
 log = logging.getLogger(__name__)
 
 
-def _pick_device(device: str) -> str:
+def pick_device(device: str) -> str:
+    """`auto` is CUDA when torch sees a GPU, else the CPU; anything else as given."""
     import torch
 
     if device != "auto":
@@ -125,6 +127,8 @@ class _RowEnds:
 
     transformers ORs the criteria and pads finished rows with `pad_token_id`, which is often the EOS id itself,
     so the output alone cannot tell a row that hit its cap from one that generated EOS; this records it.
+    generate() calls it once per new token, so it also reports how many rows made a token (`on_tokens`): the
+    progress bar's token count inside a question, which adds up to `EngineStats.generated_tokens`.
     """
 
     def __init__(
@@ -135,10 +139,13 @@ class _RowEnds:
         stops: Any,
         stop_strings: tuple[str, ...] = (),
         tokenizer: Any = None,
+        on_tokens: Callable[[int], None] | None = None,
     ) -> None:
         import torch
 
         self.start = start
+        self.on_tokens = on_tokens
+        self.running = len(limits)  # rows that have not ended: each made a token at this call
         self.stop_strings = stop_strings
         self.tokenizer = tokenizer
         self.limits = torch.tensor(limits)
@@ -151,6 +158,8 @@ class _RowEnds:
         import torch
 
         step = input_ids.shape[1] - self.start
+        if self.on_tokens is not None:
+            self.on_tokens(self.running)
         eos = torch.isin(input_ids[:, -1], self.eos.to(input_ids.device))
         stop = (
             self.stops(input_ids, scores).to(eos.device) if self.stops is not None else torch.zeros_like(eos)
@@ -166,6 +175,7 @@ class _RowEnds:
         for i in torch.nonzero(done).flatten().tolist():
             if self.ended_at[i] is None:
                 self.ended_at[i] = step
+                self.running -= 1
                 self.reason[i] = "eos" if eos[i] else "stop" if stop[i] else "length"
         return done
 
@@ -193,6 +203,7 @@ class LocalLLM:
             batch_wait_s  # how long a batch waits for requests still coming (a search returns)
         )
         self.stats = EngineStats()
+        self._live_tokens = 0  # generated so far, the batch in generate() now included (the bar reads it)
         # torch threads for generate(), set in the worker thread itself: a thread that has not set them runs
         # OpenMP/MKL at their defaults, not at what the main thread chose (measured: 15x slower matmuls under
         # load). 0 = what this process uses now (torch's default: all cores).
@@ -229,7 +240,7 @@ class LocalLLM:
         import torch
         from transformers import AutoModelForCausalLM
 
-        dev = _pick_device(device)
+        dev = pick_device(device)
         tok = tokenizer if tokenizer is not None and not isinstance(tokenizer, str) else None
         if tok is None:
             tok = load_tokenizer(tokenizer or name_or_path)
@@ -273,7 +284,13 @@ class LocalLLM:
             mask[i, width - len(r) :] = 1
         limits = [s.max_tokens for s in samplings]
         ends = _RowEnds(
-            width, limits, self._eos_ids, self._stops(sampling.stop), sampling.stop, self.tokenizer
+            width,
+            limits,
+            self._eos_ids,
+            self._stops(sampling.stop),
+            sampling.stop,
+            self.tokenizer,
+            self._count_tokens,
         )
         kwargs: dict[str, Any] = {
             "max_new_tokens": max(limits),
@@ -337,6 +354,18 @@ class LocalLLM:
         log.debug("batch of %d: %d steps in %.2fs", len(rows), steps, took)
         return results
 
+    def _count_tokens(self, n: int) -> None:
+        """Called from generate()'s thread once per step with the rows that made a token (one int add)."""
+        self._live_tokens += n
+
+    def tokens_generated(self) -> int:
+        """Tokens generated so far, the batch still in generate() included: progress inside a long question.
+
+        `stats.generated_tokens` grows only when a batch returns, minutes later for a model that rambles to its
+        budget on CPU; this grows with every step (infer/agent.py `run_questions` shows it in the bar).
+        """
+        return self._live_tokens
+
     def _generate(self, prompt: str, sampling: Sampling) -> Completion:
         """One prompt alone (batch 1), as `complete` runs it when nothing else is in flight."""
         return self._generate_batch([prompt], [sampling])[0]
@@ -388,4 +417,4 @@ class LocalLLM:
         return None
 
 
-__all__ = ["EngineStats", "LocalLLM"]
+__all__ = ["EngineStats", "LocalLLM", "pick_device"]

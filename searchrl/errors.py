@@ -134,8 +134,10 @@ class SmokeCheckError(SearchRLError):
 
 
 class StepCheckError(SearchRLError):
-    """A training step verl logged failed a check (tool responses in the loss, a stale weight sync, a check metric
-    verl did not log): `searchrl train local` stops verl there rather than train on for hours past a known bug."""
+    """A training step failed a check, so training stops rather than go on for hours past a known bug: raised by
+    `searchrl train local` at a step line (tool responses in the loss, a search with no tool-response token seen,
+    a check metric verl did not log), which stops verl there, or inside verl at a weight sync whose fingerprint
+    the rollout does not hold (the hf and vLLM rollouts; sglang has no such check)."""
 
 
 class DeployError(SearchRLError):

@@ -12,9 +12,20 @@ The trajectory's `extra_fields` count the calls the loop scripted; the sampler l
 `search/scripted_calls`, and `search/model_calls` (executed calls less scripted ones) as the calls the model
 wrote itself (trainer/metrics.py).
 
-Registered as `searchrl_tool_agent` when this module is imported; the CPU runs import it in every process
-(trainer/cpu_plugin.py) and select it with `rollout.agent.default_agent_loop`. A GPU run keeps verl's
-`tool_agent`: it never scripts a turn, and every call it executes is the model's.
+**What the server generated, recorded.** Every turn that comes back from the server's `generate()` is recorded
+as a response-relative token range [start, end): where verl's `merge_assistant_tokens` appended it (verl's
+MergeResult says how many tokens it appended), cut where a later context merge dropped prefix tokens (GLM,
+Gemma 4 and DeepSeek builders trim the turn's tail) and where verl truncates the response at response_length.
+The ranges (trainer/generated_spans.py `SPANS`) let the sampler check that loss mask 1 falls exactly on them;
+the last one's text (`LAST_TURN`, decoded as verl's reward manager decodes) and the number of tool turns merged
+into the response (`TOOL_RESPONSES`) reach the reward's `extra_info` (verl's reward managers merge the
+trajectory's extra_fields into it), so a reward can score the model's own last turn without parsing the text.
+
+Registered as `searchrl_tool_agent` when this module is imported. Every run selects it (the rows' agent_name and
+`rollout.agent.default_agent_loop`, TrainSettings.agent_loop) and imports it in every Ray process: the CPU runs
+through trainer/cpu_plugin.py, the GPU runs through `VERL_USE_EXTERNAL_MODULES` (trainer/overrides.py), so the
+mask invariant holds whatever the engine and chat template. A GPU run never scripts a turn (the switch is the CPU
+runs' `engine_kwargs.hf.scripted_first_turn`): there it is verl's ToolAgentLoop plus the record.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
 from searchrl.trainer import sabotage
+from searchrl.trainer.generated_spans import LAST_TURN, SPANS, TOOL_RESPONSES, Span, clip_spans, format_spans
 from searchrl.trainer.metrics import SCRIPTED_CALLS
 
 log = logging.getLogger(__name__)
@@ -88,6 +100,32 @@ class SearchToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         self.scripted_first_turn = _scripting_enabled(self.rollout_config)
         self.server_manager = _LastOutput(self.server_manager)
+        self._generated: list[Span] = []  # one instance runs one trajectory (verl instantiates one per run)
+        self._tool_turns = 0
+        self._assistant_merge: Span | None = None
+        self._context_merge: Any = None
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+        """verl's run, plus the record of what the server generated in the trajectory's extra_fields."""
+        self._generated, self._tool_turns = [], 0
+        output = await super().run(sampling_params, **kwargs)
+        spans = clip_spans(self._generated, len(output.response_ids))
+        last = output.response_ids[spans[-1][0] : spans[-1][1]] if spans else []
+        output.extra_fields[SPANS] = format_spans(spans)
+        output.extra_fields[LAST_TURN] = self.tokenizer.decode(last, skip_special_tokens=True) if last else ""
+        output.extra_fields[TOOL_RESPONSES] = self._tool_turns
+        return output
+
+    async def ct_merge_assistant_token(self, *args: Any, **kwargs: Any) -> Any:
+        result = await super().ct_merge_assistant_token(*args, **kwargs)
+        merge_result, response_mask, _ = result
+        self._assistant_merge = (len(response_mask) - merge_result.appended_token_count, len(response_mask))
+        return result
+
+    async def ct_merge_context_msg(self, *args: Any, **kwargs: Any) -> Any:
+        result = await super().ct_merge_context_msg(*args, **kwargs)
+        self._context_merge = result[0]
+        return result
 
     async def _handle_generating_state(
         self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
@@ -96,7 +134,10 @@ class SearchToolAgentLoop(ToolAgentLoop):
             state = await self._scripted_turn(agent_data)
             if state is not None:
                 return state
+        self._assistant_merge = None
         state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
+        if self._assistant_merge is not None:  # verl keeps the merge whatever state comes next
+            self._generated.append(self._assistant_merge)
         # verl copies the server's extra_fields (global_steps, min/max_global_steps, which the trainer's step
         # metrics read) only into an empty dict; after a scripted call the search tool's counters are there first
         last = self.server_manager.last
@@ -143,7 +184,14 @@ class SearchToolAgentLoop(ToolAgentLoop):
 
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
         before = len(agent_data.response_mask)
+        self._context_merge = None
         state = await super()._handle_processing_tools_state(agent_data)
+        merge = self._context_merge
+        # verl drops the merge when the tool response would overrun response_length; kept, it is a tool turn
+        if merge is not None and agent_data.prompt_ids is merge.token_ids:
+            self._tool_turns += 1
+            if merge.removed_prefix_token_count:
+                self._generated = clip_spans(self._generated, before - merge.removed_prefix_token_count)
         if sabotage.active(sabotage.OBSERVATIONS_IN_LOSS):
             grown = len(agent_data.response_mask) - before
             agent_data.response_mask = agent_data.response_mask[:before] + [1] * grown

@@ -311,12 +311,34 @@ def probe_contexts(settings: TrainSettings, tokenizer: Any) -> list[tuple[list[i
     return contexts
 
 
+def token_rewards(tokenizer: Any, answers: Sequence[str], size: int | None = None) -> list[float]:
+    """The learning reward each vocabulary token would earn as the whole turn; NaN for a token left out.
+
+    Tokens are decoded as verl's reward manager decodes a response, special tokens skipped, so they carry no
+    characters: the end-of-turn token ends the turn empty and earns 0, as an empty turn does from the reward
+    (trainer/learn_task.py); any other token with no visible character (white space, other special tokens) is
+    left out, since the turn would go on after it. (Decoded with special tokens, `<|im_end|>` was scored as the
+    letters of its name.)
+    """
+    from searchrl.trainer.learn_task import answer_char_share
+
+    ends = {tokenizer.eos_token_id}
+    rewards = []
+    for token in range(len(tokenizer) if size is None else size):
+        piece = tokenizer.decode([token], skip_special_tokens=True)
+        if token in ends:
+            rewards.append(0.0)
+        else:
+            rewards.append(answer_char_share(piece, answers) if piece.strip() else math.nan)
+    return rewards
+
+
 def probe_score(model_dir: Path, contexts: Sequence[tuple[list[int], list[str]]]) -> float:
     """The learning reward the model expects of its first own token, averaged over the contexts.
 
     For each context: the next-token distribution (one forward pass, no sampling, so the figure is a pure
-    function of the weights), and the reward each vocabulary token would earn as the whole turn (its share of
-    answer characters; tokens that decode to nothing or only white space are left out and the rest renormalised).
+    function of the weights), and the reward each vocabulary token would earn as the whole turn
+    (`token_rewards`; the tokens it leaves out are left out of the distribution, which is renormalised).
     A random policy sits near the share of answer letters in the vocabulary; learning raises it, a flipped
     advantage lowers it. (Greedy decoding was tried first: a random model's greedy turn is empty, so it scored 0
     and could only rise, whatever the update did.)
@@ -324,16 +346,14 @@ def probe_score(model_dir: Path, contexts: Sequence[tuple[list[int], list[str]]]
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from searchrl.trainer.learn_task import answer_char_share
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    pieces = [tokenizer.decode([token]) for token in range(len(tokenizer))]
+    size = min(len(tokenizer), model.config.vocab_size)
     scores = []
     with torch.no_grad():
         for ids, answers in contexts:
-            probs = torch.softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)[: len(pieces)]
-            reward = torch.tensor([answer_char_share(p, answers) if p.strip() else math.nan for p in pieces])
+            probs = torch.softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)[:size]
+            reward = torch.tensor(token_rewards(tokenizer, answers, size))
             keep = ~torch.isnan(reward)
             scores.append(float((probs[keep] * reward[keep]).sum() / probs[keep].sum()))
     return statistics.fmean(scores)
@@ -584,6 +604,7 @@ __all__ = [
     "plot_rewards",
     "probe_contexts",
     "probe_score",
+    "token_rewards",
     "run_learn",
     "run_seeds",
     "seeds_table",

@@ -150,10 +150,14 @@ def run_real(
     out_dir.mkdir(parents=True)
     run = RealRun(out_dir, model_dir.resolve())
     started = time.monotonic()
+    # a line per phase before verl's first step (issue 39: this run printed nothing for 6 minutes)
+    if precision == "auto":
+        log.info("precision auto: on a CPU with native BF16 this times a training step in fp32 and in bf16")
     run.dtype, run.dtype_reason = choose_cpu_dtype(model_dir, precision)
-    log.info("precision %s", run.dtype_reason)
+    log.info("precision %s (%.0f s)", run.dtype_reason, time.monotonic() - started)
     run.phases["precision"] = time.monotonic() - started
     write_qa(out_dir, qa_source, questions)  # cpu_settings reads <out>/qa.jsonl
+    log.info("starting the BM25 retrieval service (log: %s)", out_dir / "serve.log")
     with served(["--backend", "bm25"], out_dir / "serve.log") as url:
         settings = real_settings(out_dir, run.model_dir, url, chat_template)
         started = time.monotonic()

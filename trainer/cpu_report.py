@@ -12,6 +12,9 @@ What each check catches (docs/training.md, "What the CPU runs check"):
   above `SYNC_MAX_PROB_DIFF`.
 - **observations out of the loss**: `loss/observation_tokens_in_loss` must be 0 on every step, and
   `loss/observation_tokens` above 0 where the step searched (else the check saw no tool response at all).
+- **the mask invariant**: loss mask 1 exactly on the tokens the rollout server generated, from the agent loop's
+  record (trainer/generated_spans.py): `loss/mask_outside_generated`, `loss/mask_missing_in_generated` and
+  `loss/unrecorded_trajectories` must be 0 (an unrecorded trajectory is an unchecked one, so it fails too).
 - **rollouts that search**, no failed search, finite losses, every step logged once.
 """
 
@@ -21,6 +24,8 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from searchrl.trainer.generated_spans import MISSING, OUTSIDE, UNRECORDED
 
 _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
 _NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
@@ -38,6 +43,7 @@ COLUMNS = {
     "grad_norm": ("grad norm", "actor/grad_norm", "{:.3g}"),
     "sync_diff": ("sync max prob diff", "training/rollout_probs_diff_max", "{:.2g}"),
     "obs_in_loss": ("observation tokens in loss", "loss/observation_tokens_in_loss", "{:.0f}"),
+    "mask_outside": ("mask 1 outside generated", OUTSIDE, "{:.0f}"),
     "wall_s": ("wall s", "timing_s/step", "{:.1f}"),
 }
 # Executed search calls (scripted and model-written) and the tool-response tokens the mask check looked at.
@@ -152,15 +158,40 @@ def _missing(row: StepRow, key: str, why: str) -> str:
     return f"step {row.step}: verl logged no {key}, so {why} is unchecked"
 
 
+# the mask invariant's counts (trainer/generated_spans.py), each with what a non-zero count means
+_INVARIANT = (
+    (OUTSIDE, "loss-mask tokens outside what the rollout server generated (environment text is trained on)"),
+    (MISSING, "generated tokens with loss mask 0 (the policy's own samples are left out of the loss)"),
+    (
+        UNRECORDED,
+        "trajectories without the agent loop's record of generated tokens, so their mask is unchecked "
+        "(rollout.agent.default_agent_loop must be searchrl_tool_agent)",
+    ),
+)
+
+
+def invariant_problems(row: StepRow) -> list[str]:
+    """The mask invariant of one step: mask 1 exactly on the server-generated tokens; a missing count fails."""
+    problems = []
+    for key, meaning in _INVARIANT:
+        value = row.metrics.get(key, math.nan)
+        if math.isnan(value):
+            problems.append(_missing(row, key, "the mask invariant"))
+        elif value != 0:
+            problems.append(f"step {row.step}: {value:.0f} {meaning}")
+    return problems
+
+
 def mask_problems(row: StepRow) -> list[str]:
     """The loss-mask checks of one step, on every engine: no tool-response token in the loss, and some tool-response
-    token seen wherever the step searched (else a template that never writes `<tool_response>` passes vacuously).
-    A missing metric is a problem, never a pass: the check that would have caught the bug did not run."""
+    token seen wherever the step searched (else a template that never writes `<tool_response>` passes vacuously);
+    then the invariant from the agent loop's record (`invariant_problems`). A missing metric is a problem, never
+    a pass: the check that would have caught the bug did not run."""
     in_loss = row.metrics.get(COLUMNS["obs_in_loss"][1], math.nan)
     calls = row.metrics.get(ALL_CALLS, math.nan)
     seen = row.metrics.get(OBSERVATION_TOKENS, math.nan)
     if math.isnan(in_loss):
-        return [_missing(row, COLUMNS["obs_in_loss"][1], "the loss mask")]
+        return [_missing(row, COLUMNS["obs_in_loss"][1], "the loss mask"), *invariant_problems(row)]
     problems = []
     if in_loss != 0:
         problems.append(
@@ -174,7 +205,7 @@ def mask_problems(row: StepRow) -> list[str]:
         problems.append(
             f"step {row.step}: searched but no tool-response token was found to check the mask on"
         )
-    return problems
+    return problems + invariant_problems(row)
 
 
 def gpu_step_problems(row: StepRow) -> tuple[list[str], list[str]]:
@@ -204,6 +235,7 @@ __all__ = [
     "PROB_DIFF_MEAN_FAIL",
     "PROB_DIFF_MEAN_WARN",
     "gpu_step_problems",
+    "invariant_problems",
     "mask_problems",
     "COLUMNS",
     "SYNC_MAX_PROB_DIFF",

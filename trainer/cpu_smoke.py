@@ -175,13 +175,15 @@ def run_main_ppo(
 ) -> tuple[int, str]:
     """verl's trainer in a subprocess, the CPU plugin in its environment (Ray workers inherit it).
 
-    Its output goes to `log_path` as it comes; each step line verl prints is shown at once (one short line: a CPU
-    run's steps otherwise sit silent in the log for minutes) and handed to `on_step`; the first step with a problem
+    Its output goes to `log_path` as it comes; each phase of verl's start-up and each slow rollout batch gets one
+    line (trainer/verl_progress.py), each step line verl prints is shown at once (one short line: a CPU run's
+    steps otherwise sit silent in the log for minutes) and handed to `on_step`; the first step with a problem
     stops verl there (trainer/launch.py `stop_process`) and raises SmokeCheckError: a broken run costs a start-up and the
     steps up to the broken one, not the whole run.
     """
     from searchrl.trainer.cpu_plugin import ENV
     from searchrl.trainer.launch import stop_process
+    from searchrl.trainer.verl_progress import StartupProgress
 
     env = {**os.environ, **ENV, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,10 +205,14 @@ def run_main_ppo(
 
     timer = threading.Timer(timeout_s, expire)
     timer.start()
+    progress = StartupProgress()
     try:
         with open(log_path, "w", encoding="utf-8") as out:
             for line in proc.stdout:
                 out.write(line)
+                phase = progress.line(line)
+                if phase is not None:
+                    log.info("%s%s", f"{label}: " if label else "", phase)
                 for row in parse_steps(line, label):
                     out.flush()
                     log.info("%s", step_summary(row))

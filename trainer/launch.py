@@ -1,7 +1,8 @@
 """`make train-local` / `searchrl train local`: train a search agent on this machine's GPUs.
 
 Steps, each of which stops with a one-line `error: ...` when it cannot go on:
-  1. GPU check: verl needs NVIDIA GPUs (no CPU rollout exists); without them we stop before touching anything.
+  1. GPU check: verl needs NVIDIA GPUs (it ships no CPU rollout; `searchrl train cpu` brings its own for the CPU
+     runs); without them we stop before touching anything.
   2. Stack check: the NVIDIA driver is new enough for the CUDA in the lock this environment was installed from
      (trainer/lock.py); with FLASH_ATTN=1 (the default) flash-attn 2's CUDA extension and varlen function import
      (trainer/stack_check.py).
@@ -18,8 +19,10 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   8. Record: the overrides, the resolved settings (no secrets) and the service's corpus checksum and index
      fingerprint go into <run>/searchrl/, like nanoGPT keeps its config inside the checkpoint.
   9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours, except that a
-     step line failing a check (tool responses in the loss, verl's rollout/actor limit, a missing check metric)
-     stops verl there with one line. SMOKE=1 then checks the run (trainer/smoke.py): a search happened, a
+     step line failing a check (tool responses in the loss, a search with no tool-response token seen, verl's
+     rollout/actor limit, a missing check metric) stops verl there with one line, and with ROLLOUT=vllm a weight
+     fingerprint that differs from the trainer's fails inside verl at the sync (trainer/vllm_sync.py; sglang
+     runs without it). SMOKE=1 then checks the run (trainer/smoke.py): a search happened, a
      checkpoint was written, merged, and loads.
 """
 
@@ -260,7 +263,9 @@ def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
     """verl in the foreground, its output passed through; each step line is also appended to `steps_log` and
     checked as it arrives (trainer/cpu_report.py `gpu_step_problems`). A warning is logged at once; the first
     failure stops verl at that step and raises StepCheckError: a GPU run never trains on past tool responses in its
-    loss, a stale rollout or a check that did not run."""
+    loss or a check that did not run. A stale rollout is not what stops it here: the mean probability difference
+    cannot see one in bf16 (docs/training.md); the weight fingerprint does, inside verl at the sync (hf and vLLM
+    rollouts, trainer/vllm_sync.py; not sglang)."""
     from searchrl.trainer.cpu_report import gpu_step_problems, parse_steps
 
     log.info("starting verl: %s -m verl.trainer.main_ppo (%d overrides)", cmd[0], len(cmd) - 3)

@@ -4,13 +4,14 @@ Run: `searchrl train overrides` prints them one per line (`mapfile -t ARGS < <(s
 tests/trainer/test_overrides.py composes them with verl's own `ppo_trainer` config, so a misspelled key fails a
 test instead of a GPU job. The ones that decide whether the model ever searches (../shared/DESIGN.md section 3):
 `rollout.name=sglang|vllm`, `multi_turn.enable=True`, `multi_turn.format=hermes`, `multi_turn.tool_config_path`,
-`agent.default_agent_loop=tool_agent`, `max_tool_response_length` sized to top-k passages (verl's default 256
+`agent.default_agent_loop=searchrl_tool_agent` (verl's ToolAgentLoop plus the record of what the rollout server
+generated, trainer/agent_loop.py), `max_tool_response_length` sized to top-k passages (verl's default 256
 characters would cut every observation to a stub), and `data.return_raw_chat=True`. Resume needs
 `resume_mode=auto`, `save_freq>0`, `max_actor_ckpt_to_keep>=2` and a per-experiment `default_local_dir`.
 `trainer.total_epochs` comes from the train rows (TrainSettings.epochs_for), because verl stops at
 epochs x steps-per-epoch whatever `total_training_steps` says. Keys verl's config does not declare are added
-with hydra's `+` (the attention override, the reward function's kwargs, the vLLM weight-sync plugin that every
-Ray process imports).
+with hydra's `+` (the attention override, the reward function's kwargs, the modules every Ray process imports:
+our agent loop, and on vLLM the weight-sync plugin).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ TRAINER_MODE = "sync"
 # Its replay buffer plus a stop on failed rollout groups and per-step search metrics (trainer/sampler.py).
 SAMPLER_PATH = "pkg://searchrl.trainer.sampler"
 SAMPLER_NAME = "SearchReplayBuffer"
-# The exact weight-sync check on vLLM (trainer/vllm_sync.py), imported by every Ray process at `import verl`.
+# Modules every Ray process imports at `import verl` (comma-separated, verl/__init__.py): our agent loop, which
+# registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/agent_loop.py), and on vLLM
+# the exact weight-sync check (trainer/vllm_sync.py).
+AGENT_LOOP_PLUGIN = "searchrl.trainer.agent_loop"
 VLLM_SYNC_PLUGIN = "searchrl.trainer.vllm_sync"
 VLLM_SYNC_KEY = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
 
@@ -174,9 +178,9 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
     ]
     if s.rollout_data_dir is not None:
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
-    if s.rollout_name == "vllm":
-        # the workers fingerprint their weights after every sync and the trainer compares (trainer/vllm_sync.py)
-        pairs.append((VLLM_SYNC_KEY, VLLM_SYNC_PLUGIN))
+    # vLLM: the workers fingerprint their weights after every sync and the trainer compares (trainer/vllm_sync.py)
+    plugins = [AGENT_LOOP_PLUGIN, *([VLLM_SYNC_PLUGIN] if s.rollout_name == "vllm" else [])]
+    pairs.append((VLLM_SYNC_KEY, ",".join(plugins)))
     if s.chat_template == "searchrl":
         # verl's agent loop renders every prompt with it (trainer/template.py checked it fits the tokenizer)
         pairs.append(("actor_rollout_ref.model.custom_chat_template", CHATML_HERMES_TEMPLATE))
@@ -202,6 +206,7 @@ def verl_command(overrides: Sequence[str], python: str = "python") -> list[str]:
 
 
 __all__ = [
+    "AGENT_LOOP_PLUGIN",
     "REWARD_FN_NAME",
     "REWARD_FN_PATH",
     "SAMPLER_NAME",

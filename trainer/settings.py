@@ -131,9 +131,9 @@ class TrainSettings(StrictSettings):
     # cheaper ESTIMATED step of padded and packed (trainer/step_cost.py choose_packing, printed by the launch plan);
     # on/off force it. flash-attn always packs.
     remove_padding: Literal["auto", "on", "off"] = "auto"
-    # verl's agent loop for every row (the parquet's agent_name and rollout.agent.default_agent_loop); the CPU runs
-    # name theirs, whose scripted first turn is environment (trainer/agent_loop.py)
-    agent_loop: str = Field(default="tool_agent", pattern=r"^[A-Za-z0-9_]+$")
+    # verl's agent loop for every row (the parquet's agent_name and rollout.agent.default_agent_loop): ours, verl's
+    # ToolAgentLoop recording the tokens the server generated for the mask invariant (trainer/agent_loop.py)
+    agent_loop: str = Field(default="searchrl_tool_agent", pattern=r"^[A-Za-z0-9_]+$")
     rollout_tp: int = Field(default=1, ge=1)  # tensor parallel size of the rollout engine
     gpu_memory_utilization: float = Field(default=0.6, gt=0, lt=1)  # KV-cache share of rollout GPU memory
     nnodes: int = Field(default=1, ge=1, validation_alias=_alias("NUM_NODES", "nnodes"))

@@ -7,8 +7,10 @@ So after verl returns, `searchrl train local` with SMOKE=1 checks, and fails wit
   2. a checkpoint was written for the last step (verl's `latest_checkpointed_iteration.txt`);
   3. verl's merger turns it into a Hugging Face folder, and that folder loads with transformers (trainer/merge.py);
   4. every step verl logged (<run>/searchrl/steps.log, kept by `searchrl train local`) is within verl's FAQ limit
-     for the rollout/actor probability difference (mean < 0.01; above 0.005 a warning) and trained on no
-     tool-response token (trainer/cpu_report.py `gpu_step_problems`).
+     for the rollout/actor probability difference (mean < 0.01; above 0.005 a warning), trained on no
+     tool-response token, saw one where it searched, and logged every figure these need (trainer/cpu_report.py
+     `gpu_step_problems`). The mean difference is no weight-sync check in bf16; the fingerprint is, inside verl
+     (trainer/vllm_sync.py, vLLM only; not sglang).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,11 @@ import torch
 from verl.utils.reward_score import search_r1_like_qa_em as verl_em
 
 from searchrl.cli import main
-from searchrl.infer.agent import AgentConfig, SearchAgent
+from searchrl.infer.agent import AgentConfig, SearchAgent, run_questions
+from searchrl.infer.engine import open_engine
 from searchrl.infer.llm import ChatRenderer, Sampling
 from searchrl.infer.local import LocalLLM
+from searchrl.infer.settings import InferSettings
 from searchrl.prompt import build_messages
 from searchrl.rollout import RolloutSpec, training_tool_schemas
 from tests.conftest import TINY_QA
@@ -60,6 +64,49 @@ def test_local_agent_runs_an_episode(tiny_model_dir: Path) -> None:
     ep = asyncio.run(agent.run(QUESTION))
     assert ep.turns == 1 and ep.searches == 0 and 0 < ep.completion_tokens <= 8
     assert ep.response.startswith(ep.transcript[-1]["content"])
+
+
+def test_the_bar_shows_tokens_and_tokens_per_s_while_a_question_is_still_running(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local CPU eval sat at 0/3 for 10 minutes (issue 39): the bar counted questions only."""
+    llm = LocalLLM.from_pretrained(str(tiny_model_dir), device="cpu", threads=1)
+    agent = SearchAgent(
+        llm,
+        None,
+        AgentConfig(search=False, rollout=RolloutSpec(max_tokens_per_turn=300)),
+        ChatRenderer(llm.tokenizer),
+    )
+    (ep,) = asyncio.run(run_questions(agent, [QUESTION], concurrency=1, refresh_s=0.02))
+    assert ep.completion_tokens > 100, "the random model ran on"
+    # the bar's frames while the question was still at 0/1 carry a growing token count and a rate
+    shown = [
+        int(n.replace(",", ""))
+        for n in re.findall(r"0/1 \[[^\]]*?, ([\d,]+) tokens, \d+\.\d tok/s\]", capsys.readouterr().err)
+    ]
+    assert shown and max(shown) > 0 and shown == sorted(shown)
+    assert max(shown) <= ep.completion_tokens + 1  # + the EOS a row may end with
+    # the live count is the tokens generate() made, counted per step: it adds up to the engine's total
+    assert llm.tokens_generated() == llm.stats.generated_tokens >= ep.completion_tokens
+
+
+def test_a_local_cpu_eval_says_its_turn_budget_and_how_to_cap_it(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SmolLM2 rambles to the 4,096-token budget: the run says so before the first question, and the flag."""
+    caplog.set_level(logging.INFO, logger="searchrl.infer.engine")
+    for extra, says in [
+        ({}, "up to 4,096 tokens (what is left of --max-response-tokens 4096; no --max-tokens-per-turn)"),
+        ({"max_tokens_per_turn": 64}, "up to 64 tokens (--max-tokens-per-turn 64)"),
+    ]:
+        caplog.clear()
+        settings = InferSettings(
+            engine="local", model=str(tiny_model_dir), device="cpu", search=False, **extra
+        )
+        llm, _ = asyncio.run(open_engine(settings))
+        asyncio.run(llm.aclose())
+        (line,) = [r.getMessage() for r in caplog.records if "local engine on CPU" in r.getMessage()]
+        assert says in line and "cap it with --max-tokens-per-turn N" in line
 
 
 @pytest.mark.live

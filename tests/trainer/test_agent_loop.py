@@ -89,9 +89,10 @@ async def _run_loop(
     cfg: Any, tokenizer: Any, row: dict[str, Any], replies: list[str], calls: list[dict], loop_cls: Any = None
 ):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
     from verl.tools.tool_registry import load_all_tools
     from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop
 
     # verl's own loader builds our tool from the YAML that trainer/toolconfig.py wrote.
     tools = load_all_tools(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path, None)
@@ -104,7 +105,7 @@ async def _run_loop(
 
     tool.execute = spy
     server = ScriptedServer(tokenizer, replies)
-    loop = (loop_cls or ToolAgentLoop)(
+    loop = (loop_cls or SearchToolAgentLoop)(  # every run's loop: verl's ToolAgentLoop plus its record
         trainer_config=DictConfigWrap(cfg),
         server_manager=server,
         tokenizer=tokenizer,
@@ -162,14 +163,16 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     cfg = compose(render_overrides(settings))
     assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).multi_turn.enable
     row = _dataset_row(settings, cfg, tok, tmp_path)
-    assert row["agent_name"] == "tool_agent"
+    assert row["agent_name"] == "searchrl_tool_agent"  # a GPU run's loop: ours, no scripted turn
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.generated_spans import SPANS, parse_spans, span_step_metrics
 
     async def both():
         results = {}
         for name, final in (("right", RIGHT), ("wrong", WRONG)):
             calls: list[dict] = []
             replies = [tool_call_text(SEVENTH_SEAL_QUESTION), f"{THINK_ANSWER}\n{final}"]
-            output, server = await _run_loop(cfg, tok, row, replies, calls)
+            output, server = await _run_loop(cfg, tok, row, replies, calls, SearchToolAgentLoop)
             results[name] = (output, server, calls, await _reward(cfg, tok, row, output))
         return results
 
@@ -202,6 +205,10 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     # The response is one contiguous story: model turn, observation, model turn.
     changes = np.flatnonzero(np.diff(mask)).size
     assert changes == 2 and mask[0] == 1 and mask[-1] == 1
+    # the loop recorded both generated turns, and mask 1 falls exactly on them
+    spans = parse_spans(output.extra_fields[SPANS])
+    assert len(spans) == 2 and [i for s, e in spans for i in range(s, e)] == np.flatnonzero(mask).tolist()
+    assert set(span_step_metrics([(output.extra_fields, mask.tolist())]).values()) == {0.0}
 
     # verl's reward manager, loading our reward via pkg://searchrl.trainer.reward: EM 1.0, with F1/format/search metrics.
     assert reward["reward_score"] == 1.0
@@ -268,6 +275,16 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
     tokens in it, and counts them all when the observations-in-loss sabotage is on."""
     from searchrl.trainer import sabotage
     from searchrl.trainer.agent_loop import SearchToolAgentLoop, scripted_tool_call
+    from searchrl.trainer.generated_spans import (
+        LAST_TURN,
+        MISSING,
+        OUTSIDE,
+        SPANS,
+        TOOL_RESPONSES,
+        UNRECORDED,
+        parse_spans,
+        span_step_metrics,
+    )
     from searchrl.trainer.masks import mask_step_metrics
     from searchrl.trainer.metrics import search_step_metrics
 
@@ -289,10 +306,18 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
     ids, mask = np.array(output.response_ids), np.array(output.response_mask)
     metrics = mask_step_metrics([(tok.convert_ids_to_tokens(ids.tolist()), mask.tolist())])
     assert metrics["loss/observation_tokens"] > 20
+    # the record of what the server generated: one span, the model's own turn, at the end of the response
+    spans = parse_spans(output.extra_fields[SPANS])
+    assert spans == [(len(ids) - len(tok.encode(reply + "<|im_end|>", add_special_tokens=False)), len(ids))]
+    assert output.extra_fields[LAST_TURN] == reply and output.extra_fields[TOOL_RESPONSES] == 1
+    invariant = span_step_metrics([(output.extra_fields, mask.tolist())])
     if sabotaged:
         assert metrics["loss/observation_tokens_in_loss"] == metrics["loss/observation_tokens"]
+        # the invariant catches it too, without reading the text: every tool-turn token is off the record
+        assert invariant[OUTSIDE] >= metrics["loss/observation_tokens"] and invariant[MISSING] == 0
         return
     assert metrics["loss/observation_tokens_in_loss"] == 0
+    assert invariant == {OUTSIDE: 0.0, MISSING: 0.0, UNRECORDED: 0.0}
     assert tok.decode(ids[mask == 1].tolist()) == reply + "<|im_end|>"
     assert scripted_tool_call(SEVENTH_SEAL_QUESTION) in tok.decode(ids[mask == 0].tolist())
     steps = search_step_metrics([output.extra_fields])
@@ -301,3 +326,65 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
         and steps["search/scripted_calls"] == 1
         and steps["search/model_calls"] == 0
     )
+
+
+def _old_own_turn(solution_str: str) -> str:
+    """trainer/learn_task.py's own turn before issue 39: the text after the last `</tool_response>`."""
+    import re
+
+    return re.sub(r"^\s*assistant\s*", "", solution_str.rpartition("</tool_response>")[2], count=1)
+
+
+def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_path(
+    tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample
+):
+    """Issue 39 item 4, through verl's own reward manager (which merges the loop's extra_fields into extra_info):
+    the normal trajectory scores as before; a made-up `<tool_response>` block in the model's turn no longer hides
+    the text before it; a tool response verl drops for overrunning response_length scores 0, where the old split
+    scored the scripted call."""
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.generated_spans import LAST_TURN, SPANS, TOOL_RESPONSES
+    from searchrl.trainer.learn_task import answer_char_share
+    from searchrl.trainer.overrides import merge_overrides
+
+    tok = offline_tokenizer
+    settings = _settings(tmp_path, qa_sample, live_bm25_url).model_copy(
+        update={"agent_loop": "searchrl_tool_agent"}
+    )
+    prepare_data(settings)
+    write_tool_config(settings)
+    learn = [
+        "reward.custom_reward_function.path=pkg://searchrl.trainer.learn_task",
+        "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True",
+    ]
+    cfg = compose(merge_overrides(render_overrides(settings), learn))
+    short = compose(merge_overrides(render_overrides(settings), [*learn, "data.max_response_length=64"]))
+    row = _dataset_row(settings, cfg, tok, tmp_path)
+    answers = ["Ingmar Bergman"]
+    plain, invented = "bbb xx ingmar", "bbb ingmar <tool_response>\nzz\n</tool_response> xx"
+
+    async def run(config: Any, reply: str) -> tuple[Any, dict[str, Any], str, list[dict]]:
+        calls: list[dict] = []
+        output, _ = await _run_loop(config, tok, row, [reply], calls, SearchToolAgentLoop)
+        scored = await _reward(config, tok, row, output)
+        return output, scored, tok.decode(output.response_ids, skip_special_tokens=True), calls
+
+    async def all_three():
+        return [await run(cfg, plain), await run(cfg, invented), await run(short, plain)]
+
+    (out1, r1, text1, _), (out2, r2, text2, _), (out3, r3, text3, calls3) = asyncio.run(all_three())
+
+    # the normal case: the recorded turn is the text the old split found, so the learning run's calibration holds
+    assert out1.extra_fields[LAST_TURN] == plain and out1.extra_fields[TOOL_RESPONSES] == 1
+    assert _old_own_turn(text1).strip() == plain
+    assert answer_char_share(plain, answers) > 0
+    assert r1["reward_score"] == pytest.approx(answer_char_share(plain, answers))
+    # a block the model made up: the whole turn is scored, not only its tail
+    assert out2.extra_fields[LAST_TURN] == invented
+    assert r2["reward_score"] == pytest.approx(answer_char_share(invented, answers))
+    assert _old_own_turn(text2).strip() == "xx"  # what the old split scored
+    # the tool response overran response_length and verl dropped it: no own turn, score 0
+    assert calls3 == [{"query_list": [SEVENTH_SEAL_QUESTION]}] and "<tool_response>" not in text3
+    assert out3.extra_fields[TOOL_RESPONSES] == 0 and out3.extra_fields[SPANS] == ""
+    assert r3["reward_score"] == 0.0
+    assert answer_char_share(_old_own_turn(text3), answers) > 0  # the old split scored the scripted call

@@ -32,7 +32,7 @@ def test_fixture_rows_become_verl_rows(tmp_path, qa_sample):
     assert (result.train_rows, result.test_rows) == (20, 4)
     rows = pd.concat([pd.read_parquet(result.train_file), pd.read_parquet(result.test_file)])
     assert len(rows) == 24
-    assert set(rows["agent_name"]) == {"tool_agent"}
+    assert set(rows["agent_name"]) == {"searchrl_tool_agent"}
     assert {"searchR1_nq", "searchR1_hotpotqa", "searchR1_mywiki"} <= set(rows["data_source"])
     assert all(s.startswith("searchR1_") for s in rows["data_source"])
     first = rows.iloc[0]
@@ -201,7 +201,7 @@ def test_verl_rlhf_dataset_reads_what_the_loop_needs(tmp_path, qa_sample, offlin
     row = dataset[0]
     question = row["extra_info"]["question"]
     assert row["raw_prompt"] == build_messages(question)
-    assert row["agent_name"] == "tool_agent"
+    assert row["agent_name"] == "searchrl_tool_agent"
     assert row["data_source"].startswith("searchR1_")
     assert row["tools_kwargs"] == {
         "search": {"create_kwargs": {"question": question, "data_source": row["data_source"]}}
@@ -210,5 +210,5 @@ def test_verl_rlhf_dataset_reads_what_the_loop_needs(tmp_path, qa_sample, offlin
     assert list(row["reward_model"]["ground_truth"]["target"])
 
     batch = collate_fn([dataset[i] for i in range(4)])
-    assert list(batch["agent_name"]) == ["tool_agent"] * 4
+    assert list(batch["agent_name"]) == ["searchrl_tool_agent"] * 4
     assert batch["raw_prompt"].shape == (4,)

@@ -15,8 +15,9 @@ import torch
 
 from searchrl.errors import ConfigError
 from searchrl.trainer import sabotage
-from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line, summarize
+from searchrl.trainer.cpu_learn import MIN_VARYING, WINDOW, LearnRun, count_updates, learned_line, summarize
 from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, gpu_step_problems, sync_and_mask_problems
+from searchrl.trainer.generated_spans import LAST_TURN, TOOL_RESPONSES
 from searchrl.trainer.hf_rollout import (
     BATCH_PATTERN,
     UPDATE_LINE,
@@ -108,14 +109,21 @@ def test_the_spans_are_found_in_a_real_tokenizers_token_strings(offline_tokenize
 # ---- the learning reward -------------------------------------------------------------------------------------
 
 
-def test_the_learning_reward_scores_only_the_models_own_last_turn():
+def test_the_learning_reward_scores_the_recorded_own_turn_and_refuses_a_trajectory_without_one():
     solution = '<tool_call>{"q": 1}</tool_call>\n<tool_response>\nzzzz\n</tool_response>\nassistant\nbbb xx'
-    assert own_turn(solution) == "bbb xx"
+    record = {LAST_TURN: "bbb xx", TOOL_RESPONSES: 1}
+    assert own_turn(record) == "bbb xx"
+    assert (
+        own_turn({LAST_TURN: "bbb xx", TOOL_RESPONSES: 0}) == ""
+    )  # no tool response reached it: nothing to score
     assert answer_char_share("bbb xx", ["Bob"]) == pytest.approx(3 / 5)
     assert answer_char_share("", ["Bob"]) == 0.0 and answer_char_share("abc", []) == 0.0
-    out = compute_score("dev", solution, {"target": ["Bob"]}, {"search_calls": 1, "search_failures": 0})
+    info = {"search_calls": 1, "search_failures": 0, **record}
+    out = compute_score("dev", solution, {"target": ["Bob"]}, info)
     assert out["score"] == out["answer_char_share"] == pytest.approx(3 / 5)
     assert out["em"] == 0.0 and out["search_calls"] == 1.0  # the production reward's keys are all there
+    with pytest.raises(ValueError, match="not run by searchrl_tool_agent"):
+        compute_score("dev", solution, {"target": ["Bob"]}, {"search_calls": 1, "search_failures": 0})
 
 
 # ---- the rollout engine --------------------------------------------------------------------------------------
@@ -342,6 +350,9 @@ def _row(step: int, run: str = "1", **values: float) -> StepRow:
         "training/rollout_probs_diff_max": 1e-7,
         "loss/observation_tokens_in_loss": 0.0,
         "loss/observation_tokens": 900.0,
+        "loss/mask_outside_generated": 0.0,
+        "loss/mask_missing_in_generated": 0.0,
+        "loss/unrecorded_trajectories": 0.0,
         "critic/score/mean": 0.3,
         "critic/score/max": 0.6,
         "critic/score/min": 0.1,
@@ -367,6 +378,22 @@ def test_sync_and_mask_checks_name_what_broke():
     assert "no tool-response token was found" in blind[0]
 
 
+def test_the_mask_invariant_fails_a_step_on_each_count_and_on_a_missing_one():
+    """Issue 39 item 3: mask 1 off the generated tokens, mask 0 on them, and an unrecorded trajectory each fail."""
+    assert sync_and_mask_problems(_row(1, loss__mask_outside_generated=12.0)) == [
+        "step 1: 12 loss-mask tokens outside what the rollout server generated (environment text is trained on)"
+    ]
+    assert sync_and_mask_problems(_row(1, loss__mask_missing_in_generated=3.0)) == [
+        "step 1: 3 generated tokens with loss mask 0 (the policy's own samples are left out of the loss)"
+    ]
+    (unrecorded,) = sync_and_mask_problems(_row(1, loss__unrecorded_trajectories=16.0))
+    assert unrecorded.startswith("step 1: 16 trajectories without the agent loop's record")
+    for key in ("loss/mask_outside_generated", "loss/unrecorded_trajectories"):
+        assert sync_and_mask_problems(_without(_row(1), key)) == [
+            f"step 1: verl logged no {key}, so the mask invariant is unchecked"
+        ]
+
+
 def _without(row: StepRow, key: str) -> StepRow:
     return StepRow(row.step, row.run, {k: v for k, v in row.metrics.items() if k != key})
 
@@ -387,6 +414,9 @@ def test_gpu_step_checks_fail_on_a_missing_metric_and_warn_only_in_verls_band():
         ("loss/observation_tokens_in_loss", "the loss mask"),
         ("loss/observation_tokens", "the loss mask"),
         ("search/calls", "the loss mask"),
+        ("loss/mask_outside_generated", "the mask invariant"),
+        ("loss/mask_missing_in_generated", "the mask invariant"),
+        ("loss/unrecorded_trajectories", "the mask invariant"),
     ]:
         failures, _ = gpu_step_problems(_without(ok, key))
         assert failures == [f"step 1: verl logged no {key}, so {what} is unchecked"] or (
@@ -472,8 +502,8 @@ def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_colla
     ]
     assert collapsed.last_epoch_varying() == 0.0
     assert collapsed.problems(steps=20) == [
-        "the policy collapsed: 0.00 of the last epoch's groups scored differently (needs 0.50; a group that scores "
-        "alike has no advantage and no gradient)"
+        f"the policy collapsed: 0.00 of the last epoch's groups scored differently (needs {MIN_VARYING:.2f}; a group "
+        "that scores alike has no advantage and no gradient)"
     ]
 
 
@@ -488,3 +518,34 @@ def test_the_error_line_names_each_failed_check_once():
         "step 2: sync max prob diff 0.002 above 1e-04 (stale) (and 1 more steps); "
         "step 4: observation tokens in loss 40 (trained on); reward did not rise: 0.491 -> 0.497 (needs +0.10)"
     )
+
+
+# ---- the probe -------------------------------------------------------------------------------------------------
+
+
+def test_the_probe_gives_the_end_of_turn_token_and_other_special_tokens_no_characters(tmp_path):
+    """Issue 39 item 4: `<|im_end|>` ends the turn empty (reward 0) instead of scoring the letters of its name, and
+    other special tokens carry no characters. A model whose final norm is zeroed predicts every token alike, so
+    the probe is the plain mean of the per-token rewards, checked against that rule exactly."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from searchrl.trainer.cpu_learn import probe_score, token_rewards
+    from searchrl.trainer.tiny_model import write_tiny_model
+
+    model_dir = write_tiny_model(
+        tmp_path / "m", ["Mike and Emma met at the time of the mime."], vocab_size=300
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()  # hidden state 0: uniform next-token distribution
+    model.save_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    answers = ["Mike"]
+    rewards = token_rewards(tokenizer, answers)
+    eos = tokenizer.eos_token_id
+    assert tokenizer.decode([eos]) == "<|im_end|>" and rewards[eos] == 0.0
+    specials = [t for t in tokenizer.all_special_ids if t != eos]
+    assert specials and all(math.isnan(rewards[t]) for t in specials)
+    kept = [r for r in rewards if not math.isnan(r)]
+    ids = tokenizer.encode("the time", add_special_tokens=False)
+    assert probe_score(model_dir, [(ids, answers)]) == pytest.approx(sum(kept) / len(kept), abs=1e-6)

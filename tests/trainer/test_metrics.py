@@ -133,10 +133,10 @@ def test_search_metrics_arrive_in_verls_step_log(
         partition_id="train",
         tags=[{}, {}, {"is_padding": True}],
     )
-    asked = {}
+    asked: list[dict] = []
 
     def kv_batch_get(keys, partition_id, select_fields):
-        asked.update(keys=keys, partition_id=partition_id, select_fields=select_fields)
+        asked.append({"keys": keys, "partition_id": partition_id, "select_fields": select_fields})
         return stored.select(*select_fields)
 
     def verl_sample(self, global_steps, partition_id, batch_size):
@@ -148,7 +148,13 @@ def test_search_metrics_arrive_in_verls_step_log(
     got, metrics = buffer.sample(global_steps=7, partition_id="train", batch_size=2)
 
     assert got is batch
-    assert asked == {"keys": batch.keys, "partition_id": "train", "select_fields": ["extra_fields"]}
+    assert asked == [
+        {"keys": batch.keys, "partition_id": "train", "select_fields": fields}
+        for fields in (["extra_fields"], ["responses", "response_mask"])
+    ]
+    # the mask invariant, from what verl stored: both trajectories recorded, mask 1 exactly on the generated turns
+    assert metrics["loss/mask_outside_generated"] == metrics["loss/mask_missing_in_generated"] == 0
+    assert metrics["loss/unrecorded_trajectories"] == 0
     assert metrics["training/eviction_marker"] == 7  # verl's own metrics are still there
     assert metrics["search/trajectories"] == 2
     assert metrics["search/calls"] == 2  # the padding row is not counted

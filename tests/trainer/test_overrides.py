@@ -37,7 +37,9 @@ def test_defaults_compose_into_a_search_agent_grpo_run(compose, tmp_path):
     assert rollout.multi_turn.enable is True
     assert rollout.multi_turn.format == "hermes"
     assert rollout.multi_turn.tool_config_path == str((tmp_path / "data" / "search_tool.yaml").resolve())
-    assert rollout.agent.default_agent_loop == "tool_agent"
+    assert (
+        rollout.agent.default_agent_loop == "searchrl_tool_agent"
+    )  # ours: it records what the server generated
     assert cfg.data.return_raw_chat is True
     assert cfg.data.tool_config_path == rollout.multi_turn.tool_config_path  # the dataset sees the same tools
     # Observations fit: 3 passages of 800 characters each plus framing, far above verl's 256 default.
@@ -342,3 +344,29 @@ def test_multi_node_shards_inside_a_node_and_syncs_once_per_mini_batch(compose, 
         actor.fsdp_config.fsdp_size == 8 and actor.fsdp_config.use_no_sync_for_gradient_accumulation is True
     )
     assert cfg.actor_rollout_ref.ref.fsdp_config.fsdp_size == 8  # the reference model too (forward only)
+
+
+@pytest.mark.parametrize("rollout_name", ["vllm", "sglang"])
+def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollout_name):
+    """The rows and default_agent_loop name `searchrl_tool_agent`; verl's agent-loop workers find it only if the
+    module registering it was imported there. The run's VERL_USE_EXTERNAL_MODULES, given to a fresh Python that
+    imports verl (as each Ray process does), registers it, with the class verl instantiates."""
+    import subprocess
+    import sys
+
+    line = next(
+        o
+        for o in render_overrides(TrainSettings(data_dir=tmp_path, rollout_name=rollout_name))
+        if o.startswith(VLLM_SYNC_KEY)
+    )
+    value = line.split("=", 1)[1].strip("'")
+    probe = (
+        "import verl\n"
+        "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r\n"
+        "print(r['searchrl_tool_agent']['_target_'])"
+    )
+    env = {**__import__("os").environ, "VERL_USE_EXTERNAL_MODULES": value}
+    env.pop("VERL_PLATFORM", None)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "searchrl.trainer.agent_loop.SearchToolAgentLoop"

@@ -19,6 +19,11 @@ from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.smoke import check_smoke_run, count_searches
 from tests.trainer.test_merge import _write_fsdp_checkpoints
 
+# the mask invariant's counts (trainer/generated_spans.py), all 0, as a healthy step logs them
+INVARIANT_OK = (
+    "loss/mask_outside_generated:0.0 - loss/mask_missing_in_generated:0.0 - loss/unrecorded_trajectories:0.0"
+)
+
 
 def _dump_rollouts(rollout_dir: Path, step: int, searches: list[tuple[int, int]]) -> None:
     """verl's own dump of one step: one row per trajectory with our reward's extra info."""
@@ -66,6 +71,7 @@ def _train_like_verl(
             out.write(
                 f"(TaskRunnerV1 pid=1) step:{step} - training/rollout_probs_diff_mean:{prob_diff_mean} - "
                 "search/calls:3.0 - loss/observation_tokens:120.0 - loss/observation_tokens_in_loss:0.0 - "
+                f"{INVARIANT_OK} - "
                 "critic/score/mean:0.0\n"
             )
     _write_fsdp_checkpoints(run, tokenizer, [(last_step, 0)], version=2)
@@ -165,17 +171,21 @@ def test_the_rollout_actor_probability_gap_fails_or_warns_at_verls_faq_limits(
 
 # A stand-in for `python -m verl.trainer.main_ppo`, found first on PYTHONPATH: it prints verl's console step lines
 # (Ray's actor prefix included), a bad one at step 2, then would train on for 10 minutes.
-STANDIN_VERL = """
+STANDIN_VERL = (
+    """
 import os, signal, time
 open(PIDFILE, "w").write(str(os.getpid()))
 print("(TaskRunnerV1 pid=7) step:1 - training/rollout_probs_diff_mean:0.001 - search/calls:4.0 - "
-      "loss/observation_tokens:300.0 - loss/observation_tokens_in_loss:0.0 - critic/score/mean:0.1", flush=True)
+      "loss/observation_tokens:300.0 - loss/observation_tokens_in_loss:0.0 - critic/score/mean:0.1 - "
+      "INVARIANT", flush=True)
 print("(TaskRunnerV1 pid=7) step:2 - training/rollout_probs_diff_mean:0.001 - search/calls:4.0 - "
-      "loss/observation_tokens:300.0 - loss/observation_tokens_in_loss:12.0 - critic/score/mean:0.1", flush=True)
+      "loss/observation_tokens:300.0 - loss/observation_tokens_in_loss:12.0 - critic/score/mean:0.1 - "
+      "INVARIANT", flush=True)
 if IGNORE:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 time.sleep(600)
 """
+).replace("INVARIANT", INVARIANT_OK)
 
 
 def _standin_verl(root: Path, ignore_sigint: bool) -> Path:

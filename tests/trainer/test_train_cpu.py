@@ -25,8 +25,8 @@ STEP_LINE = (
     "search/model_calls:0.0 - search/scripted_calls:4.0 - "
     "search/failures:0.0 - actor/pg_loss:0.0 - actor/grad_norm:1.5e-05 - critic/score/mean:0.0 - "
     "critic/advantages/max:0.0 - training/rollout_probs_diff_max:1.2e-09 - loss/observation_tokens:300.0 - "
-    "loss/observation_tokens_in_loss:0.0 - "
-    "response_length/mean:375.0 - timing_s/step:7.0 - num_turns/mean:np.float64(4.0)"
+    "loss/observation_tokens_in_loss:0.0 - loss/mask_outside_generated:0.0 - loss/mask_missing_in_generated:0.0 - "
+    "loss/unrecorded_trajectories:0.0 - response_length/mean:375.0 - timing_s/step:7.0 - num_turns/mean:np.float64(4.0)"
 )
 
 
@@ -80,6 +80,49 @@ def test_a_cpu_run_stops_at_the_first_step_that_fails_its_check(tmp_path, caplog
     assert (tmp_path / "train.log").read_text().count(" step:") == 2
     code, text = run_main_ppo(_printing(ok, then_sleep_s=60), tmp_path / "slow.log", 2, None, "1")
     assert code == 124 and "step:1" in text
+
+
+# verl 0.9.1's start-up lines as the tiny learning run logged them (Ray's colour codes included), then our hf
+# rollout's: a fast batch (the tiny model) and a slow one (real weights on 2 cores)
+STARTUP_LINES = [
+    "2026-11-27 10:04:35,678\tINFO worker.py:2029 -- Started a local Ray instance. View the dashboard at "
+    "\x1b[1m\x1b[32mhttp://127.0.0.1:8265 \x1b[39m\x1b[22m",
+    "\x1b[36m(TaskRunnerV1 pid=9399)\x1b[0m INFO:2026-11-27 10:04:49,379:train and validate dataloader initialized, "
+    "train dataset size: 10, val dataset size: 2",
+    "\x1b[36m(WorkerDict pid=9599)\x1b[0m Qwen2ForCausalLM contains 148.93K parameters",
+    "\x1b[36m(WorkerDict pid=9599)\x1b[0m Qwen2ForCausalLM contains 148.93K parameters",
+    "\x1b[36m(TaskRunnerV1 pid=9399)\x1b[0m INFO:2026-11-27 10:04:57,993:actor and ref model engine initialized",
+    "\x1b[36m(TaskRunnerV1 pid=9399)\x1b[0m INFO:2026-11-27 10:05:04,595:all initialize finished, ready to fit",
+    "\x1b[36m(HFGenerateServer pid=9650)\x1b[0m searchrl-hf-rollout: weight update 1 for step 0: 27 tensors, "
+    "fingerprint a9a0ffb49ae5",
+    "\x1b[36m(HFGenerateServer pid=9650)\x1b[0m searchrl-hf-rollout: batch of 16 sequences, 2798 new tokens in 1.11 s",
+    "\x1b[36m(HFGenerateServer pid=9650)\x1b[0m searchrl-hf-rollout: batch of 8 sequences, 1536 new tokens in 42.50 s",
+]
+
+
+def test_a_cpu_run_shows_a_line_per_phase_of_verls_start_up_before_its_first_step(tmp_path, caplog):
+    """`make train-cpu-real` printed nothing for 6 minutes before its first step (issue 39): each start-up phase
+    verl logs gets one line as it arrives, once, and a rollout batch only when it is slow."""
+    from searchrl.trainer.cpu_smoke import run_main_ppo
+
+    caplog.set_level("INFO", logger="searchrl.trainer.cpu_smoke")
+    ok = STEP_LINE.replace("step:2", "step:1")
+    code, _ = run_main_ppo(
+        _printing(*STARTUP_LINES, ok, then_sleep_s=0), tmp_path / "train.log", 60, None, "1"
+    )
+    assert code == 0
+    shown = [r.getMessage() for r in caplog.records]
+    phases = [m.split(": ", 1)[1].split(" s: ", 1)[1] for m in shown if m.startswith("1: verl +")]
+    assert phases == [
+        "Ray started",
+        "data read: 10 training rows, 2 validation rows",
+        "model built: Qwen2ForCausalLM, 148.93K parameters",
+        "actor and reference model loaded",
+        "workers ready, first rollout starting",
+        "rollout server holds the weights (update 1)",
+        "rollout batch: 8 sequences, 1536 new tokens in 42 s (36.1 tokens/s)",
+    ]
+    assert shown.index(next(m for m in shown if m.startswith("step 1 (1)"))) == len(shown) - 1
 
 
 def test_merge_overrides_replaces_keys_hydra_would_refuse_twice():

@@ -374,14 +374,20 @@ def test_the_gpu_classes_put_each_mixin_in_front_of_verls_class(monkeypatch):
 def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_its_own(tmp_path):
     from searchrl.trainer.cpu_plugin import ENV
     from searchrl.trainer.cpu_smoke import cpu_overrides
-    from searchrl.trainer.overrides import VLLM_SYNC_KEY, VLLM_SYNC_PLUGIN, merge_overrides, render_overrides
+    from searchrl.trainer.overrides import (
+        AGENT_LOOP_PLUGIN,
+        VLLM_SYNC_KEY,
+        VLLM_SYNC_PLUGIN,
+        merge_overrides,
+        render_overrides,
+    )
     from searchrl.trainer.settings import TrainSettings
 
     assert VLLM_SYNC_PLUGIN == vllm_sync.__name__
     gpu = render_overrides(TrainSettings(data_dir=tmp_path))
-    assert f"{VLLM_SYNC_KEY}={VLLM_SYNC_PLUGIN}" in gpu
+    assert f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{VLLM_SYNC_PLUGIN}'" in gpu
     sglang = render_overrides(TrainSettings(data_dir=tmp_path, rollout_name="sglang"))
-    assert not any(o.startswith(VLLM_SYNC_KEY) for o in sglang)
+    assert [o for o in sglang if o.startswith(VLLM_SYNC_KEY)] == [f"{VLLM_SYNC_KEY}={AGENT_LOOP_PLUGIN}"]
     cpu = [o for o in merge_overrides(gpu, cpu_overrides()) if o.startswith(VLLM_SYNC_KEY)]
     assert cpu == [f"{VLLM_SYNC_KEY}={ENV['VERL_USE_EXTERNAL_MODULES']}"]
 
@@ -398,5 +404,8 @@ def test_the_plugin_reaches_the_runtime_env_verls_main_ppo_gives_ray(compose, tm
     config = compose(render_overrides(TrainSettings(data_dir=tmp_path)))
     defaults = get_ppo_ray_runtime_env(config)
     runtime_env = OmegaConf.merge(defaults, config.ray_kwargs.ray_init.runtime_env)
-    assert runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == vllm_sync.__name__
+    assert runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",") == [
+        "searchrl.trainer.agent_loop",
+        vllm_sync.__name__,
+    ]
     assert set(defaults["env_vars"]) < set(runtime_env.env_vars)  # verl's own variables kept
