@@ -73,16 +73,21 @@ EXPERIMENT = "cpu-learn"
 STEPS = 20
 RESUME_STEP = 10  # the first invocation stops here (a checkpoint), the second resumes from it to STEPS
 PROMPTS_PER_STEP = 2  # x rollout_n 8 samples: GRPO groups of 8
-WINDOW = (
-    5  # one epoch with the default 12 questions (10 train rows / 2 prompts a step): each end of the curve
-)
-MIN_RISE = 0.05  # mean reward, last WINDOW steps minus first: 5 seeds rose +0.11 to +0.44, stale-sync +0.006
-PROBE_MIN_RISE = 0.10  # probe_score, merged minus initial: 5 seeds +0.22 to +0.52, flipped advantage -0.34
-# Share of the last epoch's GRPO groups whose samples scored differently. Seed 0: 1.00 at lr 1e-2 and 1.5e-2; at 2e-2
-# every group scored alike at step 19 (entropy 0.56, reward 1.000) and the last epoch read 0.70 (docs/training.md).
+# the default epoch: 12 questions -> 10 train rows / 2 prompts a step (learn_epoch computes it per run)
+WINDOW = 5
+# Set between the learned runs and the nulls (docs/training.md, lr 1.5e-2, Intel Xeon, 2 cores):
+# per-question paired rise, mean over questions: 5 seeds +0.067 to +0.232; shuffle_rewards -0.034, +0.000, +0.010;
+# stale sync +0.006 (before the fingerprint stopped it); flip_advantage -0.463.
+MIN_RISE = 0.05
+# probe_score, merged minus initial: 5 seeds +0.151 to +0.394; shuffle_rewards -0.064, -0.016, +0.015;
+# flip_advantage -0.384.
+PROBE_MIN_RISE = 0.10
+# Share of the last epoch's GRPO groups whose samples scored differently: 1.00 in every run at lr 1e-2 and 1.5e-2
+# (5 seeds); at 2e-2 every group scored alike at step 19 (entropy 0.56, reward 1.000) and the last epoch read 0.70;
+# flip_advantage 0.50 (docs/training.md).
 MIN_VARYING = 0.9
-# 3e-2 collapsed by step 15 (issue 39); 2e-2 at step 19; 1e-2 rose only +0.062 (seed 0). 1.5e-2: +0.077 and +0.122
-# (seeds 0 and 4) with every last-epoch group still varying, entropy 7.05 -> 4.5 and 2.2 (docs/training.md).
+# 3e-2 collapsed by step 15 (issue 39); 2e-2 at step 19; 1e-2 rose only +0.062 (seed 0). At 1.5e-2 every group of
+# every step varied in 5 seeds, entropy 7.05 -> 0.98-4.29 at step 20 (docs/training.md).
 LR = 1.5e-2
 ENTROPY = "actor/entropy"  # verl's per-step mean entropy of the policy over the trained tokens
 ROLLOUTS = "rollouts"  # verl's per-step trajectory dumps, under each seed's folder
