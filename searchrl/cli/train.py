@@ -145,9 +145,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--learn",
         action="store_true",
-        help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that it "
-        "rose, that every step's weight sync held, that no tool-response token was trained on, and that a greedy "
-        "probe of the merged model moved; last line `learned: ...`, exit 2 when a check fails",
+        help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that each "
+        "question's reward rose from the first epoch to the last with the policy not collapsed, that every step's "
+        "weight sync held, that no tool-response token was trained on, and that a probe of the merged model "
+        "moved; last line `learned: ...`, exit 2 when a check fails",
     )
     p.add_argument(
         "--model",
