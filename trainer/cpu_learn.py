@@ -76,11 +76,11 @@ PROMPTS_PER_STEP = 2  # x rollout_n 8 samples: GRPO groups of 8
 # the default epoch: 12 questions -> 10 train rows / 2 prompts a step (learn_epoch computes it per run)
 WINDOW = 5
 # Set between the learned runs and the nulls (docs/training.md, lr 1.5e-2, Intel Xeon, 2 cores):
-# per-question paired rise, mean over questions: 5 seeds +0.067 to +0.232; shuffle_rewards -0.034, +0.000, +0.010;
-# stale sync +0.006 (before the fingerprint stopped it); flip_advantage -0.463.
+# per-question paired rise, mean over questions: 5 seeds +0.067 to +0.232; shuffle_rewards -0.034, +0.000, +0.010,
+# +0.015; stale sync +0.006 (before the fingerprint stopped it); flip_advantage -0.463, -0.393.
 MIN_RISE = 0.05
-# probe_score, merged minus initial: 5 seeds +0.151 to +0.394; shuffle_rewards -0.064, -0.016, +0.015;
-# flip_advantage -0.384.
+# probe_score, merged minus initial: 5 seeds +0.151 to +0.394; shuffle_rewards -0.064, -0.016, +0.015, +0.011;
+# flip_advantage -0.384, -0.377.
 PROBE_MIN_RISE = 0.10
 # Share of the last epoch's GRPO groups whose samples scored differently: 1.00 in every run at lr 1e-2 and 1.5e-2
 # (5 seeds); at 2e-2 every group scored alike at step 19 (entropy 0.56, reward 1.000) and the last epoch read 0.70;
