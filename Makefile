@@ -165,7 +165,7 @@ train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random mod
 
 # issue 31; e.g. make learn-cpu LEARN_CPU_ARGS="--seeds 0,1,2,3,4" (one run per seed, one curve with their band)
 LEARN_CPU_ARGS ?=
-learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: reward rises, weight sync and loss masks checked every step, probe of the merged model
+learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: each question's reward rises (first epoch vs last), no collapse, weight sync and loss masks checked every step, probe of the merged model
 	$(BIN)/searchrl train cpu --learn $(LEARN_CPU_ARGS)
 
 # issue 32: real weights through verl's loop; e.g. make train-cpu-real TRAIN_CPU_REAL_ARGS="--precision fp32"
@@ -178,7 +178,7 @@ BENCH_ROLLOUT_ARGS ?=
 bench-rollout: $(VENV)/.dev  ## one GRPO model turn of 8 trajectories through the hf rollout engine, before vs after batching (MODEL)
 	$(BIN)/searchrl train bench-rollout $(MODEL) $(BENCH_ROLLOUT_ARGS)
 
-test-sabotage: $(VENV)/.dev  ## three deliberate bugs (stale sync, flipped advantage, observations in the loss) each fail make learn-cpu (make test runs the first and last)
+test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu (make test runs the two that stop at their step)
 	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py -k sabotage $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge

@@ -7,8 +7,12 @@ FSDP2 update -> naive weight sync -> `hf` rollout with our search tool against t
 resume, verl's merger) on a reward the random tiny model reaches by chance and can climb (trainer/learn_task.py),
 and fails with one line unless all of these hold:
 
-1. **The reward rose**: the mean of the last `WINDOW` steps exceeds the first `WINDOW` by `MIN_RISE` (set from the
-   seeds' spread, docs/training.md).
+1. **The reward rose, question by question**: each train question's mean reward over the last epoch minus the
+   first (paired, read from verl's rollout dumps; trainer/learn_epochs.py), averaged, is at least `MIN_RISE`. The
+   windows are whole epochs, or the settings are refused before anything starts (`learn_epoch`).
+   **And the policy had not collapsed**: at least `MIN_VARYING` of the last epoch's GRPO groups still scored
+   differently (a group that scores alike has no advantage; the per-step share and `actor/entropy` are in the
+   step table).
 2. **The sync held on every step** of both invocations, the step after the resume included:
    `training/rollout_probs_diff_max` <= SYNC_MAX_PROB_DIFF (trainer/cpu_report.py), and the rollout server
    received one weight update when each invocation started (after the checkpoint load on the resume) and one
@@ -19,7 +23,9 @@ and fails with one line unless all of these hold:
    the merged weights differ from the initial ones.
 5. **The probe moved**: on fixed contexts (each train question, the scripted call, and the search tool's real
    response), the reward the merged model expects of its first own token, with no sampling, exceeds the initial
-   model's (`probe_score`).
+   model's (`probe_score`). Its **specificity** (reported, not checked) is the probe with each question's own
+   answers minus the probe with the answers rotated among questions: 0 for a policy that learned letters common
+   to all answers, positive for one that learned each question's answer.
 
 The first assistant turn is scripted, as in the smoke run, but as environment (loss mask 0, trainer/agent_loop.py):
 the policy is trained only on what it sampled. `model-written searches` counts calls the model wrote itself.
@@ -50,6 +56,14 @@ from searchrl.trainer.cpu_smoke import (
     write_qa,
 )
 from searchrl.trainer.hf_rollout import UPDATE_PATTERN
+from searchrl.trainer.learn_epochs import (
+    PairedRise,
+    Trajectory,
+    epoch_steps,
+    groups_varying,
+    paired_rise,
+    read_dumps,
+)
 from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.settings import TrainSettings
 
@@ -58,15 +72,31 @@ log = logging.getLogger(__name__)
 EXPERIMENT = "cpu-learn"
 STEPS = 20
 RESUME_STEP = 10  # the first invocation stops here (a checkpoint), the second resumes from it to STEPS
-WINDOW = 5  # steps averaged at each end of the reward curve
-MIN_RISE = 0.05  # mean reward, last WINDOW steps minus first: 5 seeds rose +0.11 to +0.44, stale-sync +0.006
-PROBE_MIN_RISE = 0.10  # probe_score, merged minus initial: 5 seeds +0.22 to +0.52, flipped advantage -0.34
+PROMPTS_PER_STEP = 2  # x rollout_n 8 samples: GRPO groups of 8
+# the default epoch: 12 questions -> 10 train rows / 2 prompts a step (learn_epoch computes it per run)
+WINDOW = 5
+# Set between the learned runs and the nulls (docs/training.md, lr 1.5e-2, Intel Xeon, 2 cores):
+# per-question paired rise, mean over questions: 5 seeds +0.067 to +0.232; shuffle_rewards -0.034, +0.000, +0.010,
+# +0.015; stale sync +0.006 (before the fingerprint stopped it); flip_advantage -0.463, -0.393.
+MIN_RISE = 0.05
+# probe_score, merged minus initial: 5 seeds +0.151 to +0.394; shuffle_rewards -0.064, -0.016, +0.015, +0.011;
+# flip_advantage -0.384, -0.377.
+PROBE_MIN_RISE = 0.10
+# Share of the last epoch's GRPO groups whose samples scored differently: 1.00 in every run at lr 1e-2 and 1.5e-2
+# (5 seeds); at 2e-2 every group scored alike at step 19 (entropy 0.56, reward 1.000) and the last epoch read 0.70;
+# flip_advantage 0.50 (docs/training.md).
+MIN_VARYING = 0.9
+# 3e-2 collapsed by step 15 (issue 39); 2e-2 at step 19; 1e-2 rose only +0.062 (seed 0). At 1.5e-2 every group of
+# every step varied in 5 seeds, entropy 7.05 -> 0.98-4.29 at step 20 (docs/training.md).
+LR = 1.5e-2
+ENTROPY = "actor/entropy"  # verl's per-step mean entropy of the policy over the trained tokens
+ROLLOUTS = "rollouts"  # verl's per-step trajectory dumps, under each seed's folder
 REWARD_FN_PATH = "pkg://searchrl.trainer.learn_task"
 REWARD_FN_NAME = "compute_score"
 
 
 def learn_settings(
-    out_dir: Path, model_dir: Path, url: str, *, seed: int, steps: int = STEPS, lr: float = 3e-2
+    out_dir: Path, model_dir: Path, url: str, *, seed: int, steps: int = STEPS, lr: float = LR
 ) -> TrainSettings:
     """The smoke run's settings, then: 2 prompts x 8 samples a step, one on-policy Adam step each, no KL or
     entropy term, no warm-up (DESIGN.md 3c)."""
@@ -74,6 +104,8 @@ def learn_settings(
         update={
             "experiment_name": EXPERIMENT,
             "seed": seed,
+            "train_batch_size": PROMPTS_PER_STEP,
+            "ppo_mini_batch_size": PROMPTS_PER_STEP,  # one on-policy Adam step a step
             "micro_batch_size_per_gpu": 8,
             "rollout_n": 8,
             "save_freq": RESUME_STEP,
@@ -91,12 +123,15 @@ def learn_settings(
     )
 
 
-def learn_overrides(seed: int) -> list[str]:
-    """The CPU overrides plus the learning reward and a seeded rollout (its sampling differs per seed)."""
+def learn_overrides(seed: int, rollout_dir: Path) -> list[str]:
+    """The CPU overrides plus the learning reward, a seeded rollout (its sampling differs per seed) and verl's own
+    per-step dump of every trajectory's prompt, output and score (`rollout_dir`/<step>.jsonl): the per-question
+    figures are read from it, because reward extras never reach the console metrics (DESIGN.md 3c)."""
     pairs: list[tuple[str, object]] = [
         ("reward.custom_reward_function.path", REWARD_FN_PATH),
         ("reward.custom_reward_function.name", REWARD_FN_NAME),
         ("actor_rollout_ref.rollout.seed", seed),
+        ("trainer.rollout_data_dir", str(rollout_dir)),
     ]
     return [*cpu_overrides(), *(f"{key}={hydra_value(value)}" for key, value in pairs)]
 
@@ -108,23 +143,47 @@ def count_updates(log_text: str) -> list[int]:
 
 @dataclass
 class LearnRun:
-    """One seed's learning run: its steps, what the rollout server received, the probe and the merged weights."""
+    """One seed's learning run: its steps, its trajectories, what the rollout server received, the probe."""
 
     seed: int
     out_dir: Path
+    epoch: int = WINDOW  # steps per epoch: the windows compared at each end
     rows: list[StepRow] = field(default_factory=list)
+    trajectories: list[Trajectory] = field(default_factory=list)  # from verl's rollout dumps
     updates: dict[str, list[int]] = field(default_factory=dict)  # invocation label -> steps of updates
     phases: dict[str, float] = field(default_factory=dict)
     probe_initial: float = math.nan
     probe_merged: float = math.nan
+    # the probe with each question's context scored against another question's answers (rotated by one)
+    probe_rotated_initial: float = math.nan
+    probe_rotated_merged: float = math.nan
     weight_change: float = math.nan  # max |merged - initial| over all parameters
 
     def rewards(self) -> list[float]:
         return [row.get("reward") for row in self.rows]
 
     def reward_ends(self) -> tuple[float, float]:
+        """The mean step reward of the first and the last epoch."""
         rewards = self.rewards()
-        return statistics.fmean(rewards[:WINDOW]), statistics.fmean(rewards[-WINDOW:])
+        return statistics.fmean(rewards[: self.epoch]), statistics.fmean(rewards[-self.epoch :])
+
+    def paired(self) -> PairedRise:
+        return paired_rise(self.trajectories, self.epoch, len(self.rows))
+
+    def varying(self) -> dict[int, float]:
+        """Per step, the share of GRPO groups whose samples scored differently (learn_epochs.groups_varying)."""
+        return groups_varying(self.trajectories)
+
+    def last_epoch_varying(self) -> float:
+        shares = [share for step, share in self.varying().items() if step > len(self.rows) - self.epoch]
+        return statistics.fmean(shares) if shares else math.nan
+
+    def specificity(self) -> tuple[float, float]:
+        """Probe with matched answers minus probe with answers rotated among questions: initial, merged."""
+        return (
+            self.probe_initial - self.probe_rotated_initial,
+            self.probe_merged - self.probe_rotated_merged,
+        )
 
     def max_sync_diff(self) -> float:
         return max((row.get("sync_diff") for row in self.rows), default=math.nan)
@@ -138,10 +197,20 @@ class LearnRun:
     def problems(self, steps: int = STEPS) -> list[str]:
         """Every check of the module docstring that failed, as short phrases (empty: it learned)."""
         problems = check_steps(self.rows, steps)
-        if len(self.rows) >= 2 * WINDOW:
-            first, last = self.reward_ends()
-            if not last - first >= MIN_RISE:
-                problems.append(f"reward did not rise: {first:.3f} -> {last:.3f} (needs +{MIN_RISE:.2f})")
+        if len(self.rows) >= 2 * self.epoch:
+            try:
+                paired = self.paired()
+            except SmokeCheckError as exc:
+                problems.append(str(exc))
+            else:
+                if not paired.mean_rise >= MIN_RISE:
+                    problems.append(f"reward did not rise: {paired.line()} (needs +{MIN_RISE:.2f})")
+            varying = self.last_epoch_varying()
+            if not varying >= MIN_VARYING:
+                problems.append(
+                    f"the policy collapsed: {varying:.2f} of the last epoch's groups scored differently (needs "
+                    f"{MIN_VARYING:.2f}; a group that scores alike has no advantage and no gradient)"
+                )
         # A step whose every GRPO group scored alike has zero advantages and no policy gradient (legitimately:
         # late in the run a group may all score 1); most steps must carry both, and an advantage must move the loss.
         advantaged = [row for row in self.rows if row.get("advantage_max") > 0]
@@ -189,13 +258,18 @@ def summarize(problems: Sequence[str]) -> str:
 
 
 def learned_line(runs: Sequence[LearnRun]) -> str:
-    """The run's last line: the reward's ends (mean over seeds), the worst sync figure, the mask and call counts."""
-    ends = [run.reward_ends() for run in runs if run.rows]
-    first = statistics.fmean(a for a, _ in ends) if ends else math.nan
-    last = statistics.fmean(b for _, b in ends) if ends else math.nan
+    """The run's last line: the paired per-question rise (mean over seeds, and how many question-seed pairs rose),
+    the last epoch's varying groups (worst seed), the worst sync figure, the mask and call counts."""
+    paired = [run.paired() for run in runs if run.trajectories]
+    first = statistics.fmean(statistics.fmean(p.first.values()) for p in paired) if paired else math.nan
+    last = statistics.fmean(statistics.fmean(p.last.values()) for p in paired) if paired else math.nan
+    rose = sum(p.rose for p in paired)
+    pairs = sum(len(p.first) for p in paired)
+    varying = min((run.last_epoch_varying() for run in runs), default=math.nan)
     sync = max((run.max_sync_diff() for run in runs), default=math.nan)
     return (
-        f"learned: reward {first:.3f} -> {last:.3f} ({last - first:+.3f}); sync max prob diff {sync:.2g}; "
+        f"learned: reward per question, first epoch -> last {first:.3f} -> {last:.3f} ({last - first:+.3f}), "
+        f"{rose} of {pairs} rose; last epoch's groups varying {varying:.2f}; sync max prob diff {sync:.2g}; "
         f"observation tokens in loss {sum(run.observation_tokens_in_loss() for run in runs):.0f}; "
         f"model-written searches {sum(run.model_searches() for run in runs):.0f}"
     )
@@ -311,6 +385,7 @@ def run_learn(
     qa_source: Path = DEV_QA,
     questions: int = 12,
     steps: int = STEPS,
+    lr: float = LR,
     timeout_s: float = 1200.0,
 ) -> LearnRun:
     """One seed's learning run (module docstring); the checks are LearnRun.problems()."""
@@ -320,24 +395,22 @@ def run_learn(
     from searchrl.trainer.merge import merge_latest
     from searchrl.trainer.tiny_model import write_tiny_model
 
+    epoch = learn_epoch(qa_source, questions, steps)
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    run = LearnRun(seed=seed, out_dir=out_dir)
-    if not qa_source.is_file():
-        raise ConfigError(
-            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
-        )
+    run = LearnRun(seed=seed, out_dir=out_dir, epoch=epoch)
     started = time.monotonic()
     qa = write_qa(out_dir, qa_source, questions)
     model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa), seed=seed)
     run.phases["model"] = time.monotonic() - started
     with served(["--backend", "bm25"], out_dir / "serve.log") as url:
-        settings = learn_settings(out_dir, model_dir, url, seed=seed, steps=steps)
+        settings = learn_settings(out_dir, model_dir, url, seed=seed, steps=steps, lr=lr)
+        rollout_dir = out_dir / ROLLOUTS
         resume = min(RESUME_STEP, steps - 1)
         for label, extra in (
-            ("1", [*learn_overrides(seed), f"trainer.total_training_steps={resume}"]),
-            ("2 (resumed)", learn_overrides(seed)),
+            ("1", [*learn_overrides(seed, rollout_dir), f"trainer.total_training_steps={resume}"]),
+            ("2 (resumed)", learn_overrides(seed, rollout_dir)),
         ):
             started = time.monotonic()
             try:
@@ -355,9 +428,44 @@ def run_learn(
         contexts = probe_contexts(settings, AutoTokenizer.from_pretrained(model_dir))
         run.probe_initial = probe_score(model_dir, contexts)
         run.probe_merged = probe_score(merged.target_dir, contexts)
+        rotated = rotate_answers(contexts)
+        run.probe_rotated_initial = probe_score(model_dir, rotated)
+        run.probe_rotated_merged = probe_score(merged.target_dir, rotated)
         run.phases["merge and probe"] = time.monotonic() - started
-    (out_dir / "steps.md").write_text(step_table(run.rows) + "\n", encoding="utf-8")
+        run.trajectories = read_dumps(rollout_dir, train_questions(settings))
+    (out_dir / "steps.md").write_text(learn_table(run) + "\n", encoding="utf-8")
     return run
+
+
+def learn_epoch(qa_source: Path, questions: int, steps: int) -> int:
+    """Steps per epoch of the run `--qa`/`--questions` make; ConfigError (before anything starts) unless the
+    first and last windows are whole epochs (learn_epochs.epoch_steps)."""
+    from searchrl.trainer.data import held_out
+
+    if not qa_source.is_file():
+        raise ConfigError(
+            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
+        )
+    rows = sum(1 for line in qa_source.read_text(encoding="utf-8").splitlines() if line.strip())
+    used = min(rows, questions)  # write_qa takes the first `questions`; data prep holds out a sixth for test
+    if used < 2:
+        raise ConfigError(f"--questions {questions} with {qa_source} ({rows} rows) leaves no train row")
+    return epoch_steps(used - held_out(used), PROMPTS_PER_STEP, steps)
+
+
+def train_questions(settings: TrainSettings) -> list[str]:
+    """The questions of the run's train parquet, as data prep wrote them."""
+    import pandas as pd
+
+    rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
+    return [str(row["extra_info"]["question"]) for row in rows]
+
+
+def rotate_answers(contexts: Sequence[tuple[list[int], list[str]]]) -> list[tuple[list[int], list[str]]]:
+    """Each context with the next question's golden answers: the probe of a policy that learned common answer
+    letters (question-agnostic) barely changes; one that learned each question's own answer drops."""
+    answers = [a for _, a in contexts]
+    return [(ids, answers[(i + 1) % len(answers)]) for i, (ids, _) in enumerate(contexts)]
 
 
 def run_seeds(out_dir: Path, seeds: Sequence[int], **kwargs: Any) -> list[LearnRun]:
@@ -375,14 +483,43 @@ def run_seeds(out_dir: Path, seeds: Sequence[int], **kwargs: Any) -> list[LearnR
 
 
 def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
-    """The per-step mean reward of each seed, and the seeds' mean with a min-max band where several ran."""
+    """Two panels. Left: each question's paired rise (its mean reward over the last epoch minus the first), the
+    mean over the seeds that trained on it, with the seeds' min-max band. Right: the per-step mean reward of each
+    seed, and the seeds' mean with a min-max band where several ran."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (left, ax) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
+    rises: dict[str, list[float]] = {}
+    paired = [run.paired() for run in runs if run.trajectories]
+    for p in paired:
+        for question, rise in p.rises.items():
+            rises.setdefault(question, []).append(rise)
+    if rises:
+        order = sorted(rises, key=lambda q: statistics.fmean(rises[q]))
+        means = [statistics.fmean(rises[q]) for q in order]
+        low = [m - min(rises[q]) for m, q in zip(means, order, strict=True)]
+        high = [max(rises[q]) - m for m, q in zip(means, order, strict=True)]
+        ys = list(range(len(order)))
+        left.barh(ys, means, color=["tab:green" if m > 0 else "tab:red" for m in means], alpha=0.7)
+        if len(paired) > 1:
+            left.errorbar(
+                means, ys, xerr=[low, high], fmt="none", ecolor="black", lw=0.8, label="seeds' range"
+            )
+            left.legend(fontsize=7, loc="lower right")
+        left.set_yticks(ys, [q if len(q) <= 38 else q[:36] + "..." for q in order], fontsize=6)
+        left.axvline(0, color="grey", lw=0.8)
+        rose = sum(p.rose for p in paired)
+        total = sum(len(p.first) for p in paired)
+        mean = statistics.fmean(p.mean_rise for p in paired)
+        left.set_title(
+            f"per question, last epoch minus first (paired): {mean:+.3f}, {rose} of {total} rose", fontsize=9
+        )
+        left.set_xlabel(f"reward rise ({len(paired)} seed{'s' if len(paired) > 1 else ''})")
+
     curves = [[row.get("reward") for row in run.rows] for run in runs]
     width = min(len(c) for c in curves)
     steps = list(range(1, width + 1))
@@ -395,11 +532,29 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
         )
         ax.plot(steps, [statistics.fmean(c) for c in columns], lw=2, color="black", label="mean over seeds")
     ax.axvline(RESUME_STEP + 0.5, ls=":", color="grey", label="resume")
+    epoch = runs[0].epoch if runs else WINDOW
+    # each epoch holds every question once, so its mean is comparable from epoch to epoch where single steps are not
+    epochs = [
+        statistics.fmean(statistics.fmean(c[start : start + epoch]) for c in curves)
+        for start in range(0, width - epoch + 1, epoch)
+    ]
+    for i, mean in enumerate(epochs):
+        ax.hlines(
+            mean,
+            i * epoch + 0.5,
+            (i + 1) * epoch + 0.5,
+            color="tab:orange",
+            lw=2.5,
+            label="epoch mean (every question once)" if i == 0 else None,
+        )
+    for edge in (epoch + 0.5, width - epoch + 0.5):
+        ax.axvline(edge, ls="--", color="tab:blue", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("GRPO step")
+    ax.set_xlabel(f"GRPO step (dashed: the first and last epochs, {epoch} steps each)")
     ax.set_ylabel("mean reward of the step's 16 samples")
-    ax.set_title("make learn-cpu: answer-character reward, tiny random Qwen2, 2 CPU cores")
+    ax.set_title("per step (each step holds other questions)", fontsize=9)
     ax.legend(fontsize=7)
+    fig.suptitle("make learn-cpu: answer-character reward, tiny random Qwen2, 2 CPU cores", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -407,19 +562,35 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
     return path
 
 
+def learn_table(run: LearnRun) -> str:
+    """The step table (trainer/cpu_report.py) with the two collapse signals added per step: the policy's entropy
+    (verl's `actor/entropy`) and the share of GRPO groups whose samples scored differently."""
+    varying = run.varying()
+    lines = step_table(run.rows).splitlines()
+    lines[0] += " entropy | groups varying |"
+    lines[1] += "---|---|"
+    for i, row in enumerate(run.rows):
+        lines[i + 2] += f" {row.metrics.get(ENTROPY, math.nan):.2f} | {varying.get(row.step, math.nan):.2f} |"
+    return "\n".join(lines)
+
+
 def seeds_table(runs: Sequence[LearnRun]) -> str:
-    """One row per seed: the reward's ends, the probe, the sync and mask figures, the wall time."""
+    """One row per seed: the per-question paired rise, collapse, the probe and its specificity, sync and mask."""
     lines = [
-        "| seed | reward first 5 | reward last 5 | rise | probe initial | probe merged | sync max prob diff "
+        "| seed | reward first epoch | reward last epoch | paired rise | questions rose | last epoch's groups "
+        "varying | probe initial | probe merged | specificity initial | specificity merged | sync max prob diff "
         "| observation tokens in loss | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
-        first, last = run.reward_ends()
+        paired = run.paired()
+        first, last = statistics.fmean(paired.first.values()), statistics.fmean(paired.last.values())
+        specific = run.specificity()
         lines.append(
-            f"| {run.seed} | {first:.3f} | {last:.3f} | {last - first:+.3f} | {run.probe_initial:.3f} | "
-            f"{run.probe_merged:.3f} | {run.max_sync_diff():.2g} | {run.observation_tokens_in_loss():.0f} | "
-            f"{sum(run.phases.values()):.0f} |"
+            f"| {run.seed} | {first:.3f} | {last:.3f} | {paired.mean_rise:+.3f} | {paired.rose} of "
+            f"{len(paired.first)} | {run.last_epoch_varying():.2f} | {run.probe_initial:.3f} | "
+            f"{run.probe_merged:.3f} | {specific[0]:+.4f} | {specific[1]:+.4f} | {run.max_sync_diff():.2g} | "
+            f"{run.observation_tokens_in_loss():.0f} | {sum(run.phases.values()):.0f} |"
         )
     return "\n".join(lines)
 

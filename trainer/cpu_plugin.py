@@ -244,5 +244,7 @@ if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
     _patch_for_cpu()
 if sabotage.active(sabotage.FLIP_ADVANTAGE):
     sabotage.flip_advantages()
+if sabotage.active(sabotage.SHUFFLE_REWARDS):
+    sabotage.shuffle_rewards()
 
 __all__ = ["ENV", "PLATFORM", "ROLLOUT_NAME", "PlatformCPU"]

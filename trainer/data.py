@@ -144,6 +144,11 @@ def _download(repo_id: str, split: str) -> Path:
         ) from exc
 
 
+def held_out(rows: int) -> int:
+    """How many rows of a single QA file become the test split: a sixth, at least one."""
+    return max(1, rows // 6)
+
+
 def load_qa(source: str, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, test) QA records from a local file, a local folder, or a HF dataset repo id."""
     path = Path(source).expanduser()
@@ -160,7 +165,7 @@ def load_qa(source: str, seed: int) -> tuple[list[dict[str, Any]], list[dict[str
             raise DataError(f"{path} has {len(rows)} row(s); need at least 2 to hold out a test split")
         # One file: hold out a seeded sixth (the small preset's 200/1,200 share) as the test split.
         order = np.random.default_rng(seed).permutation(len(rows))
-        n_test = max(1, len(rows) // 6)
+        n_test = held_out(len(rows))
         return [rows[i] for i in order[n_test:]], [rows[i] for i in order[:n_test]]
     if path.suffix in _SUFFIXES:
         raise DataError(f"QA file {path} does not exist; set SEARCHRL_TRAIN_QA_SOURCE to an existing file")
@@ -251,6 +256,7 @@ __all__ = [
     "PreparedData",
     "convert",
     "data_source_name",
+    "held_out",
     "load_qa",
     "prepare_data",
     "to_verl_row",

@@ -145,9 +145,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--learn",
         action="store_true",
-        help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that it "
-        "rose, that every step's weight sync held, that no tool-response token was trained on, and that a greedy "
-        "probe of the merged model moved; last line `learned: ...`, exit 2 when a check fails",
+        help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that each "
+        "question's reward rose from the first epoch to the last with the policy not collapsed, that every step's "
+        "weight sync held, that no tool-response token was trained on, and that a probe of the merged model "
+        "moved; last line `learned: ...`, exit 2 when a check fails",
     )
     p.add_argument(
         "--model",
@@ -299,8 +300,7 @@ def _real(args: argparse.Namespace, qa: Path) -> int:
 
 def _learn(args: argparse.Namespace, qa: Path) -> int:
     from searchrl.errors import ConfigError, SmokeCheckError
-    from searchrl.trainer.cpu_learn import learned_line, run_seeds, seeds_table, summarize
-    from searchrl.trainer.cpu_report import step_table
+    from searchrl.trainer.cpu_learn import learn_table, learned_line, run_seeds, seeds_table, summarize
 
     try:
         seeds = [int(part) for part in args.seeds.split(",") if part.strip()]
@@ -311,7 +311,7 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
     out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/learn-cpu")
     runs = run_seeds(out, seeds, qa_source=qa, questions=args.questions, timeout_s=args.timeout or 1200.0)
     for run in runs:
-        print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{step_table(run.rows)}")  # noqa: T201
+        print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{learn_table(run)}")  # noqa: T201
     print(f"\n{seeds_table(runs)}\nreward curve: {out.resolve() / 'reward_curve.png'}")  # noqa: T201
     failed = [(run, problems) for run in runs if (problems := run.problems())]
     print(learned_line(runs))  # noqa: T201

@@ -1,10 +1,10 @@
-"""`make learn-cpu`: verl's GRPO loop on CPU learns, and each of three deliberate bugs makes it fail (issue 31).
+"""`make learn-cpu`: verl's GRPO loop on CPU learns, and each of four deliberate bugs makes it fail (issues 31, 39).
 
 The learning run is in `make test` (minutes on 2 cores): as a user runs it, the CLI, its exit code, its last line
 and its reward curve. Each sabotage switches on one bug a peer shipped (trainer/sabotage.py) and must end in exit 2
 with the one line that names the check it broke: `stale_sync` (at the weight sync after step 1) and
-`observations_in_loss` (at step 1) stop early and run in `make test`; `flip_advantage` needs the whole curve and
-runs in `make test-sabotage` (all three).
+`observations_in_loss` (at step 1) stop early and run in `make test`; `flip_advantage` and `shuffle_rewards` need
+the whole curve (~4 min each on a quiet 2-core Xeon) and run in `make test-sabotage` (all four).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from searchrl.trainer import sabotage
-from searchrl.trainer.cpu_learn import MIN_RISE, STEPS
+from searchrl.trainer.cpu_learn import MIN_RISE, MIN_VARYING, STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 LEARNED = re.compile(
-    r"^learned: reward (\d\.\d+) -> (\d\.\d+) \(([+-]\d\.\d+)\); sync max prob diff (\S+); "
+    r"^learned: reward per question, first epoch -> last (\d\.\d+) -> (\d\.\d+) \(([+-]\d\.\d+)\), "
+    r"\d+ of \d+ rose; last epoch's groups varying (\d\.\d+); sync max prob diff (\S+); "
     r"observation tokens in loss (\d+); model-written searches (\d+)$"
 )
 SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
@@ -53,11 +54,12 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(tmp
     match = LEARNED.match(last)
     assert match, last
     first, final, delta = (float(g) for g in match.groups()[:3])
-    assert final - first >= MIN_RISE and float(match.group(4)) < 1e-4 and match.group(5) == "0"
+    assert final - first >= MIN_RISE and float(match.group(4)) >= MIN_VARYING
+    assert float(match.group(5)) < 1e-4 and match.group(6) == "0"
     rows = [line for line in proc.stdout.splitlines() if re.match(r"^\| \d+ \| (1|2 \(resumed\)) \| ", line)]
     assert len(rows) == STEPS
     assert (tmp_path / "learn" / "reward_curve.png").stat().st_size > 10_000
-    assert "| seed | reward first 5 |" in proc.stdout
+    assert "| seed | reward first epoch | reward last epoch | paired rise | questions rose |" in proc.stdout
 
 
 def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str, named: str) -> None:
@@ -96,8 +98,18 @@ def test_sabotage_a_stale_sync_or_observations_in_the_loss_stop_the_learning_run
 @pytest.mark.slow
 @pytest.mark.live
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(not SABOTAGE_TESTS, reason="a whole learning run: make test-sabotage")
-def test_sabotage_a_flipped_advantage_fails_the_learning_run_with_one_line(tmp_path):
-    """Only the reward curve shows a flipped advantage, so this one runs all the steps (make test-sabotage)."""
-    proc = _learn(tmp_path / sabotage.FLIP_ADVANTAGE, sabotage.FLIP_ADVANTAGE)
-    _fails_with_one_line(proc, sabotage.FLIP_ADVANTAGE, r"reward did not rise")
+@pytest.mark.skipif(not SABOTAGE_TESTS, reason="a whole learning run each: make test-sabotage")
+@pytest.mark.parametrize(
+    "sabotaged",
+    [
+        pytest.param(sabotage.FLIP_ADVANTAGE, id="flip_advantage"),
+        pytest.param(sabotage.SHUFFLE_REWARDS, id="shuffle_rewards"),
+    ],
+)
+def test_sabotage_a_flipped_advantage_or_shuffled_rewards_fail_the_learning_run_with_one_line(
+    tmp_path, sabotaged
+):
+    """Only the reward curve and the probe show an update that is not driven by the reward (a flipped sign, or
+    each step's scores joined to the wrong trajectories), so these run all the steps (make test-sabotage)."""
+    proc = _learn(tmp_path / sabotaged, sabotaged)
+    _fails_with_one_line(proc, sabotaged, r"reward did not rise: .*; probe did not move")

@@ -15,7 +15,7 @@ import torch
 
 from searchrl.errors import ConfigError
 from searchrl.trainer import sabotage
-from searchrl.trainer.cpu_learn import WINDOW, LearnRun, count_updates, learned_line, summarize
+from searchrl.trainer.cpu_learn import MIN_VARYING, WINDOW, LearnRun, count_updates, learned_line, summarize
 from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, gpu_step_problems, sync_and_mask_problems
 from searchrl.trainer.generated_spans import LAST_TURN, TOOL_RESPONSES
 from searchrl.trainer.hf_rollout import (
@@ -26,6 +26,7 @@ from searchrl.trainer.hf_rollout import (
     missing_weights,
     sampled_log_probs,
 )
+from searchrl.trainer.learn_epochs import Trajectory
 from searchrl.trainer.learn_task import answer_char_share, compute_score, own_turn
 from searchrl.trainer.masks import (
     mask_step_metrics,
@@ -261,6 +262,84 @@ def test_flipped_advantages_are_verls_grpo_advantages_negated(monkeypatch):
     assert honest[0, 0] > 0 and torch.allclose(flipped, -honest)
 
 
+def test_misjoined_scores_move_every_trajectory_and_repeat_with_the_seed():
+    perms = [sabotage.misjoin(16, torch.Generator().manual_seed(sabotage.SHUFFLE_SEED)) for _ in range(2)]
+    assert torch.equal(perms[0], perms[1])  # seeded: the sabotaged run is reproducible
+    assert sorted(perms[0].tolist()) == list(range(16))  # a permutation: the step's scores, re-joined
+    assert all(perms[0] != torch.arange(16))  # nobody keeps its own score
+    assert sabotage.misjoin(1, torch.Generator().manual_seed(0)).tolist() == [0]
+
+
+def _advantages_through_verls_v1_trainer(monkeypatch, scores: list[float]) -> torch.Tensor:
+    """Per-trajectory advantages from verl's own v1 trainer method `_compute_advantage` (what a training step
+    calls, which reaches GRPO through v1/utils.py and ray_trainer.compute_advantage) on a batch of two prompts x
+    two samples; TransferQueue is a stand-in that serves the batch's fields and keeps what verl writes back."""
+    from tensordict import TensorDict
+    from tensordict.tensorclass import NonTensorData, NonTensorStack
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1 import trainer_base
+
+    uids, lengths = ["a", "a", "b", "b"], [3, 2, 4, 3]
+    rows = [torch.tensor([0.0] * (n - 1) + [score]) for n, score in zip(lengths, scores, strict=True)]
+    fields = TensorDict(
+        {
+            "uid": NonTensorStack(*[NonTensorData(uid) for uid in uids]),
+            "response_mask": torch.nested.as_nested_tensor(
+                [torch.ones(n, dtype=torch.long) for n in lengths], layout=torch.jagged
+            ),
+            "rm_scores": torch.nested.as_nested_tensor(rows, layout=torch.jagged),
+        },
+        batch_size=4,
+    )
+    written: dict[str, TensorDict] = {}
+
+    class TransferQueue:
+        def kv_batch_get(self, keys, partition_id, select_fields):
+            return fields.select(*[name for name in select_fields if name in fields.keys()])
+
+        def kv_batch_put(self, keys, partition_id, fields):
+            written["fields"] = fields
+
+    monkeypatch.setattr(trainer_base, "tq", TransferQueue())
+    config = {
+        "algorithm": {"use_kl_in_reward": False, "adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0},
+        "actor_rollout_ref": {"rollout": {"n": 2}},
+    }
+    from omegaconf import OmegaConf
+
+    trainer = type("Trainer", (), {"config": OmegaConf.create(config)})()
+    keys = [f"{uid}_{i % 2}_0" for i, uid in enumerate(uids)]  # verl's {uid}_{session}_{output} keys
+    batch = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
+    trainer_base.PPOTrainer._compute_advantage(trainer, batch, metrics={})
+    return torch.stack([row[0] for row in written["fields"]["advantages"].unbind(0)])
+
+
+@pytest.mark.parametrize("name", [sabotage.FLIP_ADVANTAGE, sabotage.SHUFFLE_REWARDS])
+def test_verls_training_step_calls_the_advantage_function_the_sabotages_patch(monkeypatch, name):
+    """A verl upgrade that computes GRPO advantages without looking up `core_algos.compute_grpo_outcome_advantage`
+    would make flip_advantage and shuffle_rewards silent no-ops (the run would learn and the sabotage test would
+    "fail to fail" only after 20 steps, or pass for the wrong reason): here verl's own step method must call it."""
+    from verl.trainer.ppo import core_algos
+
+    monkeypatch.setattr(
+        core_algos, "compute_grpo_outcome_advantage", core_algos.compute_grpo_outcome_advantage
+    )
+    scores = [1.0, 0.2, 0.9, 0.1]
+    honest = _advantages_through_verls_v1_trainer(monkeypatch, scores)
+    assert torch.allclose(honest, torch.tensor([1.0, -1.0, 1.0, -1.0]) / 2**0.5, atol=1e-4)
+    if name == sabotage.FLIP_ADVANTAGE:
+        sabotage.flip_advantages()
+        assert torch.allclose(_advantages_through_verls_v1_trainer(monkeypatch, scores), -honest)
+        return
+    perm = sabotage.misjoin(
+        4, torch.Generator().manual_seed(sabotage.SHUFFLE_SEED)
+    )  # the wrapper's first draw
+    misjoined = _advantages_through_verls_v1_trainer(monkeypatch, [scores[i] for i in perm.tolist()])
+    sabotage.shuffle_rewards()
+    shuffled = _advantages_through_verls_v1_trainer(monkeypatch, scores)
+    assert torch.allclose(shuffled, misjoined) and not torch.allclose(shuffled, honest)
+
+
 # ---- the step checks -----------------------------------------------------------------------------------------
 
 
@@ -358,14 +437,25 @@ def test_gpu_step_checks_fail_on_a_missing_metric_and_warn_only_in_verls_band():
     assert gpu_step_problems(no_search) == ([], [])
 
 
-def _learn_run(rewards: list[float], **values: float) -> LearnRun:
+def _learn_run(rewards: list[float], spread: float = 0.05, **values: float) -> LearnRun:
+    """A run whose step s trains questions 2((s-1) mod 5) and the next, 8 samples each, scoring around the step's
+    reward (+-spread; spread 0: every group scores alike)."""
     rows = [
         _row(i + 1, "1" if i < 10 else "2 (resumed)", critic__score__mean=r, **values)
         for i, r in enumerate(rewards)
     ]
-    run = LearnRun(seed=0, out_dir=None, rows=rows)  # type: ignore[arg-type]
+    trajectories = [
+        Trajectory(
+            step, f"question {2 * ((step - 1) % WINDOW) + k}", f"g{step}{k}", r + spread * (-1) ** sample
+        )
+        for step, r in enumerate(rewards, start=1)
+        for k in range(2)
+        for sample in range(8)
+    ]
+    run = LearnRun(seed=0, out_dir=None, rows=rows, trajectories=trajectories)  # type: ignore[arg-type]
     run.updates = {"1": list(range(0, 11)), "2 (resumed)": list(range(10, len(rewards) + 1))}
     run.probe_initial, run.probe_merged, run.weight_change = 0.30, 0.60, 0.2
+    run.probe_rotated_initial, run.probe_rotated_merged = 0.31, 0.55
     return run
 
 
@@ -376,7 +466,10 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
     assert _learn_run(rising).problems(steps=20) == []
     flat = _learn_run([0.3] * 20).problems(steps=20)
-    assert flat == ["reward did not rise: 0.300 -> 0.300 (needs +0.05)"]
+    assert flat == [
+        "reward did not rise: per question (first epoch -> last, paired): 0.300 -> 0.300 (+0.000), 0 of 10 rose "
+        "(needs +0.05)"
+    ]
     no_adv = _learn_run(rising, critic__advantages__max=0.0, actor__pg_loss=0.0).problems(steps=20)
     assert no_adv == ["only 0 of 20 steps had a positive advantage"]
     no_loss = _learn_run(rising, actor__pg_loss=0.0).problems(steps=20)
@@ -389,9 +482,29 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     assert "the merged weights equal the initial weights" in problems
     assert "probe did not move: 0.300 -> 0.310" in problems
     assert learned_line([_learn_run(rising)]) == (
-        "learned: reward 0.300 -> 0.600 (+0.300); sync max prob diff 1e-07; observation tokens in loss 0; "
-        "model-written searches 0"
+        "learned: reward per question, first epoch -> last 0.300 -> 0.600 (+0.300), 10 of 10 rose; last epoch's "
+        "groups varying 1.00; sync max prob diff 1e-07; observation tokens in loss 0; model-written searches 0"
     )
+    assert _learn_run(rising).specificity() == pytest.approx((-0.01, 0.05))
+
+
+def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_collapsed(monkeypatch):
+    """Issue 39 item 6: at lr 3e-2 every group scored alike from step ~15 (no advantage, no gradient), and the
+    rise was measured over a window in which nothing was learning any more."""
+    import searchrl.trainer.cpu_learn as cpu_learn
+
+    monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps: [])
+    rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
+    collapsed = _learn_run(rising)
+    late = {step for step in range(21 - WINDOW, 21)}
+    collapsed.trajectories = [
+        Trajectory(t.step, t.question, t.group, 0.6) if t.step in late else t for t in collapsed.trajectories
+    ]
+    assert collapsed.last_epoch_varying() == 0.0
+    assert collapsed.problems(steps=20) == [
+        f"the policy collapsed: 0.00 of the last epoch's groups scored differently (needs {MIN_VARYING:.2f}; a group "
+        "that scores alike has no advantage and no gradient)"
+    ]
 
 
 def test_the_error_line_names_each_failed_check_once():
