@@ -19,8 +19,9 @@ and fails with one line unless all of these hold:
    after every step (`hf_rollout.UPDATE_LINE`).
 3. **Observations stayed out of the loss**: `loss/observation_tokens_in_loss` is 0 on every step.
 4. **Advantages and updates are real**: `critic/advantages/max` > 0 on at least half the steps (a step whose
-   groups each scored alike has none, legitimately), `actor/pg_loss` != 0 on every step with an advantage, and
-   the merged weights differ from the initial ones.
+   groups each scored alike has none, legitimately), `actor/grad_norm` > 0 on every step with an advantage (not
+   the loss: with equal-length responses GRPO's advantages sum to zero per group and the on-policy loss is their
+   token mean, so an honest step can log a loss of exactly 0), and the merged weights differ from the initial ones.
 5. **The probe moved**: on fixed contexts (each train question, the scripted call, and the search tool's real
    response), the reward the merged model expects of its first own token, with no sampling, exceeds the initial
    model's (`probe_score`). Its **specificity** (reported, not checked) is the probe with each question's own
@@ -212,14 +213,17 @@ class LearnRun:
                     f"{MIN_VARYING:.2f}; a group that scores alike has no advantage and no gradient)"
                 )
         # A step whose every GRPO group scored alike has zero advantages and no policy gradient (legitimately:
-        # late in the run a group may all score 1); most steps must carry both, and an advantage must move the loss.
+        # late in the run a group may all score 1); most steps must carry both, and an advantage must reach the
+        # gradient. Not the loss: with equal-length responses (all at the cap) GRPO's advantages sum to zero per group
+        # and the on-policy token-mean loss is exactly their mean, 0, on an honest step (a shuffle_rewards run hit it).
         advantaged = [row for row in self.rows if row.get("advantage_max") > 0]
         if len(advantaged) < len(self.rows) / 2:
             problems.append(f"only {len(advantaged)} of {len(self.rows)} steps had a positive advantage")
         for row in advantaged:
-            if not row.get("policy_loss") != 0:
+            if not row.get("grad_norm") > 0:
                 problems.append(
-                    f"step {row.step}: advantages up to {row.get('advantage_max'):.3g} but policy loss 0"
+                    f"step {row.step}: advantages up to {row.get('advantage_max'):.3g} but grad norm "
+                    f"{row.get('grad_norm'):.3g} (the advantages did not reach the gradient)"
                 )
         for label, updated in self.updates.items():
             logged = [row.step for row in self.rows if row.run == label]

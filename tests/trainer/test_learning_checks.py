@@ -358,6 +358,7 @@ def _row(step: int, run: str = "1", **values: float) -> StepRow:
         "critic/score/min": 0.1,
         "critic/advantages/max": 1.5,
         "actor/pg_loss": 0.01,
+        "actor/grad_norm": 0.2,
     }
     for key, value in values.items():
         metrics[key.replace("__", "/")] = value
@@ -472,8 +473,11 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     ]
     no_adv = _learn_run(rising, critic__advantages__max=0.0, actor__pg_loss=0.0).problems(steps=20)
     assert no_adv == ["only 0 of 20 steps had a positive advantage"]
-    no_loss = _learn_run(rising, actor__pg_loss=0.0).problems(steps=20)
-    assert "step 1: advantages up to 1.5 but policy loss 0" in no_loss
+    # an honest step can log a loss of exactly 0 (equal-length responses: the advantages' mean); only a gradient of
+    # 0 with advantages present means they never reached the update
+    assert _learn_run(rising, actor__pg_loss=0.0).problems(steps=20) == []
+    no_grad = _learn_run(rising, actor__grad_norm=0.0).problems(steps=20)
+    assert any(p.startswith("step 1: advantages up to 1.5 but grad norm 0 ") for p in no_grad), no_grad
     run = _learn_run(rising)
     run.updates["2 (resumed)"] = run.updates["2 (resumed)"][:-1]
     run.probe_merged, run.weight_change = 0.31, 0.0
