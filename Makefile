@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -172,6 +172,11 @@ learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: reward rises, weight sync an
 TRAIN_CPU_REAL_ARGS ?=
 train-cpu-real: $(VENV)/.dev  ## verl's GRPO loop with real weights (MODEL, default smollm2-135m): 2 steps, merge, load (~11 min on 2 cores)
 	$(BIN)/searchrl train cpu --model $(MODEL) $(TRAIN_CPU_REAL_ARGS)
+
+# issue 39 item 8, opt-in (not in make test): e.g. make learn-cpu-real LEARN_CPU_REAL_ARGS="--lrs 1e-4" (no pilot)
+LEARN_CPU_REAL_ARGS ?=
+learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gate, lr pilot, 20 GRPO steps, greedy probe (make model-get first)
+	$(BIN)/searchrl train cpu --model $(MODEL) --learn $(LEARN_CPU_REAL_ARGS)
 
 # issue 32: the rollout engine's model turn before (batch 1, 1 thread, 2nd forward) and after (batched, all cores)
 BENCH_ROLLOUT_ARGS ?=
