@@ -19,11 +19,12 @@ say something without inventing a tool response.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,16 @@ class GateResult:
     scores: list[list[float]]
     seconds: float = 0.0
     tokens: int = 0
+    questions: list[str] = field(default_factory=list)
+    turns: list[list[str]] = field(default_factory=list)  # the sampled turns, per question
+
+    def to_json(self) -> str:
+        """Every question's scores and turns (<out>/gate.json): what the summary line averages."""
+        rows = [
+            {"question": q, "scores": s, "turns": t}
+            for q, s, t in zip(self.questions, self.scores, self.turns, strict=True)
+        ]
+        return json.dumps({"line": self.line(), "groups": rows}, indent=1, ensure_ascii=False)
 
     @property
     def mean(self) -> float:
@@ -165,8 +176,8 @@ def sample_turns(
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-    model.eval()  # type: ignore[no-untyped-call]
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model.eval()
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     jobs = [(c, ids) for c, ids in enumerate(contexts) for _ in range(n)]
@@ -198,6 +209,8 @@ def sample_turns(
             kept = new[: new.index(eos) + 1] if eos in new else new
             made += len(kept)
             turns[c].append(tokenizer.decode(kept, skip_special_tokens=True))
+        # minutes of CPU work: say how far it got (issue 39 item 10)
+        log.info("sampled %d of %d turns (%d tokens so far)", start + len(chunk), len(jobs), made)
     return turns, made
 
 
@@ -215,13 +228,16 @@ def gate(
     import time
 
     tokenizer = load_tokenizer(model_dir, chat_template)
-    contexts = turn_contexts(settings, tokenizer, train_questions(settings))
+    questions = train_questions(settings)
+    contexts = turn_contexts(settings, tokenizer, questions)
     started = time.monotonic()
     turns, tokens = sample_turns(
         model_dir, tokenizer, contexts, n=n, max_tokens=max_tokens, temperature=1.0, dtype=dtype, seed=seed
     )
     scores = [[turn_score(t) for t in group] for group in turns]
-    return GateResult(scores=scores, seconds=time.monotonic() - started, tokens=tokens)
+    return GateResult(
+        scores=scores, seconds=time.monotonic() - started, tokens=tokens, questions=questions, turns=turns
+    )
 
 
 def greedy_share(

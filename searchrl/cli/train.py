@@ -176,7 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--lrs",
-        default="3e-5,1e-4",
+        default="1e-4",
         help="with --model --learn: comma-separated lrs; several: a pilot of --pilot-steps each picks one "
         "(default %(default)s)",
     )

@@ -24,7 +24,9 @@ from searchrl.trainer.real_task import compute_score, own_turn, turn_score
 REPO = Path(__file__).resolve().parents[2]
 GOLD = {"target": ["Ingmar Bergman"]}
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query_list": ["who directed it"]}}\n</tool_call>'
-OBSERVATION = "<tool_response>\nDoc 1 (Title: The Seventh Seal) ... directed by Ingmar Bergman\n</tool_response>"
+OBSERVATION = (
+    "<tool_response>\nDoc 1 (Title: The Seventh Seal) ... directed by Ingmar Bergman\n</tool_response>"
+)
 
 
 def trajectory(turn: str, *, response: bool = True) -> str:
@@ -87,8 +89,12 @@ def _row(step: int, reward: float, invented: float, trajectories: float = 8.0) -
     return StepRow(step=step, run="run", metrics=metrics)
 
 
-def _run(rewards: tuple[float, float], invented: tuple[float, float], probe: tuple[float, float]) -> RealLearnRun:
+def _run(
+    rewards: tuple[float, float], invented: tuple[float, float], probe: tuple[float, float]
+) -> RealLearnRun:
+    """A run whose gate (the initial policy) scored 0.5 with a null of 0.1, and two epochs of 10 steps."""
     run = RealLearnRun(Path("/nowhere"), Path("/nowhere"), null=0.1, epoch_steps=10)
+    run.gate = GateResult(scores=[[0.0, 1.0] * 4] * 10)
     run.rows = [_row(i + 1, rewards[i >= 10], invented[i >= 10]) for i in range(20)]
     run.probe_initial, run.probe_merged = probe
     return run
@@ -98,13 +104,17 @@ def test_the_run_passes_only_when_reward_invented_tokens_and_probe_all_agree():
     assert _run((0.5, 0.7), (40.0, 20.0), (0.3, 0.5)).problems() == []
     flat = _run((0.5, 0.55), (40.0, 20.0), (0.3, 0.5)).problems()
     assert len(flat) == 1 and "did not rise beyond the null" in flat[0]
+    # the rise counts from the initial policy (the gate), not from epoch 1, which already holds updates
+    assert _run((0.95, 1.0), (4.0, 0.0), (0.3, 0.5)).problems() == []
     small_drop = _run((0.5, 0.7), (40.0, 40.0 * (1 - MIN_DROP) + 1), (0.3, 0.5)).problems()
     assert len(small_drop) == 1 and "needs -30%" in small_drop[0]
     nothing = _run((0.5, 0.7), (0.0, 0.0), (0.3, 0.5)).problems()
     assert len(nothing) == 1 and "no invented tool-response tokens" in nothing[0]
     probe = _run((0.5, 0.7), (40.0, 20.0), (0.5, 0.5)).problems()
     assert len(probe) == 1 and "greedy probe did not rise" in probe[0]
-    assert _run((0.5, 0.7), (40.0, 20.0), (0.3, 0.5)).line().startswith("learned: reward 0.500 -> 0.700")
+    assert (
+        _run((0.5, 0.7), (40.0, 20.0), (0.3, 0.5)).line().startswith("learned: reward 0.500 before -> 0.700")
+    )
 
 
 def test_the_epochs_must_be_whole():
@@ -150,9 +160,7 @@ def test_the_cli_routes_model_learn_and_gate_to_the_real_run(monkeypatch, tmp_pa
 
     def fake_run(out, model_dir, **kwargs):
         seen.append({"out": out, "model": model_dir, **kwargs})
-        run = _run((0.5, 0.7), (40.0, 20.0), (0.3, 0.5))
-        run.gate = GateResult(scores=[[0.0, 1.0] * 4])
-        return run
+        return _run((0.5, 0.7), (40.0, 20.0), (0.3, 0.5))
 
     monkeypatch.setattr(real, "run_real_learn", fake_run)
     argv = ["train", "cpu", "--model", str(tmp_path), "--out", str(tmp_path / "o")]
