@@ -235,8 +235,9 @@ def learn_settings(
     )
 
 
-def learn_overrides(dtype: str, seed: int, turn_tokens: int) -> list[str]:
-    """The CPU overrides, the run's precision, the reward, a seeded rollout and the per-turn token budget."""
+def learn_overrides(dtype: str, seed: int, turn_tokens: int, random_reward: float | None = None) -> list[str]:
+    """The CPU overrides, the run's precision, the reward, a seeded rollout and the per-turn token budget; with
+    `random_reward` the reward is a coin flip at that rate (the null run, trainer/real_task.py)."""
     from searchrl.trainer.cpu_real import precision_overrides
     from searchrl.trainer.cpu_smoke import cpu_overrides
     from searchrl.trainer.overrides import hydra_value
@@ -247,6 +248,8 @@ def learn_overrides(dtype: str, seed: int, turn_tokens: int) -> list[str]:
         ("actor_rollout_ref.rollout.seed", seed),
         ("+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens", turn_tokens),
     ]
+    if random_reward is not None:
+        pairs.append(("+reward.custom_reward_function.reward_kwargs.random_rate", random_reward))
     return [
         *cpu_overrides(),
         *precision_overrides(dtype),
@@ -297,6 +300,7 @@ def run_real_learn(
     precision: str = "auto",
     seed: int = 0,
     gate_only: bool = False,
+    random_reward: float | None = None,
     timeout_s: float = 3600.0,
 ) -> RealLearnRun:
     """The whole run (module docstring). Raises ConfigError at the gate; returns the run for its checks."""
@@ -322,6 +326,8 @@ def run_real_learn(
             f"--turn-tokens {turn_tokens}, --pilot-steps {pilot_steps}, --lrs {list(lrs)}: the budget must be "
             "positive, a pilot at least 2 steps, every lr above 0"
         )
+    if random_reward is not None and not 0 <= random_reward <= 1:
+        raise ConfigError(f"--random-reward {random_reward}: a rate between 0 and 1 (e.g. the gate's mean)")
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
@@ -349,7 +355,7 @@ def run_real_learn(
         if gate_only:
             return run
         prompt_len, response_len = sequence_lengths(base, run.model_dir, turn_tokens)
-        extra = learn_overrides(run.dtype, seed, turn_tokens)
+        extra = learn_overrides(run.dtype, seed, turn_tokens, random_reward)
 
         def train(experiment: str, steps: int, lr: float) -> list[StepRow]:
             from searchrl.trainer.cpu_real import check_real_steps

@@ -21,6 +21,7 @@ the tool counters run as on a GPU run; only `score` differs. The step's `loss/mo
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -59,13 +60,21 @@ def compute_score(
     solution_str: str,
     ground_truth: Any,
     extra_info: Mapping[str, Any] | None = None,
+    random_rate: float | None = None,
     **kwargs: Any,
 ) -> dict[str, float]:
-    """verl's compute_score: the production reward's dict with `score` = turn_score of the own turn."""
+    """verl's compute_score: the production reward's dict with `score` = turn_score of the own turn.
+
+    `random_rate` (the null run, `searchrl train cpu --learn --random-reward P`): `score` is a coin flip at rate P,
+    independent of the turn, so the updates are as large and as varied as a real run's but driven by nothing the
+    model wrote; `no_invented_response` still holds the real score."""
     out = reward.compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
-    turn = own_turn(solution_str)
-    score = turn_score(turn)
-    return {**out, "score": score, "no_invented_response": score}
+    real = turn_score(own_turn(solution_str))
+    score = real if random_rate is None else float(_RNG.random() < random_rate)
+    return {**out, "score": score, "no_invented_response": real}
+
+
+_RNG = random.Random(0)
 
 
 __all__ = ["compute_score", "invents_response", "own_turn", "turn_score"]

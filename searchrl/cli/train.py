@@ -191,6 +191,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="with --model --learn/--gate: new tokens one model turn may generate (default %(default)s)",
     )
     p.add_argument(
+        "--random-reward",
+        dest="random_reward",
+        type=float,
+        help="with --model --learn: the null run; each reward is a coin flip at this rate, independent of the "
+        "turn (updates as large, driven by nothing the model wrote)",
+    )
+    p.add_argument(
         "--seeds",
         default="0",
         help="with --learn: comma-separated seeds, one run each, one reward curve with their band (default 0)",
@@ -346,6 +353,7 @@ def _real_learn(args: argparse.Namespace, qa: Path) -> int:
         turn_tokens=args.turn_tokens,
         precision=args.precision,
         gate_only=not args.learn,
+        random_reward=args.random_reward,
         timeout_s=args.timeout or 3600.0,
     )
     if not args.learn:

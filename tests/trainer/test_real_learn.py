@@ -62,6 +62,16 @@ def test_the_own_turn_is_after_the_environments_response_not_after_an_invented_o
     assert compute_score("dev", trajectory("", response=False), GOLD)["score"] == 0.0
 
 
+def test_the_null_runs_reward_is_a_coin_flip_whatever_the_turn_and_keeps_the_real_score():
+    invented = trajectory("<tool_response>\nmade up\n</tool_response>")
+    outs = [compute_score("dev", invented, GOLD, random_rate=0.65) for _ in range(400)]
+    assert 0.55 < sum(o["score"] for o in outs) / 400 < 0.75
+    assert {o["no_invented_response"] for o in outs} == {0.0}
+    assert "+reward.custom_reward_function.reward_kwargs.random_rate=0.65" in learn_overrides(
+        "float32", 0, 96, 0.65
+    )
+
+
 def test_the_gate_refuses_when_no_group_varies_and_passes_when_one_does():
     for alike in ([[0.0] * 8] * 10, [[1.0] * 8] * 10):
         with pytest.raises(ConfigError) as info:
