@@ -478,7 +478,9 @@ def plot_curve(run: RealLearnRun, path: Path) -> Path:
     bottom.set_ylabel("invented tool-response\ntokens / trajectory")
     bottom.set_xlabel("GRPO step (1 question x 8 samples)")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-    top.set_title("make learn-cpu-real: SmolLM2-135M, own turn after a real search (2 CPU cores)", fontsize=10)
+    top.set_title(
+        "make learn-cpu-real: SmolLM2-135M, own turn after a real search (2 CPU cores)", fontsize=10
+    )
     top.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
