@@ -109,6 +109,9 @@ class RealLearnRun:
     probe_initial: float = math.nan
     probe_merged: float = math.nan
     probe_questions: int = 0
+    # distinct openings (first 5 words) among the greedy turns: a diagnostic, not a check; a policy that meets the
+    # reward with one boilerplate turn for every question shows here (the first run's probe.json: 12 -> 2)
+    probe_openings: tuple[int, int] = (0, 0)
     phases: dict[str, float] = field(default_factory=dict)
 
     def ends(self) -> tuple[float, float, float, float, float]:
@@ -191,7 +194,8 @@ class RealLearnRun:
                 "",
                 f"greedy probe on {self.probe_questions} held-out dev questions (share of turns that say something "
                 f"without inventing a tool response): initial {self.probe_initial:.3f}, merged "
-                f"{self.probe_merged:.3f}",
+                f"{self.probe_merged:.3f}; distinct openings (first 5 words) {self.probe_openings[0]} -> "
+                f"{self.probe_openings[1]}",
                 "phase times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.phases.items()),
             ]
         )
@@ -262,6 +266,11 @@ def held_out_questions(qa_source: Path, skip: int, limit: int | None = None) -> 
     lines = [line for line in qa_source.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = lines[skip:] if limit is None else lines[skip : skip + limit]
     return [str(json.loads(line)["question"]) for line in rows]
+
+
+def distinct_openings(turns: Sequence[str], words: int = 5) -> int:
+    """How many different openings (the first `words` words, lowercased) the turns have."""
+    return len({" ".join(turn.lower().split()[:words]) for turn in turns})
 
 
 def _round_up(value: int, to: int) -> int:
@@ -427,6 +436,7 @@ def probe(
     run.probe_questions = len(contexts)
     run.probe_initial, before = greedy_share(run.model_dir, tokenizer, contexts, max_tokens=turn_tokens)
     run.probe_merged, after = greedy_share(merged.target_dir, tokenizer, contexts, max_tokens=turn_tokens)
+    run.probe_openings = (distinct_openings(before), distinct_openings(after))
     (run.out_dir / "probe.json").write_text(
         json.dumps(
             [
@@ -496,6 +506,7 @@ __all__ = [
     "PILOT_STEPS",
     "TURN_TOKENS",
     "RealLearnRun",
+    "distinct_openings",
     "epochs",
     "held_out_questions",
     "invented_per_trajectory",

@@ -15,7 +15,14 @@ import pytest
 
 from searchrl.cli import main
 from searchrl.errors import ConfigError
-from searchrl.trainer.cpu_real_learn import MIN_DROP, RealLearnRun, epochs, learn_overrides, pick_lr
+from searchrl.trainer.cpu_real_learn import (
+    MIN_DROP,
+    RealLearnRun,
+    distinct_openings,
+    epochs,
+    learn_overrides,
+    pick_lr,
+)
 from searchrl.trainer.cpu_report import COLUMNS, StepRow
 from searchrl.trainer.hf_rollout import turn_budget
 from searchrl.trainer.real_gate import GateResult, check_gate, null_rise
@@ -125,6 +132,11 @@ def test_the_run_passes_only_when_reward_invented_tokens_and_probe_all_agree():
     assert (
         _run((0.5, 0.7), (40.0, 20.0), (0.3, 0.5)).line().startswith("learned: reward 0.500 before -> 0.700")
     )
+
+
+def test_boilerplate_turns_show_as_few_distinct_openings():
+    turns = ["This is a classic example of a fallacy.", "this is  a classic example of bias", "Bergman."]
+    assert distinct_openings(turns) == 2
 
 
 def test_the_epochs_must_be_whole():
