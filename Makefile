@@ -173,9 +173,10 @@ TRAIN_CPU_REAL_ARGS ?=
 train-cpu-real: $(VENV)/.dev  ## verl's GRPO loop with real weights (MODEL, default smollm2-135m): 2 steps, merge, load (~11 min on 2 cores)
 	$(BIN)/searchrl train cpu --model $(MODEL) $(TRAIN_CPU_REAL_ARGS)
 
-# issue 39 item 8, opt-in (not in make test): e.g. make learn-cpu-real LEARN_CPU_REAL_ARGS="--lrs 1e-4" (no pilot)
-LEARN_CPU_REAL_ARGS ?=
-learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gate, lr pilot, 20 GRPO steps, greedy probe (make model-get first)
+# issue 39 item 8, opt-in (not in make test). The default is the run docs/training.md shows: 6 questions (5 train:
+# two epochs = 10 steps), lr 1e-4; e.g. LEARN_CPU_REAL_ARGS="--questions 12 --lrs 3e-5,1e-4" for 20 steps after a pilot
+LEARN_CPU_REAL_ARGS ?= --questions 6
+learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gate, GRPO 1 prompt x 8, greedy probe (make model-get first)
 	$(BIN)/searchrl train cpu --model $(MODEL) --learn $(LEARN_CPU_REAL_ARGS)
 
 # issue 32: the rollout engine's model turn before (batch 1, 1 thread, 2nd forward) and after (batched, all cores)
