@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -172,6 +172,12 @@ learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: each question's reward rises
 TRAIN_CPU_REAL_ARGS ?=
 train-cpu-real: $(VENV)/.dev  ## verl's GRPO loop with real weights (MODEL, default smollm2-135m): 2 steps, merge, load (~11 min on 2 cores)
 	$(BIN)/searchrl train cpu --model $(MODEL) $(TRAIN_CPU_REAL_ARGS)
+
+# issue 39 item 8, opt-in (not in make test). The default is the run docs/training.md shows: 6 questions (5 train:
+# two epochs = 10 steps), lr 1e-4; e.g. LEARN_CPU_REAL_ARGS="--questions 12 --lrs 3e-5,1e-4" for 20 steps after a pilot
+LEARN_CPU_REAL_ARGS ?= --questions 6
+learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gate, GRPO 1 prompt x 8, greedy probe (make model-get first)
+	$(BIN)/searchrl train cpu --model $(MODEL) --learn $(LEARN_CPU_REAL_ARGS)
 
 # issue 32: the rollout engine's model turn before (batch 1, 1 thread, 2nd forward) and after (batched, all cores)
 BENCH_ROLLOUT_ARGS ?=

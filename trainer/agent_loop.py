@@ -6,7 +6,8 @@ loop, the rollout server generated that turn and verl merged it as assistant tok
 (utils/tokenizer/continuous_token.py:399-400 via tool_agent_loop.py:274-282), so the policy-gradient, entropy
 and KL terms trained the model on text it never chose (DESIGN.md 3c). Here the loop itself writes the turn, with
 loss mask 0 like any observation: the policy is trained only on what it sampled, and the rollout/actor
-consistency metrics (computed over mask-1 tokens) see only sampled tokens.
+consistency metrics (computed over mask-1 tokens) see only sampled tokens. With `turn_max_tokens` set, every
+request carries that `max_tokens` (verl sets none).
 
 The trajectory's `extra_fields` count the calls the loop scripted; the sampler logs them as
 `search/scripted_calls`, and `search/model_calls` (executed calls less scripted ones) as the calls the model
@@ -77,6 +78,22 @@ def _scripting_enabled(rollout_config: Any) -> bool:
     return bool(hf_engine_kwargs(rollout_config).get("scripted_first_turn", False))
 
 
+def turn_max_tokens(rollout_config: Any) -> int | None:
+    """`actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens`: new tokens one model turn may generate.
+
+    verl's agent loop passes the server no `max_tokens`, so a turn may run to the whole response budget (a
+    135M model rambles there: issue 39 item 10). The loop puts this cap into every request's sampling params,
+    where the hf server (trainer/hf_rollout.py `turn_budget`) and verl's vLLM and sglang servers read it."""
+    from searchrl.trainer.hf_rollout import hf_engine_kwargs
+
+    value = hf_engine_kwargs(rollout_config).get("turn_max_tokens")
+    if value is None:
+        return None
+    if int(value) < 1:
+        raise ValueError(f"engine_kwargs.hf.turn_max_tokens={value!r}: must be at least 1")
+    return int(value)
+
+
 class _LastOutput:
     """The server client, remembering the last TokenOutput (one agent loop instance runs one trajectory)."""
 
@@ -99,16 +116,20 @@ class SearchToolAgentLoop(ToolAgentLoop):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.scripted_first_turn = _scripting_enabled(self.rollout_config)
+        self.turn_max_tokens = turn_max_tokens(self.rollout_config)
         self.server_manager = _LastOutput(self.server_manager)
         self._generated: list[Span] = []  # one instance runs one trajectory (verl instantiates one per run)
         self._tool_turns = 0
         self._assistant_merge: Span | None = None
         self._context_merge: Any = None
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-        """verl's run, plus the record of what the server generated in the trajectory's extra_fields."""
+    async def run(self, sampling_params: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """verl's run with the per-turn token budget in every request (verl sets no max_tokens), plus the record of
+        what the server generated in the trajectory's extra_fields."""
+        if self.turn_max_tokens is not None:
+            sampling_params = {**sampling_params, "max_tokens": self.turn_max_tokens}
         self._generated, self._tool_turns = [], 0
-        output = await super().run(sampling_params, **kwargs)
+        output = await super().run(sampling_params, *args, **kwargs)
         spans = clip_spans(self._generated, len(output.response_ids))
         last = output.response_ids[spans[-1][0] : spans[-1][1]] if spans else []
         output.extra_fields[SPANS] = format_spans(spans)
@@ -198,4 +219,4 @@ class SearchToolAgentLoop(ToolAgentLoop):
         return state
 
 
-__all__ = ["AGENT_NAME", "SearchToolAgentLoop", "question_of", "scripted_tool_call"]
+__all__ = ["AGENT_NAME", "SearchToolAgentLoop", "question_of", "scripted_tool_call", "turn_max_tokens"]

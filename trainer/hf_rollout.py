@@ -13,7 +13,8 @@ matching verl's (DESIGN.md section 3b):
   sampling pass's logits (no second forward). The precision is `engine_kwargs.hf.dtype` (float32 unless the CPU
   run measured bf16 faster, trainer/cpu_precision.py). verl passes no `max_tokens`, so a turn may generate what
   is left of `prompt_length + response_length`, capped at `response_length` (the rule verl's sglang server
-  applies); the agent loop cuts the trajectory at its budget.
+  applies) and at the request's `max_tokens` when the agent loop sets one (`turn_budget`, as vLLM reads it);
+  the agent loop cuts the trajectory at its budget.
 - `HFServerAdapter` (verl's `BaseRollout`, in the training worker): after every actor update verl's naive
   checkpoint engine hands it the new weights tensor by tensor (workers/engine_workers.py:727-827); it sends them to
   the server. The server refuses an update that misses any of its weights (only a tied `lm_head` may be absent),
@@ -87,6 +88,17 @@ def _sampling(params: dict[str, Any]) -> tuple[float, float, int]:
         float(params.get("top_p") or 1.0),
         int(params.get("top_k") or 0),
     )
+
+
+def turn_budget(response_length: int, room: int, sampling_params: dict[str, Any]) -> int:
+    """New tokens a turn may generate: what the context has room for, capped at `response_length` and at the
+    request's own `max_tokens` (or sglang's `max_new_tokens`) when it sets one, as verl's vLLM server reads it
+    (workers/rollout/vllm_rollout/vllm_async_server.py: the request's value, clamped to [1, room])."""
+    cap = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+    budget = min(response_length, room)
+    if cap is not None:
+        budget = min(budget, int(cap))
+    return max(1, budget)
 
 
 def first_stop(tokens: list[int], stop_ids: set[int]) -> int:
@@ -206,7 +218,7 @@ class HFGenerateServer:
         **kwargs: Any,
     ) -> TokenOutput:
         prompt = list(prompt_ids)
-        budget = max(1, min(self.response_length, self.max_len - len(prompt)))
+        budget = turn_budget(self.response_length, self.max_len - len(prompt), sampling_params)
         request = _Request(
             prompt, _sampling(sampling_params), budget, asyncio.get_running_loop().create_future()
         )
@@ -395,4 +407,5 @@ __all__ = [
     "missing_weights",
     "sampled_log_probs",
     "sent_fingerprint",
+    "turn_budget",
 ]

@@ -170,6 +170,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="with --model: auto measures bf16 against fp32 where the CPU has native BF16 (default %(default)s)",
     )
     p.add_argument(
+        "--gate",
+        action="store_true",
+        help="with --model: only the variance gate of --learn (each train question sampled 8 times at T=1 with "
+        "the turn budget; reward mean, share of groups that vary); exit 2 when no group varies",
+    )
+    p.add_argument(
+        "--lrs",
+        default="1e-4",
+        help="with --model --learn: comma-separated lrs; several: a pilot of --pilot-steps each picks one "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--pilot-steps", dest="pilot_steps", type=int, default=4, help="with --lrs: steps a pilot (default 4)"
+    )
+    p.add_argument(
+        "--turn-tokens",
+        dest="turn_tokens",
+        type=int,
+        default=96,
+        help="with --model --learn/--gate: new tokens one model turn may generate (default %(default)s)",
+    )
+    p.add_argument(
+        "--random-reward",
+        dest="random_reward",
+        type=float,
+        help="with --model --learn: the null run; each reward is a coin flip at this rate, independent of the "
+        "turn (updates as large, driven by nothing the model wrote)",
+    )
+    p.add_argument(
         "--seeds",
         default="0",
         help="with --learn: comma-separated seeds, one run each, one reward curve with their band (default 0)",
@@ -263,11 +292,16 @@ def _merge(args: argparse.Namespace) -> int:
 def _cpu(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
     from searchrl.trainer.cpu_smoke import DEV_QA, run_cpu_smoke
 
     setup_logging()
     qa = Path(args.qa) if args.qa else DEV_QA
+    if args.model and (args.learn or args.gate):
+        return _real_learn(args, qa)
+    if args.gate:
+        raise ConfigError("--gate samples a real model: give --model (e.g. --model smollm2-135m)")
     if args.learn:
         return _learn(args, qa)
     if args.model:
@@ -295,6 +329,43 @@ def _real(args: argparse.Namespace, qa: Path) -> int:
         timeout_s=args.timeout or 3600.0,
     )
     print(run.report())  # noqa: T201
+    return 0
+
+
+def _real_learn(args: argparse.Namespace, qa: Path) -> int:
+    """`--model M --learn` (make learn-cpu-real) or `--model M --gate`: trainer/cpu_real_learn.py."""
+    from searchrl.errors import ConfigError, SmokeCheckError
+    from searchrl.models import resolve_model
+    from searchrl.trainer.cpu_real_learn import run_real_learn
+
+    try:
+        lrs = [float(part) for part in args.lrs.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--lrs {args.lrs!r}: give numbers separated by commas, e.g. 3e-5,1e-4") from None
+    model_dir = Path(resolve_model(args.model))
+    out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/learn-cpu-real")
+    run = run_real_learn(
+        out,
+        model_dir,
+        qa_source=qa,
+        questions=args.questions,
+        lrs=lrs,
+        pilot_steps=args.pilot_steps,
+        turn_tokens=args.turn_tokens,
+        precision=args.precision,
+        gate_only=not args.learn,
+        random_reward=args.random_reward,
+        timeout_s=args.timeout or 3600.0,
+    )
+    if not args.learn:
+        print(run.gate.line() if run.gate else "variance gate: not run")  # noqa: T201
+        return 0
+    print(run.report())  # noqa: T201
+    print(f"reward curve: {out.resolve() / 'reward_curve.png'}")  # noqa: T201
+    print(run.line())  # noqa: T201
+    problems = run.problems()
+    if problems:
+        raise SmokeCheckError("the real-weights learning run did not learn: " + "; ".join(problems))
     return 0
 
 

@@ -254,14 +254,20 @@ def test_failed_searches_stop_the_run_through_verls_reward_path(
     asyncio.run(run())
 
 
-def _scripted_cfg(tmp_path: Path, qa_sample: Path, url: str, compose: Any) -> tuple[TrainSettings, Any]:
+def _scripted_cfg(
+    tmp_path: Path, qa_sample: Path, url: str, compose: Any, extra: tuple[str, ...] | list[str] = ()
+) -> tuple[TrainSettings, Any]:
     from searchrl.trainer.agent_loop import AGENT_NAME
 
     settings = _settings(tmp_path, qa_sample, url).model_copy(update={"agent_loop": AGENT_NAME})
     prepare_data(settings)
     write_tool_config(settings)
     cfg = compose(
-        [*render_overrides(settings), "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True"]
+        [
+            *render_overrides(settings),
+            "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True",
+            *extra,
+        ]
     )
     return settings, cfg
 
@@ -388,3 +394,51 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
     assert out3.extra_fields[TOOL_RESPONSES] == 0 and out3.extra_fields[SPANS] == ""
     assert r3["reward_score"] == 0.0
     assert answer_char_share(_old_own_turn(text3), answers) > 0  # the old split scored the scripted call
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ("The Seventh Seal was directed by Ingmar Bergman.", 1.0),
+        ("<tool_response>\nDoc 1 (Title: Made up) Fritz Lang directed it.\n</tool_response>", 0.0),
+        ("  \n", 0.0),
+    ],
+    ids=["clean", "invents-a-tool-response", "empty"],
+)
+def test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_through_verl(
+    tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample, reply, score
+):
+    """`make learn-cpu-real`'s path for one trajectory: our loop puts the turn budget into the request verl sends
+    the server (verl sets no max_tokens), and verl's reward manager, loading trainer/real_task.py by pkg://, scores
+    the own turn after the live service's response: 1 when clean, 0 when it invents a tool response or says
+    nothing. The mask metric counts the invented span as the model's, apart from the observation."""
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.cpu_real_learn import REWARD_FN_NAME, REWARD_FN_PATH
+    from searchrl.trainer.masks import mask_step_metrics
+
+    tok = offline_tokenizer
+    settings, cfg = _scripted_cfg(
+        tmp_path,
+        qa_sample,
+        live_bm25_url,
+        compose,
+        extra=[
+            "+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens=96",
+            f"reward.custom_reward_function.path={REWARD_FN_PATH}",
+            f"reward.custom_reward_function.name={REWARD_FN_NAME}",
+        ],
+    )
+    row = _dataset_row(settings, cfg, tok, tmp_path)
+    calls: list[dict] = []
+
+    async def run() -> tuple[Any, Any, dict[str, Any]]:
+        output, server = await _run_loop(cfg, tok, row, [reply], calls, SearchToolAgentLoop)
+        return output, server, await _reward(cfg, tok, row, output)
+
+    output, server, reward = asyncio.run(run())
+    assert [p["max_tokens"] for p in server.sampling_params] == [96]
+    assert reward["reward_score"] == score
+    metrics = mask_step_metrics([(tok.convert_ids_to_tokens(output.response_ids), output.response_mask)])
+    assert metrics["loss/observation_tokens"] > 20 and metrics["loss/observation_tokens_in_loss"] == 0
+    invented = metrics["loss/model_tool_response_tokens"]
+    assert invented > 0 if "<tool_response>" in reply else invented == 0
