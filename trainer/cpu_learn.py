@@ -34,14 +34,13 @@ the policy is trained only on what it sampled. `model-written searches` counts c
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import re
 import shutil
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,38 +285,20 @@ def probe_contexts(settings: TrainSettings, tokenizer: Any) -> list[tuple[list[i
     run's service: the same text the rollouts saw, so the probe asks the model the question training asked.
     """
     import pandas as pd
-    from verl.tools.tool_registry import load_all_tools
 
-    from searchrl.prompt import SEARCH_TOOL_SCHEMA
-    from searchrl.trainer.agent_loop import scripted_tool_call
     from searchrl.trainer.reward import golden_answers
-
-    async def observations(questions: list[str]) -> list[str]:
-        (tool,) = load_all_tools(str(settings.resolved_tool_config_path), None)
-        try:
-            texts = []
-            for question in questions:
-                response, _, _ = await tool.execute("probe", {"query_list": [question]})
-                texts.append(response.text or "")
-            return texts
-        finally:
-            await tool.aclose()
+    from searchrl.trainer.turn_context import search_responses, turn_context_ids
 
     rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
     questions = [row["extra_info"]["question"] for row in rows]
-    contexts = []
-    for row, question, observation in zip(rows, questions, asyncio.run(observations(questions)), strict=True):
-        messages = [
-            *[dict(m) for m in row["prompt"]],
-            {"role": "assistant", "content": scripted_tool_call(question)},
-            {"role": "tool", "content": observation},
-        ]
-        ids = tokenizer.apply_chat_template(
-            messages, tools=[SEARCH_TOOL_SCHEMA], add_generation_prompt=True, tokenize=True
+    observations = search_responses(settings, questions, "probe")
+    return [
+        (
+            turn_context_ids(tokenizer, row["prompt"], question, observation),
+            golden_answers(row["reward_model"]["ground_truth"]),
         )
-        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids
-        contexts.append((list(ids), golden_answers(row["reward_model"]["ground_truth"])))
-    return contexts
+        for row, question, observation in zip(rows, questions, observations, strict=True)
+    ]
 
 
 def token_rewards(tokenizer: Any, answers: Sequence[str], size: int | None = None) -> list[float]:

@@ -122,6 +122,19 @@ class RealRun:
         )
 
 
+def require_inputs(model_dir: Path, qa_source: Path) -> None:
+    """Refuse (ConfigError, one line) a model folder without config.json or a missing QA file, before any work."""
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(
+            f"{model_dir} is not a Hugging Face model folder (no config.json): pass a known name "
+            "(searchrl model get --help) or a local folder; the CPU run downloads nothing"
+        )
+    if not qa_source.is_file():
+        raise ConfigError(
+            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
+        )
+
+
 def run_real(
     out_dir: Path,
     model_dir: Path,
@@ -136,15 +149,7 @@ def run_real(
     from searchrl.retrieval.process import served
     from searchrl.trainer.merge import merge_latest
 
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(
-            f"{model_dir} is not a Hugging Face model folder (no config.json): pass a known name "
-            "(searchrl model get --help) or a local folder; the CPU run downloads nothing"
-        )
-    if not qa_source.is_file():
-        raise ConfigError(
-            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
-        )
+    require_inputs(model_dir, qa_source)
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
@@ -209,6 +214,7 @@ __all__ = [
     "EXPERIMENT",
     "STEPS",
     "RealRun",
+    "require_inputs",
     "check_real_steps",
     "precision_overrides",
     "real_settings",

@@ -315,21 +315,14 @@ def run_real_learn(
     """The whole run (module docstring). Raises ConfigError at the gate; returns the run for its checks."""
     from searchrl.retrieval.process import served
     from searchrl.trainer.cpu_precision import choose_cpu_dtype
+    from searchrl.trainer.cpu_real import require_inputs
     from searchrl.trainer.cpu_smoke import write_qa
     from searchrl.trainer.data import prepare_data
     from searchrl.trainer.launch import check_retrieval
     from searchrl.trainer.real_gate import check_gate, gate, null_rise
     from searchrl.trainer.toolconfig import write_tool_config
 
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(
-            f"{model_dir} is not a Hugging Face model folder (no config.json): pass a known name "
-            "(searchrl model get --help) or a local folder; the CPU run downloads nothing"
-        )
-    if not qa_source.is_file():
-        raise ConfigError(
-            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
-        )
+    require_inputs(model_dir, qa_source)
     if turn_tokens < 1 or pilot_steps < 2 or not lrs or any(not lr > 0 for lr in lrs):
         raise ConfigError(
             f"--turn-tokens {turn_tokens}, --pilot-steps {pilot_steps}, --lrs {list(lrs)}: the budget must be "

@@ -18,7 +18,6 @@ say something without inventing a tool response.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
@@ -127,36 +126,14 @@ def train_questions(settings: TrainSettings) -> list[str]:
 
 def turn_contexts(settings: TrainSettings, tokenizer: Any, questions: Sequence[str]) -> list[list[int]]:
     """The token ids the model's own turn follows, per question (module docstring)."""
-    from verl.tools.tool_registry import load_all_tools
+    from searchrl.prompt import build_messages
+    from searchrl.trainer.turn_context import search_responses, turn_context_ids
 
-    from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_messages
-    from searchrl.trainer.agent_loop import scripted_tool_call
-
-    async def observations() -> list[str]:
-        tools: list[Any] = load_all_tools(str(settings.resolved_tool_config_path), None)
-        (tool,) = tools
-        try:
-            texts = []
-            for question in questions:
-                response, _, _ = await tool.execute("gate", {"query_list": [question]})
-                texts.append(response.text or "")
-            return texts
-        finally:
-            await tool.aclose()
-
-    contexts = []
-    for question, observation in zip(questions, asyncio.run(observations()), strict=True):
-        messages = [
-            *build_messages(question),
-            {"role": "assistant", "content": scripted_tool_call(question)},
-            {"role": "tool", "content": observation},
-        ]
-        ids = tokenizer.apply_chat_template(
-            messages, tools=[SEARCH_TOOL_SCHEMA], add_generation_prompt=True, tokenize=True
-        )
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        contexts.append([int(i) for i in ids])
-    return contexts
+    observations = search_responses(settings, questions, "gate")
+    return [
+        turn_context_ids(tokenizer, build_messages(question), question, observation)
+        for question, observation in zip(questions, observations, strict=True)
+    ]
 
 
 def sample_turns(

@@ -17,6 +17,7 @@ from searchrl.errors import ConfigError
 from searchrl.trainer.cpu_precision import MIN_SPEEDUP, choose_cpu_dtype
 from searchrl.trainer.cpu_real import check_real_steps, precision_overrides
 from searchrl.trainer.cpu_report import COLUMNS, PROB_DIFF_MEAN, SYNC_MAX_PROB_DIFF, StepRow
+from searchrl.trainer.generated_spans import MISSING, OUTSIDE, UNRECORDED
 from searchrl.trainer.overrides import hydra_value, render_overrides
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.template import check_train_template
@@ -103,6 +104,7 @@ def test_a_bf16_run_computes_in_bf16_everywhere_and_is_held_to_the_mean_bound(co
     metrics = {key: 1.0 for _, key, _ in COLUMNS.values()}
     metrics |= {"search/calls": 2.0, "loss/observation_tokens": 40.0, COLUMNS["search_failures"][1]: 0.0}
     metrics |= {COLUMNS["obs_in_loss"][1]: 0.0, COLUMNS["sync_diff"][1]: 0.2, PROB_DIFF_MEAN: 0.002}
+    metrics |= {OUTSIDE: 0.0, MISSING: 0.0, UNRECORDED: 0.0}  # the recorded-span mask invariant held
     rows = [StepRow(step, "real", dict(metrics)) for step in (1, 2)]
     assert check_real_steps(rows, "bfloat16") == []  # bf16 rounding: max 0.2, mean 0.002
     assert any(f"above {SYNC_MAX_PROB_DIFF:.0e}" in p for p in check_real_steps(rows, "float32"))
