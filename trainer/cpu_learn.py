@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.cpu_report import StepRow, check_steps, step_table
+from searchrl.trainer.cpu_report import ENTROPY, StepRow, check_steps, step_table
 from searchrl.trainer.cpu_smoke import (
     DEV_QA,
     cpu_overrides,
@@ -89,7 +89,6 @@ MIN_VARYING = 0.9
 # 3e-2 collapsed by step 15 (issue 39); 2e-2 at step 19; 1e-2 rose only +0.062 (seed 0). At 1.5e-2 every group of
 # every step varied in 5 seeds, entropy 7.05 -> 0.98-4.29 at step 20 (docs/training.md).
 LR = 1.5e-2
-ENTROPY = "actor/entropy"  # verl's per-step mean entropy of the policy over the trained tokens
 ROLLOUTS = "rollouts"  # verl's per-step trajectory dumps, under each seed's folder
 REWARD_FN_PATH = "pkg://searchrl.trainer.learn_task"
 REWARD_FN_NAME = "compute_score"

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.cpu_report import StepRow
+from searchrl.trainer.cpu_report import ENTROPY, PROB_DIFF_MEAN, StepRow
+from searchrl.trainer.masks import MODEL_TOOL_RESPONSE_TOKENS
 from searchrl.trainer.real_gate import GateResult
 from searchrl.trainer.settings import TrainSettings
 
@@ -59,15 +60,11 @@ TOPK = 3
 PASSAGE_CHARS = 200
 REWARD_FN_PATH = "pkg://searchrl.trainer.real_task"
 REWARD_FN_NAME = "compute_score"
-INVENTED = "loss/model_tool_response_tokens"
-TRAJECTORIES = "search/trajectories"
-ENTROPY = "actor/entropy"
-PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
 
 
 def invented_per_trajectory(row: StepRow) -> float:
     """Tokens inside `<tool_response>` text the model wrote itself, per trajectory of the step."""
-    return row.metrics.get(INVENTED, math.nan) / row.metrics.get(TRAJECTORIES, math.nan)
+    return row.metrics.get(MODEL_TOOL_RESPONSE_TOKENS, math.nan) / row.get("trajectories")
 
 
 def epochs(rows: Sequence[StepRow], epoch_steps: int) -> tuple[list[StepRow], list[StepRow]]:
@@ -281,18 +278,14 @@ def sequence_lengths(settings: TrainSettings, model_dir: Path, turn_tokens: int)
     """(max prompt, max response) tokens for verl, from the train questions' own contexts plus the turn budget.
 
     Under sdpa every row is padded to the maximum (DESIGN.md 3e), so a loose bound costs compute every step."""
-    from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_messages
+    from searchrl.prompt import build_messages
     from searchrl.trainer.real_gate import load_tokenizer, train_questions, turn_contexts
+    from searchrl.trainer.turn_context import chat_ids
 
     tokenizer = load_tokenizer(model_dir, "searchrl")
     questions = train_questions(settings)
     contexts = turn_contexts(settings, tokenizer, questions)
-    prompts = []
-    for question in questions:
-        ids = tokenizer.apply_chat_template(
-            build_messages(question), tools=[SEARCH_TOOL_SCHEMA], add_generation_prompt=True, tokenize=True
-        )
-        prompts.append(len(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    prompts = [len(chat_ids(tokenizer, build_messages(question))) for question in questions]
     after_prompt = max(len(c) - p for c, p in zip(contexts, prompts, strict=True))
     return _round_up(max(prompts) + 8, 64), _round_up(after_prompt + turn_tokens + 16, 32)
 

@@ -56,6 +56,7 @@ SYNC_MAX_PROB_DIFF = 1e-4
 PROB_DIFF_MEAN_FAIL = 0.01  # verl FAQ: a precision or sync bug
 PROB_DIFF_MEAN_WARN = 0.005  # verl FAQ: healthy below
 PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
+ENTROPY = "actor/entropy"  # verl's per-step mean entropy of the policy over the trained tokens
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,7 @@ def gpu_step_problems(row: StepRow) -> tuple[list[str], list[str]]:
 
 __all__ = [
     "ALL_CALLS",
+    "ENTROPY",
     "PROB_DIFF_MEAN_FAIL",
     "PROB_DIFF_MEAN_WARN",
     "gpu_step_problems",

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 OPEN = "<tool_response>"
 CLOSE = "</tool_response>"
 PREFIX = "loss/"
+MODEL_TOOL_RESPONSE_TOKENS = f"{PREFIX}model_tool_response_tokens"  # the model's own <tool_response> text
 
 
 TURN = "<|im_start|>"
@@ -98,13 +99,14 @@ def mask_step_metrics(rows: Iterable[tuple[Sequence[str], Sequence[int]]]) -> di
     return {
         f"{PREFIX}observation_tokens": float(inside),
         f"{PREFIX}observation_tokens_in_loss": float(in_loss),
-        f"{PREFIX}model_tool_response_tokens": float(model_written),
+        MODEL_TOOL_RESPONSE_TOKENS: float(model_written),
         f"{PREFIX}trained_tokens": float(trained),
     }
 
 
 __all__ = [
     "CLOSE",
+    "MODEL_TOOL_RESPONSE_TOKENS",
     "OPEN",
     "TURN",
     "mask_step_metrics",

@@ -38,7 +38,6 @@ def turn_context_ids(
     tokenizer: Any, prompt: Sequence[Mapping[str, Any]], question: str, observation: str
 ) -> list[int]:
     """Token ids of the prompt, the scripted call and the tool's response, ending where the model's turn opens."""
-    from searchrl.prompt import SEARCH_TOOL_SCHEMA
     from searchrl.trainer.agent_loop import scripted_tool_call
 
     messages = [
@@ -46,11 +45,19 @@ def turn_context_ids(
         {"role": "assistant", "content": scripted_tool_call(question)},
         {"role": "tool", "content": observation},
     ]
+    return chat_ids(tokenizer, messages)
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The chat template's token ids for `messages` with the search tool's schema, ending where the model's turn
+    opens (transformers returns a list or, in newer versions, a BatchEncoding)."""
+    from searchrl.prompt import SEARCH_TOOL_SCHEMA
+
     ids = tokenizer.apply_chat_template(
-        messages, tools=[SEARCH_TOOL_SCHEMA], add_generation_prompt=True, tokenize=True
+        list(messages), tools=[SEARCH_TOOL_SCHEMA], add_generation_prompt=True, tokenize=True
     )
     ids = ids["input_ids"] if isinstance(ids, Mapping) or hasattr(ids, "keys") else ids
     return [int(i) for i in ids]
 
 
-__all__ = ["search_responses", "turn_context_ids"]
+__all__ = ["chat_ids", "search_responses", "turn_context_ids"]
