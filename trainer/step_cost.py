@@ -409,7 +409,8 @@ def _mode_lines(s: TrainSettings) -> list[str]:
     return [
         f"trainer mode: separate_async: trainer {s.trainer_nodes} node(s), rollout {s.rollout_node_count} node(s) "
         f"x {s.gpus_per_node} GPUs; weights pushed over {s.checkpoint_engine} after every "
-        f"{s.parameter_sync_step} updates; {bound}; the figures below are the trainer nodes'"
+        f"{s.parameter_sync_step} updates; {bound}; the figures below are the trainer nodes' and leave out that "
+        "push (the bf16 weights to every rollout node each step)"
     ]
 
 
