@@ -117,7 +117,9 @@ def test_every_trainer_lock_pins_what_the_async_modes_import(spec):
     unmapped = imports - set(IMPORT_DISTRIBUTIONS)
     assert not unmapped, f"map these imports to their distributions: {sorted(unmapped)}"
     locked = pins(_text(spec))
-    missing = sorted(IMPORT_DISTRIBUTIONS[name] for name in imports if IMPORT_DISTRIBUTIONS[name] not in locked)
+    missing = sorted(
+        IMPORT_DISTRIBUTIONS[name] for name in imports if IMPORT_DISTRIBUTIONS[name] not in locked
+    )
     assert not missing, f"{spec.output} lacks {missing}"
     assert locked["cupy-cuda13x"].startswith("14.")  # verl's cupy-cu130 extra: cupy-cuda13x==14.0.1
 
