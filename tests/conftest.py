@@ -45,6 +45,8 @@ _LEAKY = (
     "SMOKE",
     "ALLOW_SMALL_CORPUS",
     "ALLOW_FLAT_INDEX",
+    "TRAINER_MODE",
+    "ROLLOUT_NODES",
 )
 
 

@@ -117,3 +117,48 @@ def test_the_two_node_plan_prints_packed_micro_batches_fsdp_per_node_and_cross_n
     assert lines[2].startswith("micro batches: packed") and "ESTIMATED" in lines[2]
     for line in lines[2:3] + lines[5:]:
         assert line in deploy_md, line
+
+
+# --- trainer modes (issue 40 item 4) ---------------------------------------------------------------------------
+
+
+@needs_make
+def test_make_train_passes_the_trainer_mode_and_rollout_nodes() -> None:
+    (line,) = make_n("train", "DRY_RUN=1", "NODES=2", "TRAINER_MODE=separate_async", "ROLLOUT_NODES=1")
+    assert "--env TRAINER_MODE=separate_async --env ROLLOUT_NODES=1" in line
+    (plain,) = make_n("train", "DRY_RUN=1")
+    assert "TRAINER_MODE" not in plain and "ROLLOUT_NODES" not in plain  # the task file's defaults: sync
+
+
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_each_trainer_mode_renders_for_two_nodes(mode: str) -> None:
+    """SkyPilot's own parser builds the task with the mode (searchrl/deploy/tasks.py load_task), and the plan
+    validates the nodes' TrainSettings with it: separate_async trains on one node and generates on the other."""
+    proc = _dry_run("--num-nodes", "2", "--env", f"TRAINER_MODE={mode}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    task = yaml.safe_load(proc.stdout)
+    assert task["num_nodes"] == 2 and task["envs"]["TRAINER_MODE"] == mode
+    assert task["envs"]["ROLLOUT_NODES"] == "0"  # the file's default: one rollout node in separate_async
+    plan = [ln.removeprefix("# ").strip() for ln in proc.stdout.splitlines() if ln.startswith("# ")]
+    assert plan[1] == "2 node(s) x 8 GPUs:"
+    if mode == "sync":
+        assert plan[2].startswith("micro batches:")  # the plan docs/deploy.md shows, unchanged
+    elif mode == "colocate_async":
+        assert plan[2].startswith("trainer mode: colocate_async (rollout and actor share every GPU)")
+        assert plan[4] == "FSDP group: 8 GPUs (inside each node); gradient sync: once per mini batch"
+    else:
+        assert plan[2].startswith(
+            "trainer mode: separate_async: trainer 1 node(s), rollout 1 node(s) x 8 GPUs; weights pushed over "
+            "nccl after every 2 updates; staleness bound 2 weight versions (drop beyond it)"
+        )
+        # one trainer node: FSDP spans it alone, and the update's 256 x 5 samples split over its 8 GPUs
+        assert plan[4] == "FSDP group: 8 GPUs (the node's GPUs); gradient sync: after every micro batch"
+        assert "update 29 x 2 mini batches" in plan[5]
+
+
+def test_separate_async_on_one_node_is_refused_by_the_plan() -> None:
+    proc = _dry_run("--num-nodes", "1", "--env", "TRAINER_MODE=separate_async")
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: 1 node(s) x 8 GPUs: the trainer would refuse this shape")
+    assert "needs a trainer node beside the rollout nodes" in line

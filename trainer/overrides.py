@@ -27,10 +27,19 @@ from searchrl.trainer.settings import TrainSettings
 REWARD_FN_PATH = "pkg://searchrl.trainer.reward"
 REWARD_FN_NAME = "compute_score"
 # verl's sync trainer, by its own name: verl compares the mode with the literal "sync" (trainer/sampler.py).
+# The default of TrainSettings.trainer_mode; the async modes are rendered by render_mode_overrides.
 TRAINER_MODE = "sync"
 # Its replay buffer plus a stop on failed rollout groups and per-step search metrics (trainer/sampler.py).
 SAMPLER_PATH = "pkg://searchrl.trainer.sampler"
 SAMPLER_NAME = "SearchReplayBuffer"
+# The async modes' replay buffer (verl's ReplayBufferAsync with the same stop and metrics, trainer/sampler.py):
+# verl loads a custom sampler by name whatever the mode (trainer_base.py _build_replay_buffer), so a sync class
+# named here would run an async trainer without stale-sample eviction.
+SAMPLER_ASYNC_NAME = "SearchReplayBufferAsync"
+# A CPU separate_async run's weight transfer: gloo, registered by this module when verl imports it
+# (rollout.checkpoint_engine.custom_backend_module).
+GLOO_ENGINE = "gloo"
+GLOO_ENGINE_MODULE = "searchrl.trainer.gloo_engine"
 # Modules every Ray process imports at `import verl` (comma-separated, verl/__init__.py): our agent loop, which
 # registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/agent_loop.py), and on vLLM
 # the exact weight-sync check (trainer/vllm_sync.py).
@@ -158,7 +167,7 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("trainer.project_name", s.project_name),
         ("trainer.experiment_name", s.experiment_name),
         ("trainer.logger", s.loggers),
-        ("trainer.nnodes", s.nnodes),
+        ("trainer.nnodes", s.trainer_nodes),  # separate_async: the rollout nodes are a pool of their own
         ("trainer.n_gpus_per_node", s.gpus_per_node),
         ("trainer.total_training_steps", s.total_steps),
         ("trainer.total_epochs", total_epochs),
@@ -169,10 +178,9 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("trainer.resume_mode", "auto"),
         ("trainer.max_actor_ckpt_to_keep", s.max_ckpt_to_keep),
         ("trainer.default_local_dir", _abs(s.run_dir)),
-        # --- verl's sync trainer; its replay buffer stops on a failed group and logs search/* per step
-        ("trainer.v1.trainer_mode", TRAINER_MODE),
+        # --- verl's trainer mode; our replay buffer stops on a failed group and logs search/* per step
+        *mode_pairs(s),
         ("trainer.v1.sampler.custom_sampler.path", SAMPLER_PATH),
-        ("trainer.v1.sampler.custom_sampler.name", SAMPLER_NAME),
         # its loss-mask metrics read the response tokens' strings (trainer/masks.py)
         ("+trainer.v1.sampler.sampler_kwargs.tokenizer", s.model_name),
     ]
@@ -185,6 +193,47 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         # verl's agent loop renders every prompt with it (trainer/template.py checked it fits the tokenizer)
         pairs.append(("actor_rollout_ref.model.custom_chat_template", CHATML_HERMES_TEMPLATE))
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
+
+
+def mode_pairs(settings: TrainSettings) -> list[tuple[str, object]]:
+    """verl's trainer.v1 mode and what each mode needs (docs/training.md "Trainer modes").
+
+    Every mode names its sampler class and the staleness bound (verl's sync trainer ignores the bound). The async
+    modes leave data.gen_batch_size unset: verl forces it to 1 there (one prompt per dataloader fetch) and warns
+    about any other value. separate_async: the trainer keeps NUM_NODES - ROLLOUT_NODES nodes (trainer.nnodes,
+    set with the cluster shape), the rollout pool the rest with no rollout replicas on the trainer's GPUs
+    (hybrid_engine=False), weights pushed once per step over a checkpoint engine after parameter_sync_step local
+    updates (verl asserts batch == parameter_sync_step x mini batch and a backend other than naive).
+    """
+    s = settings
+    pairs: list[tuple[str, object]] = [
+        ("trainer.v1.trainer_mode", s.trainer_mode),
+        (
+            "trainer.v1.sampler.custom_sampler.name",
+            SAMPLER_NAME if s.trainer_mode == "sync" else SAMPLER_ASYNC_NAME,
+        ),
+        ("trainer.v1.sampler.max_off_policy_threshold", s.max_off_policy_threshold),
+        ("trainer.v1.sampler.max_off_policy_strategy", s.max_off_policy_strategy),
+    ]
+    if s.trainer_mode == "colocate_async":
+        pairs.append(("trainer.v1.colocate_async.num_warmup_batches", s.num_warmup_batches))
+    if s.trainer_mode == "separate_async":
+        pairs += [
+            ("trainer.v1.separate_async.num_warmup_batches", s.num_warmup_batches),
+            ("trainer.v1.separate_async.parameter_sync_step", s.parameter_sync_step),
+            ("actor_rollout_ref.hybrid_engine", False),
+            ("actor_rollout_ref.rollout.nnodes", s.rollout_node_count),
+            ("actor_rollout_ref.rollout.n_gpus_per_node", s.gpus_per_node),
+            ("actor_rollout_ref.rollout.checkpoint_engine.backend", s.checkpoint_engine),
+        ]
+        if s.checkpoint_engine_module is not None:
+            pairs.append(
+                (
+                    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module",
+                    s.checkpoint_engine_module,
+                )
+            )
+    return pairs
 
 
 def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
@@ -207,14 +256,18 @@ def verl_command(overrides: Sequence[str], python: str = "python") -> list[str]:
 
 __all__ = [
     "AGENT_LOOP_PLUGIN",
+    "GLOO_ENGINE",
+    "GLOO_ENGINE_MODULE",
     "REWARD_FN_NAME",
     "REWARD_FN_PATH",
+    "SAMPLER_ASYNC_NAME",
     "SAMPLER_NAME",
     "SAMPLER_PATH",
     "TRAINER_MODE",
     "hydra_value",
     "main_ppo_command",
     "merge_overrides",
+    "mode_pairs",
     "verl_command",
     "render_overrides",
 ]

@@ -6,8 +6,8 @@ passages, up to 4 searches per answer, 1005 steps.
 
 Env names are SEARCHRL_TRAIN_<FIELD>, except those users know from the SkyPilot recipes (DATASET_SIZE,
 MODEL_NAME, TRAIN_BATCH_SIZE, TOTAL_STEPS, NUM_NODES, GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME,
-CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS, ROLLOUT, SMOKE, ALLOW_SMALL_CORPUS, FLASH_ATTN), which are declared as
-aliases so `sky launch --env NAME=...` reaches them.
+CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS, ROLLOUT, SMOKE, ALLOW_SMALL_CORPUS, FLASH_ATTN, TRAINER_MODE, ROLLOUT_NODES),
+which are declared as aliases so `sky launch --env NAME=...` reaches them.
 
 SMOKE=1 is the first GPU run (`make train-smoke`): SMOKE_PRESET below replaces every default it names (a value
 the user sets still wins), so a tiny model trains for a few steps on one GPU against the bundled corpus.
@@ -33,6 +33,9 @@ from searchrl.retrieval.corpus_check import SEARCH_R1_DATASET
 from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
 
 DatasetSize = Literal["small", "medium", "full"]
+# verl 0.9.1's trainer modes under the same entry point (trainer.v1.trainer_mode), by verl's own literal names:
+# verl tests `== "sync"` / `!= "sync"` throughout trainer_base.py, so a renamed value would change behaviour.
+TrainerMode = Literal["sync", "colocate_async", "separate_async"]
 # (train rows, test rows) per size; None = every row (full: 169,615 train / 51,713 test, Search-R1's splits).
 DATASET_SIZES: dict[str, tuple[int | None, int | None]] = {
     "small": (1_000, 200),
@@ -138,6 +141,30 @@ class TrainSettings(StrictSettings):
     gpu_memory_utilization: float = Field(default=0.6, gt=0, lt=1)  # KV-cache share of rollout GPU memory
     nnodes: int = Field(default=1, ge=1, validation_alias=_alias("NUM_NODES", "nnodes"))
     gpus_per_node: int = Field(default=8, ge=1, validation_alias=_alias("GPUS_PER_NODE", "gpus_per_node"))
+
+    # --- trainer mode (verl's trainer.v1; docs/training.md "Trainer modes") ----------------------------------
+    # sync: generate a batch, then update (Search-R1's schedule). colocate_async: rollout and actor share the GPUs
+    # and generation runs on across updates. separate_async: the last ROLLOUT_NODES nodes only generate, the others
+    # only train, and weights are pushed over a checkpoint engine once per step.
+    trainer_mode: TrainerMode = Field(default="sync", validation_alias=_alias("TRAINER_MODE", "trainer_mode"))
+    # Staleness bound of the async modes (verl's trainer.v1.sampler.max_off_policy_threshold): a trajectory whose
+    # prompt was issued more than K-1 weight versions before the step that trains on it is dropped (or waited
+    # for). verl's default is 8; ours is 2 = at most one update of lag. Nothing corrects for the lag unless
+    # algorithm.rollout_correction is set, and a search trajectory is a long chain of the policy's own decisions
+    # (whether to search, what to query, when to answer), so the bound is kept at the smallest that still lets
+    # generation run across an update. Unused by sync.
+    max_off_policy_threshold: int = Field(default=2, ge=1)
+    # drop: a trajectory over the bound is discarded (its generation time is lost); wait: the step waits for it
+    max_off_policy_strategy: Literal["drop", "wait"] = "drop"
+    # Batches of prompts dispatched before the first async step (fractions allowed, verl rounds down)
+    num_warmup_batches: float = Field(default=1.0, ge=0)
+    # separate_async only: nodes that serve rollout alone (the rest train); 0 = one node (the only choice on the
+    # default 2-node launch, and FSDP then stays inside the trainer node)
+    rollout_nodes: int = Field(default=0, ge=0, validation_alias=_alias("ROLLOUT_NODES", "rollout_nodes"))
+    # separate_async's weight transfer (verl's rollout.checkpoint_engine): nccl on GPUs; a CPU run names gloo and
+    # the module that registers it (checkpoint_engine_module); verl refuses "naive" (in-process) in this mode
+    checkpoint_engine: str = Field(default="nccl", pattern=r"^[A-Za-z0-9_]+$")
+    checkpoint_engine_module: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
     # --- checkpoints, validation, logging --------------------------------------------------------------------
     project_name: str = "searchrl"  # tracker project (W&B)
@@ -251,11 +278,17 @@ class TrainSettings(StrictSettings):
                 f"train_batch_size ({self.train_batch_size}) must be a multiple of ppo_mini_batch_size "
                 f"({self.mini_batch_size})"
             )
+        self._check_mode()
         if (self.mini_batch_size * self.rollout_n) % self.n_gpus:
+            shape = (
+                f"the trainer's GPU count (NUM_NODES - ROLLOUT_NODES) x GPUS_PER_NODE (({self.nnodes} - "
+                f"{self.rollout_node_count}) x {self.gpus_per_node})"
+                if self.trainer_mode == "separate_async"
+                else f"the GPU count NUM_NODES x GPUS_PER_NODE ({self.nnodes} x {self.gpus_per_node})"
+            )
             raise ValueError(
                 f"ppo_mini_batch_size x rollout_n ({self.mini_batch_size} x {self.rollout_n}) must be divisible "
-                f"by the GPU count NUM_NODES x GPUS_PER_NODE ({self.nnodes} x {self.gpus_per_node}); "
-                "change TRAIN_BATCH_SIZE or the GPU count"
+                f"by {shape}; change TRAIN_BATCH_SIZE or the GPU count"
             )
         per_gpu = self.mini_batch_size * self.rollout_n // self.n_gpus
         if not self.removes_padding and per_gpu % self.micro_batch_rows:
@@ -274,6 +307,32 @@ class TrainSettings(StrictSettings):
         if self.max_tool_response_chars < self.passage_max_chars:
             raise ValueError("passage_max_chars exceeds the observation budget")  # pragma: no cover
         return self
+
+    def _check_mode(self) -> None:
+        """The node split and the weight transfer of separate_async; ROLLOUT_NODES and a checkpoint engine are
+        refused in the other modes, where they would be silently ignored."""
+        if self.trainer_mode != "separate_async":
+            if self.rollout_nodes:
+                raise ValueError(
+                    f"ROLLOUT_NODES={self.rollout_nodes} applies to TRAINER_MODE=separate_async only "
+                    f"(TRAINER_MODE={self.trainer_mode} trains and generates on every node): unset it"
+                )
+            if self.checkpoint_engine_module is not None:
+                raise ValueError(
+                    "checkpoint_engine_module applies to TRAINER_MODE=separate_async only "
+                    f"(TRAINER_MODE={self.trainer_mode} syncs weights in process)"
+                )
+            return
+        if self.checkpoint_engine == "naive":
+            raise ValueError(
+                "TRAINER_MODE=separate_async needs a checkpoint engine that crosses processes (nccl on GPUs): "
+                "verl refuses the in-process 'naive' one"
+            )
+        if self.rollout_node_count >= self.nnodes:
+            raise ValueError(
+                f"TRAINER_MODE=separate_async needs a trainer node beside the rollout nodes: ROLLOUT_NODES="
+                f"{self.rollout_node_count} leaves none of NUM_NODES={self.nnodes}; use 2 or more nodes"
+            )
 
     def _fold_attn_implementation(self) -> None:
         """attn_implementation, when given, decides flash_attn (unless an explicit FLASH_ATTN says otherwise)."""
@@ -304,8 +363,30 @@ class TrainSettings(StrictSettings):
         return self.ppo_mini_batch_size or max(1, self.train_batch_size // 2)
 
     @property
+    def rollout_node_count(self) -> int:
+        """Nodes that only generate: ROLLOUT_NODES (0 = one) in separate_async, none in the other modes."""
+        if self.trainer_mode != "separate_async":
+            return 0
+        return self.rollout_nodes or 1
+
+    @property
+    def trainer_nodes(self) -> int:
+        """Nodes whose GPUs hold the FSDP actor (and reference): every node but the rollout pool."""
+        return self.nnodes - self.rollout_node_count
+
+    @property
     def n_gpus(self) -> int:
-        return self.nnodes * self.gpus_per_node
+        """The trainer's GPUs: what a PPO mini batch is split over (verl's trainer.nnodes x n_gpus_per_node)."""
+        return self.trainer_nodes * self.gpus_per_node
+
+    @property
+    def parameter_sync_step(self) -> int:
+        """Local updates per weight push in separate_async (verl asserts batch == this x mini batch,
+        trainer_separate_async.py): Search-R1's 512 / 256 = 2, the same two updates per step as sync. verl's
+        other modes push after every update (1)."""
+        if self.trainer_mode != "separate_async":
+            return 1
+        return self.train_batch_size // self.mini_batch_size
 
     @property
     def max_seq_len(self) -> int:
@@ -329,20 +410,21 @@ class TrainSettings(StrictSettings):
 
     @property
     def fsdp_size(self) -> int:
-        """verl's fsdp_config.fsdp_size: one node's GPUs on multi-node runs (parameters are gathered over NVLink
-        and only gradient shards cross the node link, once per replica sync), verl's -1 (every GPU) on one node.
+        """verl's fsdp_config.fsdp_size: one node's GPUs when the trainer spans nodes (parameters are gathered over
+        NVLink and only gradient shards cross the node link, once per replica sync), verl's -1 (every GPU) when it
+        has one node (one node, or separate_async with one trainer node).
 
         Not with one GPU per node: torch's FSDP1 turns a hybrid shard group of one GPU into NO_SHARD and then
         all-reduces gradients over that group of one, so the replicas never average (seen on gloo in
         tests/trainer/test_fsdp_sync.py's setup); there the whole cluster stays one group.
         """
-        return self.gpus_per_node if self.nnodes > 1 and self.gpus_per_node > 1 else -1
+        return self.gpus_per_node if self.trainer_nodes > 1 and self.gpus_per_node > 1 else -1
 
     @property
     def sync_grads_per_mini_batch(self) -> bool:
         """verl's use_no_sync_for_gradient_accumulation on multi-node runs: one gradient reduction per mini batch
         instead of one per micro batch, paid for with unsharded gradients between them (docs/training.md)."""
-        return self.nnodes > 1
+        return self.trainer_nodes > 1
 
     @property
     def micro_batch_rows(self) -> int:
@@ -500,6 +582,7 @@ __all__ = [
     "SMOKE_PRESET",
     "DatasetSize",
     "TrainSettings",
+    "TrainerMode",
     "default_experiment_name",
     "redact_url",
 ]

@@ -269,7 +269,7 @@ class _Inputs:
 def _inputs(s: TrainSettings, shape: ModelShape) -> _Inputs:
     return _Inputs(
         shape=shape,
-        nnodes=s.nnodes,
+        nnodes=s.trainer_nodes,  # separate_async: the rollout nodes take no part in the update
         gpus_per_node=s.gpus_per_node,
         fsdp_size=s.fsdp_size,
         no_sync=s.sync_grads_per_mini_batch,
@@ -399,13 +399,28 @@ def choose_packing(settings: TrainSettings) -> PackingChoice:
     )
 
 
+def _mode_lines(s: TrainSettings) -> list[str]:
+    """The async modes' shape in the plan (sync prints nothing: the figures below are the whole step)."""
+    if s.trainer_mode == "sync":
+        return []
+    bound = f"staleness bound {s.max_off_policy_threshold} weight versions ({s.max_off_policy_strategy} beyond it)"
+    if s.trainer_mode == "colocate_async":
+        return [f"trainer mode: colocate_async (rollout and actor share every GPU); {bound}"]
+    return [
+        f"trainer mode: separate_async: trainer {s.trainer_nodes} node(s), rollout {s.rollout_node_count} node(s) "
+        f"x {s.gpus_per_node} GPUs; weights pushed over {s.checkpoint_engine} after every "
+        f"{s.parameter_sync_step} updates; {bound}; the figures below are the trainer nodes' and leave out that "
+        "push (the bf16 weights to every rollout node each step)"
+    ]
+
+
 def plan_lines(settings: TrainSettings) -> list[str]:
     """What `searchrl sky train --dry-run` prints about a step (counted figures, then ESTIMATES)."""
     s = settings
     choice = choose_packing(s)
     cost = step_cost(s, choice.packed)
     layout = "packed (use_remove_padding, dynamic batching)" if choice.packed else "padded (fixed rows)"
-    if s.nnodes == 1:
+    if s.trainer_nodes == 1:
         where = "the node's GPUs"
     else:
         where = (
@@ -414,6 +429,7 @@ def plan_lines(settings: TrainSettings) -> list[str]:
             else "across every node: the node link carries every collective"
         )
     out = [
+        *_mode_lines(s),
         f"micro batches: {layout} -- {choice.reason}",
         f"FSDP group: {s.fsdp_size if s.fsdp_size > 0 else s.n_gpus} GPUs ({where}); gradient sync: "
         f"{'once per mini batch' if s.sync_grads_per_mini_batch else 'after every micro batch'}",

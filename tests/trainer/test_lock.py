@@ -72,6 +72,58 @@ def test_every_lock_is_complete_and_hash_pinned(spec):
         assert locked["transformers"] == "5.9.0"  # the override (requirements/gpu-sglang-overrides.txt)
 
 
+# verl 0.9.1's modules that the async trainer modes load (issue 40): the NCCL checkpoint engine separate_async
+# pushes weights with, the replay buffer over TransferQueue, and the two trainers.
+ASYNC_MODULES = (
+    "checkpoint_engine/nccl_checkpoint_engine.py",
+    "trainer/ppo/v1/replay_buffer.py",
+    "trainer/ppo/v1/trainer_separate_async.py",
+    "trainer/ppo/v1/trainer_colocate_async.py",
+)
+# Their third-party imports -> the distribution a GPU lock must pin. cupy is the one no lock had: verl's
+# checkpoint_engine/__init__.py swallows its ImportError and CheckpointEngineRegistry.get("nccl") then fails
+# when a separate_async run starts (ray.util.collective's NCCL group needs cupy too).
+IMPORT_DISTRIBUTIONS = {
+    "cupy": "cupy-cuda13x",  # the locks' CUDA 13 (verl's extra cupy-cu130)
+    "zmq": "pyzmq",
+    "ray": "ray",
+    "transfer_queue": "transferqueue",
+    "torch": "torch",
+    "numpy": "numpy",
+    "omegaconf": "omegaconf",
+}
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):  # nested ones too: nccl imports cupy under a `with`
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "verl"}
+
+
+@pytest.mark.parametrize("spec", [s for s in all_locks() if s.engine in ENGINES], ids=lambda s: s.output.name)
+def test_every_trainer_lock_pins_what_the_async_modes_import(spec):
+    """Read from verl's own source (offline): an import a verl upgrade adds fails here until it is mapped."""
+    import verl
+
+    root = Path(verl.__file__).parent
+    imports = set().union(*(_third_party_imports(root / rel) for rel in ASYNC_MODULES))
+    assert {"cupy", "zmq", "ray", "transfer_queue"} <= imports
+    unmapped = imports - set(IMPORT_DISTRIBUTIONS)
+    assert not unmapped, f"map these imports to their distributions: {sorted(unmapped)}"
+    locked = pins(_text(spec))
+    missing = sorted(
+        IMPORT_DISTRIBUTIONS[name] for name in imports if IMPORT_DISTRIBUTIONS[name] not in locked
+    )
+    assert not missing, f"{spec.output} lacks {missing}"
+    assert locked["cupy-cuda13x"].startswith("14.")  # verl's cupy-cu130 extra: cupy-cuda13x==14.0.1
+
+
 @pytest.mark.parametrize("spec", all_locks(), ids=lambda s: s.output.name)
 def test_lock_satisfies_the_project_requirements(spec):
     """Every dependency of the package and the lock's extras is pinned in the lock at an allowed version,

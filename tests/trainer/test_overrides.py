@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from searchrl.trainer.overrides import (
+    GLOO_ENGINE,
+    GLOO_ENGINE_MODULE,
     REWARD_FN_NAME,
     REWARD_FN_PATH,
+    SAMPLER_ASYNC_NAME,
+    SAMPLER_NAME,
+    SAMPLER_PATH,
     VLLM_SYNC_KEY,
     hydra_value,
     main_ppo_command,
+    merge_overrides,
     render_overrides,
 )
 from searchrl.trainer.settings import TrainSettings
@@ -370,3 +378,142 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "searchrl.trainer.agent_loop.SearchToolAgentLoop"
+
+
+# --- trainer modes (issue 40 item 1): verl's own config and its own trainer classes -----------------------------
+
+MODES = ["sync", "colocate_async", "separate_async"]
+
+
+def _verl_trainer(cfg):
+    """verl's trainer class for the composed mode, built as main_ppo builds it (get_trainer_cls), no Ray.
+
+    Its constructor runs the mode's own checks (separate_async: batch == parameter_sync_step x mini batch, a
+    rollout pool, a checkpoint engine other than naive; trainer_separate_async.py) and PPOTrainer.__init__,
+    which builds only the checkpoint callback and the replay buffer. The async sampler class is task C's
+    (trainer/sampler.py); until it exists the buffer is verl's own ReplayBufferAsync, which the mode's checks
+    do not depend on.
+    """
+    from omegaconf import open_dict
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from searchrl.trainer import sampler
+
+    name = cfg.trainer.v1.sampler.custom_sampler.name
+    if not hasattr(sampler, name):
+        with open_dict(cfg):
+            cfg.trainer.v1.sampler.custom_sampler.path = None
+            cfg.trainer.v1.sampler.custom_sampler.name = None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Disabled critic", UserWarning)  # GRPO has no critic
+        return get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_composes_and_verls_own_trainer_accepts_it(compose, tmp_path, mode):
+    settings = TrainSettings(data_dir=tmp_path, nnodes=2, trainer_mode=mode)
+    cfg = compose(render_overrides(settings))
+    _validated(cfg)  # verl's validate_config over the whole config
+    v1 = cfg.trainer.v1
+    assert v1.trainer_mode == mode  # verl's literal names: its code tests == "sync" / != "sync"
+    assert v1.sampler.custom_sampler.path == SAMPLER_PATH
+    assert v1.sampler.custom_sampler.name == (SAMPLER_NAME if mode == "sync" else SAMPLER_ASYNC_NAME)
+    assert (v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy) == (2, "drop")
+    assert cfg.data.get("gen_batch_size") is None  # verl forces 1 in the async modes; any other value warns
+    trainer = _verl_trainer(cfg)
+    assert (
+        type(trainer).__name__
+        == {
+            "sync": "PPOTrainerSync",
+            "colocate_async": "PPOTrainerColocateAsync",
+            "separate_async": "PPOTrainerSeparateAsync",
+        }[mode]
+    )
+    # each global step trains the whole batch: one update per mini batch, weights pushed after the last
+    assert trainer.parameter_sync_step * cfg.actor_rollout_ref.actor.ppo_mini_batch_size == (
+        cfg.data.train_batch_size
+        if mode == "separate_async"
+        else cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    )
+    if mode == "sync":
+        assert type(trainer.replay_buffer).__name__ == SAMPLER_NAME
+    else:
+        from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+        assert isinstance(trainer.replay_buffer, ReplayBufferAsync)
+        assert trainer.replay_buffer.max_off_policy_threshold == 2
+
+
+def test_separate_async_trains_on_one_node_and_generates_on_the_other(compose, tmp_path):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = compose(render_overrides(TrainSettings(data_dir=tmp_path, nnodes=2, trainer_mode="separate_async")))
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)
+    rollout = cfg.actor_rollout_ref.rollout
+    assert (rollout.nnodes, rollout.n_gpus_per_node) == (1, 8)
+    assert cfg.actor_rollout_ref.hybrid_engine is False  # no rollout replicas on the trainer's GPUs
+    assert cfg.trainer.v1.separate_async.parameter_sync_step == 2  # 512 / 256
+    assert cfg.data.train_batch_size == 2 * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert cfg.actor_rollout_ref.actor.fsdp_config.fsdp_size == -1  # one trainer node: FSDP inside it
+    engine = omega_conf_to_dataclass(rollout.checkpoint_engine)  # verl's CheckpointEngineConfig
+    assert type(engine).__name__ == "CheckpointEngineConfig"
+    assert (engine.backend, engine.custom_backend_module) == ("nccl", None)
+    assert cfg.trainer.v1.separate_async.num_warmup_batches == 1.0
+
+
+def test_a_cpu_separate_async_run_names_the_gloo_engine_and_its_module(compose, tmp_path):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    settings = TrainSettings(
+        data_dir=tmp_path,
+        nnodes=2,
+        gpus_per_node=1,
+        train_batch_size=4,
+        rollout_n=2,
+        trainer_mode="separate_async",
+        checkpoint_engine=GLOO_ENGINE,
+        checkpoint_engine_module=GLOO_ENGINE_MODULE,
+    )
+    cfg = compose(render_overrides(settings))
+    engine = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine)
+    assert (engine.backend, engine.custom_backend_module) == ("gloo", "searchrl.trainer.gloo_engine")
+    assert (
+        cfg.trainer.nnodes,
+        cfg.actor_rollout_ref.rollout.nnodes,
+        cfg.trainer.v1.separate_async.parameter_sync_step,
+    ) == (1, 1, 2)
+    _verl_trainer(cfg)  # verl's own checks accept it
+
+
+@pytest.mark.parametrize(
+    ("override", "refusal"),
+    [
+        (
+            "trainer.v1.separate_async.parameter_sync_step=4",
+            "train_batch_size must equal parameter_sync_step",
+        ),
+        ("actor_rollout_ref.rollout.nnodes=0", "nnodes must be > 0"),
+        ("actor_rollout_ref.rollout.checkpoint_engine.backend=naive", "please use nccl"),
+    ],
+)
+def test_verls_separate_async_checks_run_on_our_config(compose, tmp_path, override, refusal):
+    """The constructor above is a real check: verl's own assertions refuse each predicate broken alone."""
+    base = render_overrides(TrainSettings(data_dir=tmp_path, nnodes=2, trainer_mode="separate_async"))
+    cfg = compose(merge_overrides(base, [override]))
+    with pytest.raises(AssertionError, match=refusal):
+        _verl_trainer(cfg)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_verl_loads_an_async_replay_buffer_exactly_in_the_async_modes(mode):
+    """verl loads a custom sampler by name whatever the mode (trainer_base.py _build_replay_buffer): a sync class
+    in an async mode would train without stale-sample eviction, silently."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+    from verl.utils.import_utils import load_extern_type
+
+    from searchrl.trainer import sampler
+
+    name = SAMPLER_NAME if mode == "sync" else SAMPLER_ASYNC_NAME
+    if not hasattr(sampler, name):
+        pytest.skip(f"{name} is not in trainer/sampler.py yet (issue 40 item 2 builds it)")
+    assert issubclass(load_extern_type(SAMPLER_PATH, name), ReplayBufferAsync) is (mode != "sync")

@@ -34,6 +34,7 @@ def test_defaults_are_the_search_r1_recipe():
         ("ALLOW_SMALL_CORPUS", "1", "allow_small_corpus", True),
         ("SMOKE", "1", "smoke", True),
         ("FLASH_ATTN", "0", "flash_attn", False),
+        ("TRAINER_MODE", "colocate_async", "trainer_mode", "colocate_async"),
         ("SEARCHRL_TRAIN_DATASET_SIZE", "medium", "dataset_size", "medium"),
         ("SEARCHRL_TRAIN_LR", "2e-6", "lr", 2e-6),
     ],
@@ -96,6 +97,86 @@ def test_shared_env_file_with_other_areas_keys_is_fine(tmp_path, monkeypatch):
 def test_bad_values_are_config_errors(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         load_settings(TrainSettings, **kwargs)
+
+
+# --- trainer modes (issue 40 item 1) -----------------------------------------------------------------------
+
+
+def test_sync_is_the_default_and_the_async_knobs_have_search_defaults():
+    s = TrainSettings()
+    assert (s.trainer_mode, s.parameter_sync_step, s.rollout_node_count, s.trainer_nodes) == ("sync", 1, 0, 1)
+    # at most one update of lag, dropped beyond it (docs/training.md "Trainer modes" says why not verl's 8)
+    assert (s.max_off_policy_threshold, s.max_off_policy_strategy, s.num_warmup_batches) == (2, "drop", 1.0)
+
+
+def test_sky_envs_reach_the_mode_and_the_rollout_nodes(monkeypatch):
+    monkeypatch.setenv("TRAINER_MODE", "separate_async")
+    monkeypatch.setenv("ROLLOUT_NODES", "2")
+    monkeypatch.setenv("NUM_NODES", "4")
+    s = TrainSettings()
+    assert (s.trainer_mode, s.rollout_node_count, s.trainer_nodes, s.n_gpus) == ("separate_async", 2, 2, 16)
+
+
+def test_separate_async_splits_the_nodes_and_keeps_fsdp_in_the_trainer_node():
+    """Two nodes: one trains, one generates. The trainer then has one node, so FSDP spans it alone (-1) with a
+    gradient sync per micro batch, as on any one-node run; the sync run on the same two nodes shards per node."""
+    sync = TrainSettings(nnodes=2)
+    assert (sync.trainer_nodes, sync.n_gpus, sync.fsdp_size, sync.sync_grads_per_mini_batch) == (
+        2,
+        16,
+        8,
+        True,
+    )
+    sep = TrainSettings(nnodes=2, trainer_mode="separate_async")
+    assert (sep.trainer_nodes, sep.rollout_node_count, sep.n_gpus) == (1, 1, 8)
+    assert (sep.fsdp_size, sep.sync_grads_per_mini_batch) == (-1, False)
+    three = TrainSettings(nnodes=3, trainer_mode="separate_async")  # two trainer nodes: FSDP per node again
+    assert (three.trainer_nodes, three.fsdp_size, three.sync_grads_per_mini_batch) == (2, 8, True)
+    # verl asserts train_batch_size == parameter_sync_step x ppo_mini_batch_size in separate_async
+    assert (
+        sep.parameter_sync_step == 2 and sep.parameter_sync_step * sep.mini_batch_size == sep.train_batch_size
+    )
+    one = TrainSettings(nnodes=2, trainer_mode="separate_async", ppo_mini_batch_size=128)
+    assert one.parameter_sync_step == 4
+    assert TrainSettings(nnodes=2, trainer_mode="colocate_async").parameter_sync_step == 1  # verl's fixed 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"trainer_mode": "async"}, "trainer_mode.*'sync', 'colocate_async' or 'separate_async'"),
+        ({"max_off_policy_threshold": 0}, "max_off_policy_threshold.*greater than or equal to 1"),
+        ({"max_off_policy_strategy": "keep"}, "max_off_policy_strategy.*'drop' or 'wait'"),
+        ({"nnodes": 2, "rollout_nodes": 1}, "ROLLOUT_NODES=1 applies to TRAINER_MODE=separate_async only"),
+        (
+            {"trainer_mode": "colocate_async", "checkpoint_engine_module": "m"},
+            "checkpoint_engine_module applies to TRAINER_MODE=separate_async only",
+        ),
+        ({"trainer_mode": "separate_async"}, "needs a trainer node beside the rollout nodes.*NUM_NODES=1"),
+        (
+            {"trainer_mode": "separate_async", "nnodes": 2, "rollout_nodes": 2},
+            "ROLLOUT_NODES=2 leaves none of NUM_NODES=2",
+        ),
+        (
+            {"trainer_mode": "separate_async", "nnodes": 2, "checkpoint_engine": "naive"},
+            "refuses the in-process 'naive' one",
+        ),
+        # 256 x 5 samples split over 4 x 8 GPUs in sync, not over the 3 trainer nodes' 24 in separate_async
+        (
+            {"trainer_mode": "separate_async", "nnodes": 4},
+            r"\(256 x 5\) must be divisible by the trainer's GPU count .* \(\(4 - 1\) x 8\)",
+        ),
+    ],
+)
+def test_bad_mode_settings_are_one_line_config_errors(kwargs, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_settings(TrainSettings, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_the_mini_batch_rule_counts_every_gpu_in_the_modes_that_train_on_every_node():
+    assert TrainSettings(nnodes=4).n_gpus == 32  # 1280 / 32: accepted
+    assert TrainSettings(nnodes=4, trainer_mode="colocate_async").n_gpus == 32
 
 
 def test_api_key_error_never_echoes_the_value():
