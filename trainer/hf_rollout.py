@@ -414,7 +414,7 @@ class HFGenerateServer:
 
 
 def hf_engine_kwargs(rollout_config: Any) -> dict[str, Any]:
-    """`actor_rollout_ref.rollout.engine_kwargs.hf` (the CPU runs set it: dtype, scripted_first_turn)."""
+    """`actor_rollout_ref.rollout.engine_kwargs.hf` (the CPU runs set it: dtype, scripted_first_turn, max_batch)."""
     engine_kwargs = getattr(rollout_config, "engine_kwargs", None) or {}
     hf = engine_kwargs.get("hf") if hasattr(engine_kwargs, "get") else None
     return dict(hf or {})
@@ -434,6 +434,7 @@ class HFRolloutReplica(RolloutReplica):
                 response_length=self.config.response_length,
                 seed=int(getattr(self.config, "seed", 0) or 0),
                 dtype=str(hf_engine_kwargs(self.config).get("dtype") or "float32"),
+                max_batch=int(hf_engine_kwargs(self.config).get("max_batch") or 32),
             )
         )
         await server.ready.remote()

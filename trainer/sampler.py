@@ -55,6 +55,7 @@ from searchrl.trainer.metrics import search_step_metrics
 log = logging.getLogger(__name__)
 
 TRAIN_PARTITION = "train"
+HF_LEDGER = "hf"  # sampler_kwargs.version_ledger: check versions against the hf rollout servers' ledgers
 
 
 class SearchBufferMixin:
@@ -99,12 +100,12 @@ class SearchBufferMixin:
         metrics = versions.version_step_metrics(used, global_steps)
         problems = versions.version_problems(metrics, self.max_off_policy_threshold)
         ledger = (self.sampler_kwargs or {}).get("version_ledger")
-        if ledger == "hf":
+        if ledger == HF_LEDGER:
             counts, ledger_problems = versions.ledger_check(versions.used_versions(used), hf_ledgers())
             metrics.update(counts)
             problems += ledger_problems
         elif ledger is not None:
-            raise ConfigError(f"sampler_kwargs.version_ledger={ledger!r}: only 'hf' keeps a ledger")
+            raise ConfigError(f"sampler_kwargs.version_ledger={ledger!r}: only {HF_LEDGER!r} keeps a ledger")
         versions.raise_on(problems, global_steps)
         return metrics
 
@@ -167,6 +168,7 @@ def response_masks(batch: Any) -> list[tuple[list[int], list[int]]]:
 
 
 __all__ = [
+    "HF_LEDGER",
     "SearchBufferMixin",
     "SearchReplayBuffer",
     "SearchReplayBufferAsync",
