@@ -115,6 +115,8 @@ MODES = ("sync", "colocate_async")
 # its submission, so a trajectory is at most ASYNC_THRESHOLD - 1 updates behind (trainer/versions.py). verl's
 # default is 8; 2 is the tightest that lets generation run across an update, so the bound is checked, not idle.
 ASYNC_THRESHOLD = 2
+# how often the async run's replay buffer polls for finished groups (trainer/sampler.py: verl polls every 2 s)
+ASYNC_POLL_S = 0.1
 
 
 def trainer_mode_overrides(mode: str) -> list[str]:
@@ -394,9 +396,12 @@ def run_cpu_smoke(
             # one step's sequences per generate: the next step's run in a batch of their own, which the update
             # after this step aborts and verl's async client resumes on the new weights (a spanning trajectory);
             # in one batch of both steps they would all finish before the update
-            overrides.append(
-                f"+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch={settings.train_batch_size * settings.rollout_n}"
-            )
+            batch = settings.train_batch_size * settings.rollout_n
+            overrides += [
+                f"+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch={batch}",
+                f"+trainer.v1.sampler.sampler_kwargs.poll_interval_s={ASYNC_POLL_S}",
+            ]
+
         on_step: StepCheck = (
             sync_and_mask_problems
             if mode == "sync"

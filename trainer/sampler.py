@@ -66,6 +66,17 @@ class SearchBufferMixin:
     max_off_policy_threshold: int | None
     sampler_kwargs: Any
 
+    poll_interval: float
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # `sampler_kwargs.poll_interval_s`: how often the buffer looks for finished groups (verl: 2 s, no key).
+        # The async CPU run polls every 0.1 s so the update's abort lands while the next step's turns generate
+        # (a 2 s poll can let a tiny model's whole batch finish first: no trajectory would span two versions).
+        poll = (self.sampler_kwargs or {}).get("poll_interval_s")
+        if poll is not None:
+            self.poll_interval = float(poll)
+
     def _sync_metadata_from_transfer_queue(self) -> None:
         super()._sync_metadata_from_transfer_queue()  # type: ignore[misc]
         failed = {partition: sorted(keys) for partition, keys in self.failure_keys.items() if keys}

@@ -139,3 +139,8 @@ def test_the_sync_buffer_logs_no_version_metrics(monkeypatch):
     monkeypatch.setattr(sampler.ReplayBufferAsync, "sample", lambda self, *a: (_batch(), {"x": 1}))
     _, metrics = _buffer(SearchReplayBufferAsync).sample(1, "train", 1)
     assert metrics[versions.MISSING] == 0 and versions.VERIFIED not in metrics
+
+
+def test_sampler_kwargs_poll_interval_sets_how_often_the_buffer_polls():
+    assert _buffer(SearchReplayBufferAsync).poll_interval == 2.0  # verl's default when the key is absent
+    assert _buffer(SearchReplayBufferAsync, poll_interval_s=0.1).poll_interval == 0.1
