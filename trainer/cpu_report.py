@@ -202,7 +202,9 @@ def async_run_problems(rows: Sequence[StepRow], logs: Sequence[str], resume_step
     `resume_step`, the second resumes from its checkpoint)."""
     problems = []
     if not sum(row.metrics.get(versions.SPANNING, 0) for row in rows) >= 1:
-        problems.append("no trajectory spans two weights versions: generation never ran across an update")
+        problems.append(
+            "no trained trajectory spans two weights versions (no turn was cut by an update and resumed)"
+        )
     updates = [update_digests(text) for text in logs]
     loaded = [{step for _, step, _ in found} for found in updates]
     for row in rows:

@@ -115,6 +115,9 @@ MODES = ("sync", "colocate_async")
 # its submission, so a trajectory is at most ASYNC_THRESHOLD - 1 updates behind (trainer/versions.py). verl's
 # default is 8; 2 is the tightest that lets generation run across an update, so the bound is checked, not idle.
 ASYNC_THRESHOLD = 2
+# The async run trains one step more after its resume: the update after a step aborts the next step's turns, which
+# are trained a step later, so each invocation has a step that can show a trajectory spanning two versions.
+ASYNC_STEPS = 4
 # how often the async run's replay buffer polls for finished groups (trainer/sampler.py: verl polls every 2 s)
 ASYNC_POLL_S = 0.1
 
@@ -389,7 +392,7 @@ def run_cpu_smoke(
     model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa))
     _phase(run, "model", started)
     with served(["--backend", "bm25"], out_dir / "serve.log") as url:
-        settings = cpu_settings(out_dir, model_dir, url)
+        settings = cpu_settings(out_dir, model_dir, url, steps=STEPS if mode == "sync" else ASYNC_STEPS)
         started = time.monotonic()
         overrides = [*cpu_overrides(), *mode_overrides]
         if mode != "sync":

@@ -41,7 +41,7 @@ rollout servers' ledgers (trainer/hf_rollout.py).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
@@ -151,8 +151,7 @@ def hf_ledgers() -> dict[str, versions.Ledger]:
             actor = ray.get_actor(name)
         except ValueError:
             return ledgers
-        ledger: versions.Ledger = ray.get(actor.ledger.remote())
-        ledgers[name] = ledger
+        ledgers[name] = cast(versions.Ledger, ray.get(actor.ledger.remote()))
 
 
 def search_extra_fields(batch: Any) -> list[Any]:

@@ -76,7 +76,7 @@ def test_the_run_checks_spanning_versions_in_update_lines_and_the_resumed_weight
     assert async_run_problems(rows, [first, second], resume_step=2) == []
 
     assert async_run_problems([_row(1, "1", 0, 0.0)], [first, second], 2) == [
-        "no trajectory spans two weights versions: generation never ran across an update"
+        "no trained trajectory spans two weights versions (no turn was cut by an update and resumed)"
     ]
     unloaded = async_run_problems(rows, [_log((1, 1, "a1"), (2, 2, "a2")), second], 2)
     assert unloaded == [
