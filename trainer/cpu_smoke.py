@@ -115,9 +115,10 @@ MODES = ("sync", "colocate_async")
 # its submission, so a trajectory is at most ASYNC_THRESHOLD - 1 updates behind (trainer/versions.py). verl's
 # default is 8; 2 is the tightest that lets generation run across an update, so the bound is checked, not idle.
 ASYNC_THRESHOLD = 2
-# The async run trains one step more after its resume: the update after a step aborts the next step's turns, which
-# are trained a step later, so each invocation has a step that can show a trajectory spanning two versions.
-ASYNC_STEPS = 4
+# The async run trains to step 6 (resuming at 2): the update after a step aborts the turns then generating, which
+# are trained a step later; whether any are running at that moment is timing (in a 3-step run none were, and the
+# "spans two versions" check failed it), so five steps after the first give it five chances. A step costs ~3 s.
+ASYNC_STEPS = 6
 # how often the async run's replay buffer polls for finished groups (trainer/sampler.py: verl polls every 2 s)
 ASYNC_POLL_S = 0.1
 

@@ -32,14 +32,14 @@ def _train_cpu_async(out: Path, env: dict[str, str] | None = None) -> subprocess
 @pytest.mark.live
 def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(tmp_path):
     """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
-    step 4, merge and eval; cpu_report's async checks passed (exit 0), and the log shows why they could."""
+    step 6, merge and eval; cpu_report's async checks passed (exit 0), and the log shows why they could."""
     out = tmp_path / "run"
     proc = _train_cpu_async(out)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert "merged step 4:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
+    assert "merged step 6:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
     logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
     steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
-    assert len(steps) == 4 and all("versions/missing:0.0" in line for line in steps)
+    assert len(steps) == 6 and all("versions/missing:0.0" in line for line in steps)
     spanning = [float(m) for line in steps for m in re.findall(r"versions/spanning:([\d.]+)", line)]
     assert sum(spanning) >= 1  # a turn aborted for an update and resumed on the new weights
     assert (out / "checkpoints" / "cpu-smoke" / "global_step_2" / "transfer_queue").is_dir()
