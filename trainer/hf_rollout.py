@@ -11,10 +11,15 @@ matching verl's (DESIGN.md section 3b):
   sampling_params, ...) -> TokenOutput` with sampled tokens and their log-probabilities under the current weights.
   Concurrent calls are batched into one left-padded `generate` on all cores, and the log-probs come from that
   sampling pass's logits (no second forward). The precision is `engine_kwargs.hf.dtype` (float32 unless the CPU
-  run measured bf16 faster, trainer/cpu_precision.py). verl passes no `max_tokens`, so a turn may generate what
-  is left of `prompt_length + response_length`, capped at `response_length` (the rule verl's sglang server
-  applies) and at the request's `max_tokens` when the agent loop sets one (`turn_budget`, as vLLM reads it);
-  the agent loop cuts the trajectory at its budget.
+  run measured bf16 faster, trainer/cpu_precision.py). verl's sync client sends no `max_tokens`, so a turn may
+  generate what is left of `prompt_length + response_length`, capped at `response_length` (the rule verl's sglang
+  server applies) and at the request's `max_tokens` when the agent loop sets one (`turn_budget`, as vLLM reads
+  it); the agent loop cuts the trajectory at its budget. For verl's async trainers (issue 40) it also pauses: verl's
+  `abort_all_requests` stops the running batch after its current token and returns each turn's tokens so far
+  ("aborted"), later turns wait for `resume_generation`, and every turn is stamped with the weights version read
+  at its batch's start; verl's `FullyAsyncLLMServerClient` resends an aborted turn with `max_tokens` set to what
+  is left of its budget. Each update adds an entry to a per-version ledger (`ledger()`), which the async replay
+  buffer checks (trainer/versions.py).
 - `HFServerAdapter` (verl's `BaseRollout`, in the training worker): after every actor update verl's naive
   checkpoint engine hands it the new weights tensor by tensor (workers/engine_workers.py:727-827); it sends them to
   the server. The server refuses an update that misses any of its weights (only a tied `lm_head` may be absent),
@@ -79,9 +84,8 @@ class _Result:
 
     token_ids: list[int]
     log_probs: list[float]
-    stop_reason: (
-        str  # "completed" (a stop token or its budget) or "aborted" (abort_all_requests cut it short)
-    )
+    # "completed" (a stop token or its budget) or "aborted" (abort_all_requests cut it short)
+    stop_reason: str
     version: int | None  # global_steps read at the batch's start; None only under sabotage no_version_stamps
 
 
@@ -100,12 +104,10 @@ class _StopOnAbort(StoppingCriteria):
 
     def __init__(self, event: threading.Event) -> None:
         self.event = event
-        self.calls = 0
 
     def __call__(
         self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any
     ) -> torch.BoolTensor:
-        self.calls += 1
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)  # type: ignore[return-value]
 
 
