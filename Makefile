@@ -163,8 +163,10 @@ train-local: gpu-check $(GPU_MARK)  ## train on this machine's GPUs (driver, dat
 
 # issue 20: no GPU needed; e.g. make train-cpu TRAIN_CPU_ARGS="--out /tmp/train-cpu --questions 20"
 TRAIN_CPU_ARGS ?=
+# ASYNC=colocate: verl's colocate_async trainer mode, generation across updates, with the weights-version checks
+ASYNC ?=
 train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min)
-	$(BIN)/searchrl train cpu $(TRAIN_CPU_ARGS)
+	$(BIN)/searchrl train cpu $(if $(ASYNC),--mode $(ASYNC)_async) $(TRAIN_CPU_ARGS)
 
 # issue 31; e.g. make learn-cpu LEARN_CPU_ARGS="--seeds 0,1,2,3,4" (one run per seed, one curve with their band)
 LEARN_CPU_ARGS ?=

@@ -16,6 +16,14 @@ What each check catches (docs/training.md, "What the CPU runs check"):
   record (trainer/generated_spans.py): `loss/mask_outside_generated`, `loss/mask_missing_in_generated` and
   `loss/unrecorded_trajectories` must be 0 (an unrecorded trajectory is an unchecked one, so it fails too).
 - **rollouts that search**, no failed search, finite losses, every step logged once.
+- **async modes** (`searchrl train cpu --mode colocate_async`): rollout log-probs of a trajectory sampled before
+  an update come from older weights, so the probability-difference bound applies only to steps whose worst
+  staleness (verl's `training/off_policy/trajectory_staleness_worst/max`) is 0. In its place: every step's
+  `versions/*` (trainer/versions.py: stamped, within the staleness bound, each used version verified by the hf
+  servers' ledgers), and over the run at least one trajectory that spans two versions, every version a step may
+  have used named by an update line of its invocation (or, for a resumed run's restored trajectories, of the
+  first), the resumed invocation restoring the in-flight prompt groups from the checkpoint's `transfer_queue/`,
+  and its first weights equal to the first invocation's at the checkpoint step.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from searchrl.trainer import versions
 from searchrl.trainer.generated_spans import MISSING, OUTSIDE, UNRECORDED
 
 _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
@@ -57,6 +66,13 @@ PROB_DIFF_MEAN_FAIL = 0.01  # verl FAQ: a precision or sync bug
 PROB_DIFF_MEAN_WARN = 0.005  # verl FAQ: healthy below
 PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
 ENTROPY = "actor/entropy"  # verl's per-step mean entropy of the policy over the trained tokens
+STALENESS_WORST_MAX = "training/off_policy/trajectory_staleness_worst/max"  # verl's, async modes only
+# verl's resume of an async run from the checkpoint's transfer_queue/ (trainer_base.py, _load_checkpoint)
+_RESTORED = re.compile(r"Restored (\d+) training prompt groups from TransferQueue")
+# the hf engine's update line with its fingerprint (trainer/hf_rollout.py UPDATE_LINE)
+_UPDATE_DIGEST = re.compile(
+    r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+): \d+ tensors, fingerprint (\S+)"
+)
 
 
 @dataclass(frozen=True)
@@ -155,6 +171,70 @@ def sync_and_mask_problems(row: StepRow, max_prob_diff: float = SYNC_MAX_PROB_DI
     return problems + mask_problems(row)
 
 
+def async_step_problems(row: StepRow, threshold: int | None = None) -> list[str]:
+    """One step of an async run: the sync bound only where no trajectory is stale, the loss-mask checks, and the
+    version metrics (module docstring); a metric verl or the sampler did not log is a problem."""
+    worst = row.metrics.get(STALENESS_WORST_MAX, math.nan)
+    problems = [] if not math.isnan(worst) else [_missing(row, STALENESS_WORST_MAX, "staleness")]
+    problems += sync_and_mask_problems(row, SYNC_MAX_PROB_DIFF if worst == 0 else math.inf)
+    for key in (versions.MISSING, versions.STALENESS_WORST_MAX, versions.VERIFIED):
+        if math.isnan(row.metrics.get(key, math.nan)):
+            problems.append(_missing(row, key, "the weights versions"))
+    if row.metrics.get(versions.MISSING, 0) > 0:
+        problems.append(
+            f"step {row.step}: {row.metrics[versions.MISSING]:.0f} trajectories carry no weights version"
+        )
+    if threshold is not None and row.metrics.get(versions.STALENESS_WORST_MAX, 0) > threshold - 1:
+        problems.append(
+            f"step {row.step}: worst staleness {row.metrics[versions.STALENESS_WORST_MAX]:.0f} above "
+            f"{threshold - 1} (max_off_policy_threshold {threshold})"
+        )
+    return problems
+
+
+def update_digests(log_text: str) -> list[tuple[int, int, str]]:
+    """(update number, step, fingerprint digest) of each hf-engine weight update in a log, in order."""
+    return [(int(n), int(step), digest) for n, step, digest in _UPDATE_DIGEST.findall(log_text)]
+
+
+def async_run_problems(rows: Sequence[StepRow], logs: Sequence[str], resume_step: int) -> list[str]:
+    """The run-level checks of an async CPU run: `logs` are its invocations' logs in order (the first stops at
+    `resume_step`, the second resumes from its checkpoint)."""
+    problems = []
+    if not sum(row.metrics.get(versions.SPANNING, 0) for row in rows) >= 1:
+        problems.append(
+            "no trained trajectory spans two weights versions (no turn was cut by an update and resumed)"
+        )
+    updates = [update_digests(text) for text in logs]
+    loaded = [{step for _, step, _ in found} for found in updates]
+    for row in rows:
+        worst = row.metrics.get(versions.STALENESS_WORST_MAX, math.nan)
+        if math.isnan(worst):
+            continue  # async_step_problems names it
+        invocation = 0 if row.run == "1" else len(logs) - 1
+        for version in range(row.step - 1 - int(worst), row.step):
+            if version not in loaded[invocation] and not (invocation and version in loaded[0]):
+                problems.append(
+                    f"step {row.step}: weights version {version} is in no update line (no sync loaded it)"
+                )
+    if len(logs) > 1 and not any(int(n) > 0 for n in _RESTORED.findall(logs[1])):
+        problems.append(
+            "the resumed invocation restored no prompt group from the checkpoint's transfer_queue/ "
+            "(verl logs 'Restored N training prompt groups from TransferQueue')"
+        )
+    if len(updates) > 1:
+        first = {step: digest for _, step, digest in updates[0]}
+        if not updates[1]:
+            problems.append("the resumed invocation logged no weight update")
+        elif updates[1][0][1] != resume_step or updates[1][0][2] != first.get(resume_step):
+            problems.append(
+                f"the resumed invocation's first weights (step {updates[1][0][1]}, {updates[1][0][2]}) are not the "
+                f"first invocation's at step {resume_step} ({first.get(resume_step)}): the checkpoint did not "
+                "restore the policy"
+            )
+    return problems
+
+
 def _missing(row: StepRow, key: str, why: str) -> str:
     return f"step {row.step}: verl logged no {key}, so {why} is unchecked"
 
@@ -233,6 +313,10 @@ def gpu_step_problems(row: StepRow) -> tuple[list[str], list[str]]:
 
 __all__ = [
     "ALL_CALLS",
+    "STALENESS_WORST_MAX",
+    "async_run_problems",
+    "async_step_problems",
+    "update_digests",
     "ENTROPY",
     "PROB_DIFF_MEAN_FAIL",
     "PROB_DIFF_MEAN_WARN",

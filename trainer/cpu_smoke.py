@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -38,6 +39,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,8 @@ from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu_report import (
     StepCheck,
     StepRow,
+    async_run_problems,
+    async_step_problems,
     check_steps,
     parse_steps,
     step_summary,
@@ -101,6 +105,43 @@ def cpu_overrides(*, scripted_first_turn: bool = True) -> list[str]:
         ("+actor_rollout_ref.actor.fsdp_config.mixed_precision", FP32),
         ("+actor_rollout_ref.ref.fsdp_config.mixed_precision", FP32),
         ("actor_rollout_ref.model.enable_gradient_checkpointing", False),
+    ]
+    return [f"{key}={hydra_value(value)}" for key, value in pairs]
+
+
+# verl's trainer modes the CPU run takes (`--mode`); separate_async needs the gloo engine (issue 40 item 3)
+MODES = ("sync", "colocate_async")
+# An async run's staleness bound: verl's ReplayBufferAsync drops a group trained more than this many steps after
+# its submission, so a trajectory is at most ASYNC_THRESHOLD - 1 updates behind (trainer/versions.py). verl's
+# default is 8; 2 is the tightest that lets generation run across an update, so the bound is checked, not idle.
+ASYNC_THRESHOLD = 2
+# The async run trains to step 6 (resuming at 2): the update after a step aborts the turns then generating, which
+# are trained a step later; whether any are running at that moment is timing (in a 3-step run none were, and the
+# "spans two versions" check failed it), so five steps after the first give it five chances. A step costs ~3 s.
+ASYNC_STEPS = 6
+# how often the async run's replay buffer polls for finished groups (trainer/sampler.py: verl polls every 2 s)
+ASYNC_POLL_S = 0.1
+
+
+def trainer_mode_overrides(mode: str) -> list[str]:
+    """verl's keys for `trainer.v1.trainer_mode=<mode>` on the CPU run (none for sync).
+
+    replaced by settings.trainer_mode at merge (issue 40 item 1 renders these from TrainSettings)."""
+    from searchrl.trainer.sampler import HF_LEDGER
+
+    if mode not in MODES:
+        raise ConfigError(f"--mode {mode!r}: the CPU run takes {', '.join(MODES)}")
+    if mode == "sync":
+        return []
+    pairs: list[tuple[str, object]] = [
+        ("trainer.v1.trainer_mode", mode),
+        # verl loads the named sampler for every mode: the async one evicts stale groups (trainer/sampler.py)
+        ("trainer.v1.sampler.custom_sampler.name", "SearchReplayBufferAsync"),
+        ("trainer.v1.sampler.max_off_policy_threshold", ASYNC_THRESHOLD),
+        # one batch of prompts in flight before step 1, then one more per step (trainer_base.py on_train_begin)
+        (f"trainer.v1.{mode}.num_warmup_batches", 1),
+        # every version a step's trajectories used must be verified by the hf servers' ledgers
+        ("+trainer.v1.sampler.sampler_kwargs.version_ledger", HF_LEDGER),
     ]
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
 
@@ -326,13 +367,19 @@ def run_eval(merged: Path, url: str, qa: Path, out_dir: Path, settings: TrainSet
 
 
 def run_cpu_smoke(
-    out_dir: Path, *, qa_source: Path = DEV_QA, questions: int = 12, timeout_s: float = 1200.0
+    out_dir: Path,
+    *,
+    qa_source: Path = DEV_QA,
+    questions: int = 12,
+    timeout_s: float = 1200.0,
+    mode: str = "sync",
 ) -> CpuRun:
     """The whole CPU run (module docstring); raises SmokeCheckError with one line on the first miss."""
     from searchrl.retrieval.process import served
     from searchrl.trainer.merge import merge_latest
     from searchrl.trainer.tiny_model import write_tiny_model
 
+    mode_overrides = trainer_mode_overrides(mode)  # a bad mode fails before anything starts
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)  # a CPU run always starts from nothing: its resume is its own
     out_dir.mkdir(parents=True)
@@ -346,17 +393,39 @@ def run_cpu_smoke(
     model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa))
     _phase(run, "model", started)
     with served(["--backend", "bm25"], out_dir / "serve.log") as url:
-        settings = cpu_settings(out_dir, model_dir, url)
+        settings = cpu_settings(out_dir, model_dir, url, steps=STEPS if mode == "sync" else ASYNC_STEPS)
         started = time.monotonic()
-        stop_early = [*cpu_overrides(), f"trainer.total_training_steps={RESUME_STEP}"]
-        run.rows += run_training(settings, stop_early, out_dir / "train-1.log", "1", timeout_s)[0]
+        overrides = [*cpu_overrides(), *mode_overrides]
+        if mode != "sync":
+            # one step's sequences per generate: the next step's run in a batch of their own, which the update
+            # after this step aborts and verl's async client resumes on the new weights (a spanning trajectory);
+            # in one batch of both steps they would all finish before the update
+            batch = settings.train_batch_size * settings.rollout_n
+            overrides += [
+                f"+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch={batch}",
+                f"+trainer.v1.sampler.sampler_kwargs.poll_interval_s={ASYNC_POLL_S}",
+            ]
+
+        on_step: StepCheck = (
+            sync_and_mask_problems
+            if mode == "sync"
+            else partial(async_step_problems, threshold=ASYNC_THRESHOLD)
+        )
+        stop_early = [*overrides, f"trainer.total_training_steps={RESUME_STEP}"]
+        rows, text_1 = run_training(settings, stop_early, out_dir / "train-1.log", "1", timeout_s, on_step)
+        run.rows += rows
         _phase(run, f"train to step {RESUME_STEP}", started)
         started = time.monotonic()
-        run.rows += run_training(
-            settings, cpu_overrides(), out_dir / "train-2.log", "2 (resumed)", timeout_s
-        )[0]
+        rows, text_2 = run_training(
+            settings, overrides, out_dir / "train-2.log", "2 (resumed)", timeout_s, on_step
+        )
+        run.rows += rows
         _phase(run, f"resume to step {settings.total_steps}", started)
-        problems = check_steps(run.rows, settings.total_steps)
+        if mode == "sync":
+            problems = check_steps(run.rows, settings.total_steps)
+        else:
+            problems = check_steps(run.rows, settings.total_steps, max_prob_diff=math.inf)
+            problems += async_run_problems(run.rows, [text_1, text_2], RESUME_STEP)
         if problems:
             raise SmokeCheckError("the CPU run missed what training must show: " + "; ".join(problems))
         started = time.monotonic()
@@ -389,6 +458,8 @@ def _write_test_split(test_parquet: Path, path: Path) -> None:
 
 
 __all__ = [
+    "ASYNC_THRESHOLD",
+    "MODES",
     "CpuRun",
     "cpu_overrides",
     "cpu_settings",
@@ -396,5 +467,6 @@ __all__ = [
     "run_cpu_smoke",
     "run_training",
     "tokenizer_texts",
+    "trainer_mode_overrides",
     "write_qa",
 ]

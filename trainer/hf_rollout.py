@@ -11,10 +11,15 @@ matching verl's (DESIGN.md section 3b):
   sampling_params, ...) -> TokenOutput` with sampled tokens and their log-probabilities under the current weights.
   Concurrent calls are batched into one left-padded `generate` on all cores, and the log-probs come from that
   sampling pass's logits (no second forward). The precision is `engine_kwargs.hf.dtype` (float32 unless the CPU
-  run measured bf16 faster, trainer/cpu_precision.py). verl passes no `max_tokens`, so a turn may generate what
-  is left of `prompt_length + response_length`, capped at `response_length` (the rule verl's sglang server
-  applies) and at the request's `max_tokens` when the agent loop sets one (`turn_budget`, as vLLM reads it);
-  the agent loop cuts the trajectory at its budget.
+  run measured bf16 faster, trainer/cpu_precision.py). verl's sync client sends no `max_tokens`, so a turn may
+  generate what is left of `prompt_length + response_length`, capped at `response_length` (the rule verl's sglang
+  server applies) and at the request's `max_tokens` when the agent loop sets one (`turn_budget`, as vLLM reads
+  it); the agent loop cuts the trajectory at its budget. For verl's async trainers (issue 40) it also pauses: verl's
+  `abort_all_requests` stops the running batch after its current token and returns each turn's tokens so far
+  ("aborted"), later turns wait for `resume_generation`, and every turn is stamped with the weights version read
+  at its batch's start; verl's `FullyAsyncLLMServerClient` resends an aborted turn with `max_tokens` set to what
+  is left of its budget. Each update adds an entry to a per-version ledger (`ledger()`), which the async replay
+  buffer checks (trainer/versions.py).
 - `HFServerAdapter` (verl's `BaseRollout`, in the training worker): after every actor update verl's naive
   checkpoint engine hands it the new weights tensor by tensor (workers/engine_workers.py:727-827); it sends them to
   the server. The server refuses an update that misses any of its weights (only a tied `lm_head` may be absent),
@@ -41,6 +46,7 @@ from typing import Any
 
 import ray
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -73,13 +79,36 @@ def sampled_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: f
 
 
 @dataclass
+class _Result:
+    """One sequence of a batch: its tokens, their log-probs, why it stopped, and the weights version it ran on."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    # "completed" (a stop token or its budget) or "aborted" (abort_all_requests cut it short)
+    stop_reason: str
+    version: int | None  # global_steps read at the batch's start; None only under sabotage no_version_stamps
+
+
+@dataclass
 class _Request:
     """One `generate` call waiting for its batch."""
 
     prompt_ids: list[int]
     sampling: tuple[float, float, int]  # temperature, top_p, top_k: a batch shares them
     budget: int
-    future: asyncio.Future[tuple[list[int], list[float]]]
+    future: asyncio.Future[_Result]
+
+
+class _StopOnAbort(StoppingCriteria):
+    """Stops every row of a running `generate` after its current token once `abort_all_requests` sets the event."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any
+    ) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)  # type: ignore[return-value]
 
 
 def _sampling(params: dict[str, Any]) -> tuple[float, float, int]:
@@ -153,6 +182,13 @@ class HFGenerateServer:
         self._pending: list[_Request] = []
         self._drainer: asyncio.Task[None] | None = None
         self._model_lock = threading.Lock()  # weights never change under a running batch
+        # verl's async trainers pause generation around a weight update (abort_all_requests ... resume_generation):
+        # the gate parks new turns, the event stops a running generate after its current token
+        self._gate_open = True
+        self._rejecting = False
+        self._resumed = asyncio.Event()
+        self._abort = threading.Event()
+        self._ledger: dict[int, dict[str, str]] = {}
 
     def ready(self) -> bool:
         return True
@@ -173,13 +209,17 @@ class HFGenerateServer:
                 f"({', '.join(missing[:5])}): generation would mix old and new weights"
             )
         stale = sabotage.active(sabotage.STALE_SYNC)
-        with self._model_lock:
+        with self._model_lock:  # the version moves with the weights: a batch reads both at its start
             if not stale:
                 self.model.load_state_dict(state, strict=False)
             held = self.weight_fingerprint(sent=set(state))
-        if global_steps is not None:
-            self.global_steps = int(global_steps)
+            if global_steps is not None:
+                self.global_steps = int(global_steps)
         self.weight_updates += 1
+        self._ledger[self.global_steps] = {
+            "held": digest(held),
+            "sent": digest(sent_fingerprint(state, held)),
+        }
         note = " (IGNORED: sabotage stale_sync)" if stale else ""
         line = UPDATE_LINE.format(
             n=self.weight_updates,
@@ -200,6 +240,13 @@ class HFGenerateServer:
             prints.pop("lm_head.weight", None)
         return prints
 
+    def ledger(self) -> dict[int, dict[str, str]]:
+        """Per weights version (global_steps of the update): the digest of what the server held after loading it
+        and of what it was sent, cast to its dtype. verl's async client keeps only the version numbers of a
+        turn (workers/rollout/llm_server.py rebuilds the TokenOutput), so the checks of an async run read each
+        trajectory's versions here (trainer/sampler.py): a version is verified when the two digests agree."""
+        return {version: dict(entry) for version, entry in self._ledger.items()}
+
     def stats(self) -> dict[str, int]:
         return {
             "global_steps": self.global_steps,
@@ -217,6 +264,10 @@ class HFGenerateServer:
         video_data: Any = None,
         **kwargs: Any,
     ) -> TokenOutput:
+        while not self._gate_open:  # paused for a weight update: wait for resume_generation, as vLLM parks
+            if self._rejecting:
+                return self._output(_Result([], [], "aborted", self._stamp(self.global_steps)))
+            await self._resumed.wait()
         prompt = list(prompt_ids)
         budget = turn_budget(self.response_length, self.max_len - len(prompt), sampling_params)
         request = _Request(
@@ -225,18 +276,29 @@ class HFGenerateServer:
         self._pending.append(request)
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
-        token_ids, log_probs = await request.future
+        return self._output(await request.future)
+
+    @staticmethod
+    def _stamp(version: int) -> int | None:
+        return None if sabotage.active(sabotage.NO_VERSION_STAMPS) else version
+
+    @staticmethod
+    def _output(result: _Result) -> TokenOutput:
+        """verl's TokenOutput; `global_steps` is the version the turn's tokens were sampled from (the async client
+        turns the stamps of a turn's attempts into its min/max_global_steps, the trajectory's version tags)."""
         return TokenOutput(
-            token_ids=token_ids,
-            log_probs=log_probs,
-            stop_reason="completed",
-            extra_fields={"global_steps": self.global_steps},
+            token_ids=result.token_ids,
+            log_probs=result.log_probs,
+            stop_reason=result.stop_reason,
+            extra_fields={"global_steps": result.version},
         )
 
     async def _drain(self) -> None:
         """Run the waiting requests in batches (same sampling settings per batch) until none is left."""
         while self._pending:
             await asyncio.sleep(self.gather_s)  # let the turns arriving together join one batch
+            if not self._pending:  # abort_all_requests resolved them during the wait
+                break
             sampling = self._pending[0].sampling
             batch = [r for r in self._pending if r.sampling == sampling][: self.max_batch]
             taken = {id(r) for r in batch}
@@ -252,8 +314,11 @@ class HFGenerateServer:
                 if not request.future.done():
                     request.future.set_result(result)
 
-    def generate_batch(self, batch: list[_Request]) -> list[tuple[list[int], list[float]]]:
-        """One left-padded `generate` for the batch: each sequence's tokens and their sampling log-probs."""
+    def generate_batch(self, batch: list[_Request]) -> list[_Result]:
+        """One left-padded `generate` for the batch: each sequence's tokens, their sampling log-probs, and the
+        weights version read under the lock at the start (an update waits for the batch, so all its tokens come
+        from that version). `abort_all_requests` stops it after the current token: rows not yet at a stop token
+        or their budget come back "aborted" with what they have, which verl's async client resumes later."""
         # OpenMP's thread count is per calling thread: this runs in asyncio's worker thread, which would start at
         # OMP_NUM_THREADS (Ray sets 1 for a 1-CPU actor) and generate on one core (measured: 100% CPU, not 200%)
         torch.set_num_threads(self.threads)
@@ -267,6 +332,7 @@ class HFGenerateServer:
         do_sample = temperature > 0
         started = time.perf_counter()
         with self._model_lock, torch.no_grad():
+            version = self.global_steps
             out = self.model.generate(
                 ids,
                 attention_mask=mask,
@@ -279,7 +345,9 @@ class HFGenerateServer:
                 pad_token_id=self.pad_id,
                 return_dict_in_generate=True,
                 output_logits=True,
+                stopping_criteria=StoppingCriteriaList([_StopOnAbort(self._abort)]),
             )
+            aborted = self._abort.is_set()
         seconds = time.perf_counter() - started
         new = out.sequences[:, width:]
         log_probs = torch.stack(
@@ -291,12 +359,20 @@ class HFGenerateServer:
         for row, request in enumerate(batch):
             tokens = new[row, : request.budget].tolist()
             keep = first_stop(tokens, self.stop_ids)
-            results.append((tokens[:keep], log_probs[row, :keep].tolist()))
-        kept = sum(len(tokens) for tokens, _ in results)
+            cut = aborted and keep == len(tokens) < request.budget  # neither a stop token nor its budget
+            results.append(
+                _Result(
+                    tokens[:keep],
+                    log_probs[row, :keep].tolist(),
+                    "aborted" if cut else "completed",
+                    self._stamp(version),
+                )
+            )
+        kept = sum(len(r.token_ids) for r in results)
         print(BATCH_LINE.format(n=len(batch), tokens=kept, seconds=seconds), flush=True)  # noqa: T201
         return results
 
-    # The control calls verl makes on every rollout server; an in-memory HF model has nothing to free or pause.
+    # The control calls verl makes on every rollout server; an in-memory HF model has nothing to free.
     async def wake_up(self) -> None:
         return None
 
@@ -313,10 +389,24 @@ class HFGenerateServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False) -> None:
-        return None
+        """Pause generation for a weight update (verl's colocate_async `on_sample_end`, replica.py): close the
+        gate (new turns park until `resume_generation`, or come back aborted at once with `reject_request`),
+        resolve queued turns as aborted with no tokens, and stop the running batch after its current token."""
+        self._gate_open = False
+        self._rejecting = reject_request
+        self._resumed.clear()
+        self._abort.set()
+        queued, self._pending = self._pending, []
+        for request in queued:
+            if not request.future.done():
+                request.future.set_result(_Result([], [], "aborted", self._stamp(self.global_steps)))
 
     async def resume_generation(self) -> None:
-        return None
+        """Open the gate again (verl's `on_step_end`, after the update): parked turns go on, on the new weights."""
+        self._abort.clear()
+        self._rejecting = False
+        self._gate_open = True
+        self._resumed.set()
 
     async def start_profile(self, **kwargs: Any) -> None:
         return None
@@ -326,7 +416,7 @@ class HFGenerateServer:
 
 
 def hf_engine_kwargs(rollout_config: Any) -> dict[str, Any]:
-    """`actor_rollout_ref.rollout.engine_kwargs.hf` (the CPU runs set it: dtype, scripted_first_turn)."""
+    """`actor_rollout_ref.rollout.engine_kwargs.hf` (the CPU runs set it: dtype, scripted_first_turn, max_batch)."""
     engine_kwargs = getattr(rollout_config, "engine_kwargs", None) or {}
     hf = engine_kwargs.get("hf") if hasattr(engine_kwargs, "get") else None
     return dict(hf or {})
@@ -346,6 +436,7 @@ class HFRolloutReplica(RolloutReplica):
                 response_length=self.config.response_length,
                 seed=int(getattr(self.config, "seed", 0) or 0),
                 dtype=str(hf_engine_kwargs(self.config).get("dtype") or "float32"),
+                max_batch=int(hf_engine_kwargs(self.config).get("max_batch") or 32),
             )
         )
         await server.ready.remote()

@@ -1,4 +1,4 @@
-"""Four deliberate bugs that only tests switch on, to prove the learning run's checks catch them (issue 31).
+"""Deliberate bugs that only tests switch on, to prove the learning run's checks catch them (issue 31).
 
 `SEARCHRL_TEST_SABOTAGE=<name>` in the environment of a CPU run (Ray workers inherit it) breaks one thing the
 learning check must notice; each is a bug a peer shipped:
@@ -15,6 +15,10 @@ learning check must notice; each is a bug a peer shipped:
   update not driven by the reward produces; MIN_RISE and PROBE_MIN_RISE sit above it (trainer/cpu_learn.py).
 - `observations_in_loss`: tool responses keep loss mask 1, so the policy is trained to predict retrieved text.
   Caught by the per-step count of mask-1 tokens inside tool responses (trainer/sampler.py).
+- `no_version_stamps`: the rollout server returns its turns without the weights version they were sampled from
+  (an engine that never stamps). An async
+  run then cannot bound staleness; the async replay buffer's version check stops it at the first step
+  (trainer/sampler.py).
 
 Nothing in a user's run reads this variable unless it is set; an unknown name is refused, so a typo in a test
 cannot pass silently as "no sabotage".
@@ -35,7 +39,8 @@ STALE_SYNC = "stale_sync"
 FLIP_ADVANTAGE = "flip_advantage"
 OBSERVATIONS_IN_LOSS = "observations_in_loss"
 SHUFFLE_REWARDS = "shuffle_rewards"
-NAMES = (STALE_SYNC, FLIP_ADVANTAGE, OBSERVATIONS_IN_LOSS, SHUFFLE_REWARDS)
+NO_VERSION_STAMPS = "no_version_stamps"
+NAMES = (STALE_SYNC, FLIP_ADVANTAGE, OBSERVATIONS_IN_LOSS, SHUFFLE_REWARDS, NO_VERSION_STAMPS)
 SHUFFLE_SEED = 39  # the permutations repeat run to run (each verl invocation starts the sequence again)
 
 
@@ -114,6 +119,7 @@ __all__ = [
     "ENV",
     "FLIP_ADVANTAGE",
     "NAMES",
+    "NO_VERSION_STAMPS",
     "OBSERVATIONS_IN_LOSS",
     "SHUFFLE_REWARDS",
     "SHUFFLE_SEED",

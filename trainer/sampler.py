@@ -1,10 +1,13 @@
-"""verl's sync replay buffer, plus: a failed rollout group stops the run, and each step logs `search/*` and `loss/*`.
+"""verl's replay buffers, plus: a failed rollout group stops the run, and each step logs `search/*` and `loss/*`.
 
 Set by trainer/overrides.py as `trainer.v1.sampler.custom_sampler.{path,name}` (verl/trainer/ppo/v1/
-trainer_base.py:145-151), with `trainer.v1.trainer_mode=sync`. The mode name matters: verl compares it with the
-literal "sync" (trainer_base.py:153, 731, 902, 1004, 1499), so any other name (we used `searchrl_sync` for a
-registered trainer subclass) silently switches on the async replay buffer, a one-row dataloader and checkpoints
-that also save every step's trajectories.
+trainer_base.py:145-151). verl loads the named class for every trainer mode, so there are two, sharing one mixin:
+`SearchReplayBuffer` over verl's sync `ReplayBuffer` for `trainer.v1.trainer_mode=sync`, and
+`SearchReplayBufferAsync` over `ReplayBufferAsync` for the async modes, which is what evicts groups staler than
+`max_off_policy_threshold` (the sync buffer never does: replay_buffer.py `_terminal_eviction_reasons`) and waits
+for sampleable groups. The mode name matters: verl compares it with the literal "sync" (trainer_base.py:153, 731,
+902, 1004, 1499), so any other name (we used `searchrl_sync` for a registered trainer subclass) silently switches
+on the async paths: a one-row dataloader and checkpoints that also save every step's trajectories.
 
 **Failures stop the run.** In verl 0.9.1 the reward function and the tools run inside the agent-loop worker,
 which catches any exception, logs it and marks the prompt's group "failure" (agent_loop_tq.py:133-148). The sync
@@ -28,17 +31,23 @@ model path); without one the `loss/*` metrics are left out.
 the rollout server (trainer/generated_spans.py), give `loss/mask_outside_generated` (mask 1 on environment
 tokens), `loss/mask_missing_in_generated` (mask 0 on sampled tokens) and `loss/unrecorded_trajectories`; they
 need no tokenizer, so they are logged on every step.
+
+**Weights versions (async modes).** Outside `sync` each step also logs `versions/*` from the trajectories' tags
+and stops on a missing stamp or staleness beyond the threshold (trainer/versions.py); with
+`sampler_kwargs.version_ledger=hf` every version the step's trajectories used must have been verified by the hf
+rollout servers' ledgers (trainer/hf_rollout.py).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import transfer_queue as tq
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
-from searchrl.errors import RolloutFailedError
+from searchrl.errors import ConfigError, RolloutFailedError
+from searchrl.trainer import versions
 from searchrl.trainer.generated_spans import span_step_metrics
 from searchrl.trainer.masks import mask_step_metrics
 from searchrl.trainer.metrics import search_step_metrics
@@ -46,13 +55,30 @@ from searchrl.trainer.metrics import search_step_metrics
 log = logging.getLogger(__name__)
 
 TRAIN_PARTITION = "train"
+HF_LEDGER = "hf"  # sampler_kwargs.version_ledger: check versions against the hf rollout servers' ledgers
 
 
-class SearchReplayBuffer(ReplayBuffer):
-    """ReplayBuffer (sync) that raises on a failed group and adds `search/*` to each training step's metrics."""
+class SearchBufferMixin:
+    """What both buffers add to verl's: raise on a failed group; `search/*`, `loss/*` (and, async, `versions/*`)."""
+
+    failure_keys: dict[str, set[str]]
+    trainer_mode: str
+    max_off_policy_threshold: int | None
+    sampler_kwargs: Any
+
+    poll_interval: float
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # `sampler_kwargs.poll_interval_s`: how often the buffer looks for finished groups (verl: 2 s, no key).
+        # The async CPU run polls every 0.1 s so the update's abort lands while the next step's turns generate
+        # (a 2 s poll can let a tiny model's whole batch finish first: no trajectory would span two versions).
+        poll = (self.sampler_kwargs or {}).get("poll_interval_s")
+        if poll is not None:
+            self.poll_interval = float(poll)
 
     def _sync_metadata_from_transfer_queue(self) -> None:
-        super()._sync_metadata_from_transfer_queue()
+        super()._sync_metadata_from_transfer_queue()  # type: ignore[misc]
         failed = {partition: sorted(keys) for partition, keys in self.failure_keys.items() if keys}
         if failed:
             groups = ", ".join(f"{len(keys)} in {partition}" for partition, keys in sorted(failed.items()))
@@ -65,7 +91,9 @@ class SearchReplayBuffer(ReplayBuffer):
     _tokenizer: Any = None
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
-        batch, metrics = super().sample(global_steps, partition_id, batch_size)
+        batch, metrics = super().sample(global_steps, partition_id, batch_size)  # type: ignore[misc]
+        if partition_id == TRAIN_PARTITION and self.trainer_mode != "sync":
+            metrics = {**metrics, **self._version_metrics(batch, global_steps)}
         if partition_id == TRAIN_PARTITION:
             extra_fields = search_extra_fields(batch)
             masks = response_masks(batch)
@@ -77,6 +105,21 @@ class SearchReplayBuffer(ReplayBuffer):
                 metrics.update(mask_step_metrics(rows))
         return batch, metrics
 
+    def _version_metrics(self, batch: Any, global_steps: int) -> dict[str, int]:
+        """`versions/*` of the step's trajectories; raises StepCheckError on what trainer/versions.py refuses."""
+        used = versions.trajectory_versions(batch.tags)
+        metrics = versions.version_step_metrics(used, global_steps)
+        problems = versions.version_problems(metrics, self.max_off_policy_threshold)
+        ledger = (self.sampler_kwargs or {}).get("version_ledger")
+        if ledger == HF_LEDGER:
+            counts, ledger_problems = versions.ledger_check(versions.used_versions(used), hf_ledgers())
+            metrics.update(counts)
+            problems += ledger_problems
+        elif ledger is not None:
+            raise ConfigError(f"sampler_kwargs.version_ledger={ledger!r}: only {HF_LEDGER!r} keeps a ledger")
+        versions.raise_on(problems, global_steps)
+        return metrics
+
     def _get_tokenizer(self) -> Any:
         name = (getattr(self, "sampler_kwargs", None) or {}).get("tokenizer")
         if name and self._tokenizer is None:
@@ -84,6 +127,31 @@ class SearchReplayBuffer(ReplayBuffer):
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(name))
         return self._tokenizer
+
+
+class SearchReplayBuffer(SearchBufferMixin, ReplayBuffer):
+    """verl's sync ReplayBuffer with the mixin's checks and metrics (`trainer.v1.trainer_mode=sync`)."""
+
+
+class SearchReplayBufferAsync(SearchBufferMixin, ReplayBufferAsync):
+    """verl's ReplayBufferAsync (stale-group eviction, wait_for_sampleable) with the mixin's checks, metrics and the
+    per-step weights-version checks (colocate_async, separate_async)."""
+
+
+def hf_ledgers() -> dict[str, versions.Ledger]:
+    """Every hf rollout server's version ledger, by actor name (servers 0, 1, ... until one is not found)."""
+    import ray
+
+    from searchrl.trainer.hf_rollout import SERVER_NAME
+
+    ledgers: dict[str, versions.Ledger] = {}
+    while True:
+        name = SERVER_NAME.format(rank=len(ledgers))
+        try:
+            actor = ray.get_actor(name)
+        except ValueError:
+            return ledgers
+        ledgers[name] = cast(versions.Ledger, ray.get(actor.ledger.remote()))
 
 
 def search_extra_fields(batch: Any) -> list[Any]:
@@ -109,4 +177,12 @@ def response_masks(batch: Any) -> list[tuple[list[int], list[int]]]:
     return [(i, m) for i, m, pad in zip(ids, masks, padding, strict=True) if not pad]
 
 
-__all__ = ["SearchReplayBuffer", "response_masks", "search_extra_fields"]
+__all__ = [
+    "HF_LEDGER",
+    "SearchBufferMixin",
+    "SearchReplayBuffer",
+    "SearchReplayBufferAsync",
+    "hf_ledgers",
+    "response_masks",
+    "search_extra_fields",
+]

@@ -140,6 +140,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--qa", help="QA JSONL (question, golden_answers; default the bundled dev set)")
     p.add_argument("--questions", type=int, default=12, help="questions used (default %(default)s)")
     p.add_argument(
+        "--mode",
+        default="sync",
+        help="verl's trainer mode (trainer.v1.trainer_mode): sync, or colocate_async (generation runs across "
+        "updates; adds the weights-version checks) (default %(default)s)",
+    )
+    p.add_argument(
         "--timeout", type=float, help="seconds per verl invocation (default 1200, with --model 3600)"
     )
     p.add_argument(
@@ -307,7 +313,11 @@ def _cpu(args: argparse.Namespace) -> int:
     if args.model:
         return _real(args, qa)
     run = run_cpu_smoke(
-        Path(args.out), qa_source=qa, questions=args.questions, timeout_s=args.timeout or 1200.0
+        Path(args.out),
+        qa_source=qa,
+        questions=args.questions,
+        timeout_s=args.timeout or 1200.0,
+        mode=args.mode,
     )
     print(run.report())  # noqa: T201
     return 0

@@ -1,0 +1,99 @@
+"""The async CPU run's checks (trainer/cpu_report.py) and its verl keys (trainer/cpu_smoke.py), without a run."""
+
+from __future__ import annotations
+
+import pytest
+
+from searchrl.errors import ConfigError
+from searchrl.trainer import versions
+from searchrl.trainer.cpu_report import (
+    STALENESS_WORST_MAX,
+    StepRow,
+    async_run_problems,
+    async_step_problems,
+    update_digests,
+)
+from searchrl.trainer.cpu_smoke import ASYNC_THRESHOLD, trainer_mode_overrides
+from searchrl.trainer.generated_spans import MISSING, OUTSIDE, UNRECORDED
+from searchrl.trainer.hf_rollout import UPDATE_LINE
+
+CLEAN = {
+    "loss/observation_tokens_in_loss": 0,
+    "search/calls": 2,
+    "loss/observation_tokens": 10,
+    OUTSIDE: 0,
+    MISSING: 0,
+    UNRECORDED: 0,
+}
+
+
+def _row(step: int, run: str, worst: float, diff: float, spanning: int = 0, **extra: float) -> StepRow:
+    metrics = {
+        **CLEAN,
+        "training/rollout_probs_diff_max": diff,
+        STALENESS_WORST_MAX: worst,
+        versions.MISSING: 0,
+        versions.STALENESS_WORST_MAX: worst,
+        versions.VERIFIED: 1,
+        versions.SPANNING: spanning,
+        **extra,
+    }
+    return StepRow(step, run, metrics)
+
+
+def test_the_prob_diff_bound_holds_only_on_steps_without_stale_trajectories():
+    assert async_step_problems(_row(2, "1", worst=1, diff=0.3), threshold=2) == []
+    assert "sync max prob diff 0.3" in async_step_problems(_row(2, "1", worst=0, diff=0.3), threshold=2)[0]
+
+
+def test_a_step_without_stamps_or_beyond_the_bound_or_without_verl_staleness_fails():
+    no_stamp = _row(2, "1", worst=0, diff=0.0, **{versions.MISSING: 2})
+    assert async_step_problems(no_stamp, threshold=2) == ["step 2: 2 trajectories carry no weights version"]
+    assert "worst staleness 2 above 1" in async_step_problems(_row(3, "1", worst=2, diff=0.0), threshold=2)[0]
+    row = _row(2, "1", worst=0, diff=0.0)
+    del row.metrics[STALENESS_WORST_MAX], row.metrics[versions.VERIFIED]
+    problems = async_step_problems(row, threshold=2)
+    assert any(STALENESS_WORST_MAX in p for p in problems) and any(versions.VERIFIED in p for p in problems)
+
+
+def _log(*updates: tuple[int, int, str]) -> str:
+    return "\n".join(
+        "(HFGenerateServer pid=1) "
+        + UPDATE_LINE.format(n=n, step=step, tensors=27, fingerprint=digest, note="")
+        for n, step, digest in updates
+    )
+
+
+def test_update_lines_parse_with_their_digests():
+    assert update_digests(_log((1, 0, "ab12"), (2, 1, "cd34"))) == [(1, 0, "ab12"), (2, 1, "cd34")]
+
+
+def test_the_run_checks_spanning_versions_in_update_lines_and_the_resumed_weights():
+    first = _log((1, 0, "a0"), (2, 1, "a1"), (3, 2, "a2"))
+    restored = "(TaskRunnerV1 pid=2) INFO:2026-11-27 13:33:52,970:Restored 2 training prompt groups from TransferQueue"
+    second = _log((1, 2, "a2"), (2, 3, "a3")) + "\n" + restored
+    rows = [_row(1, "1", 0, 0.0), _row(2, "1", 1, 0.1, spanning=1), _row(3, "2 (resumed)", 1, 0.1)]
+    assert async_run_problems(rows, [first, second], resume_step=2) == []
+
+    assert async_run_problems([_row(1, "1", 0, 0.0)], [first, second], 2) == [
+        "no trained trajectory spans two weights versions (no turn was cut by an update and resumed)"
+    ]
+    unloaded = async_run_problems(rows, [_log((1, 1, "a1"), (2, 2, "a2")), second], 2)
+    assert unloaded == [
+        f"step {step}: weights version 0 is in no update line (no sync loaded it)" for step in (1, 2)
+    ]
+    restarted = async_run_problems(rows, [first, _log((1, 2, "ffff"), (2, 3, "a3")) + "\n" + restored], 2)
+    assert len(restarted) == 1 and "the checkpoint did not restore the policy" in restarted[0]
+    fresh = async_run_problems(rows, [first, _log((1, 2, "a2"), (2, 3, "a3"))], 2)
+    assert len(fresh) == 1 and "restored no prompt group" in fresh[0]
+
+
+def test_the_async_mode_renders_verls_keys_and_a_bad_mode_is_one_clear_error():
+    keys = dict(o.split("=", 1) for o in trainer_mode_overrides("colocate_async"))
+    assert keys["trainer.v1.trainer_mode"] == "colocate_async"
+    assert keys["trainer.v1.sampler.custom_sampler.name"] == "SearchReplayBufferAsync"
+    assert keys["trainer.v1.sampler.max_off_policy_threshold"] == str(ASYNC_THRESHOLD)
+    assert keys["+trainer.v1.sampler.sampler_kwargs.version_ledger"] == "hf"
+    assert trainer_mode_overrides("sync") == []
+    with pytest.raises(ConfigError, match="--mode 'separate_async': the CPU run takes sync, colocate_async"):
+        trainer_mode_overrides("separate_async")

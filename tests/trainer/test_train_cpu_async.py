@@ -1,0 +1,58 @@
+"""`make train-cpu ASYNC=colocate`: verl's colocate_async trainer on CPU with its weights-version checks, and an
+engine that does not stamp its turns failing it. Minutes each (verl's entry point, Ray, FSDP2 on gloo)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from searchrl.trainer import sabotage
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _train_cpu_async(out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "searchrl", "train", "cpu", "--mode", "colocate_async", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=REPO,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.live
+def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(tmp_path):
+    """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
+    step 6, merge and eval; cpu_report's async checks passed (exit 0), and the log shows why they could."""
+    out = tmp_path / "run"
+    proc = _train_cpu_async(out)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "merged step 6:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
+    logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
+    steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
+    assert len(steps) == 6 and all("versions/missing:0.0" in line for line in steps)
+    spanning = [float(m) for line in steps for m in re.findall(r"versions/spanning:([\d.]+)", line)]
+    assert sum(spanning) >= 1  # a turn aborted for an update and resumed on the new weights
+    assert (out / "checkpoints" / "cpu-smoke" / "global_step_2" / "transfer_queue").is_dir()
+    assert "training prompt groups from TransferQueue" in logs[1]
+
+
+@pytest.mark.slow
+@pytest.mark.live
+def test_an_engine_that_does_not_stamp_versions_stops_the_async_run_at_its_first_step(tmp_path):
+    """Sabotage no_version_stamps: the hf server returns turns without the weights version. The async replay
+    buffer refuses the first step (StepCheckError), so the run exits 2 with that line before any update."""
+    proc = _train_cpu_async(tmp_path / "run", {sabotage.ENV: sabotage.NO_VERSION_STAMPS})
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-4000:]
+    assert "trajectories carry no weights version" in proc.stderr
+    log = (tmp_path / "run" / "train-1.log").read_text(errors="replace")
+    assert not re.search(r"\bstep:\d+ - ", log)  # no step trained
