@@ -123,30 +123,38 @@ ASYNC_STEPS = 6
 ASYNC_POLL_S = 0.1
 
 
-def trainer_mode_overrides(mode: str) -> list[str]:
-    """verl's keys for `trainer.v1.trainer_mode=<mode>` on the CPU run (none for sync).
-
-    replaced by settings.trainer_mode at merge (issue 40 item 1 renders these from TrainSettings)."""
-    from searchrl.trainer.sampler import HF_LEDGER
-
+def check_mode(mode: str) -> None:
+    """Refuse a mode the CPU run cannot take, before anything starts (separate_async needs a second pool)."""
     if mode not in MODES:
         raise ConfigError(f"--mode {mode!r}: the CPU run takes {', '.join(MODES)}")
-    if mode == "sync":
+
+
+def async_cpu_overrides(settings: TrainSettings) -> list[str]:
+    """The CPU run's own keys in an async mode (verl's mode keys come from the settings, trainer/overrides.py).
+
+    Every version a step's trajectories used must be verified by the hf servers' ledgers; one step's sequences
+    per generate, so the next step's run in a batch of their own, which the update after this step aborts and
+    verl's async client resumes on the new weights (a spanning trajectory; in one batch of both steps they would
+    all finish before the update); and the buffer polls for finished groups every ASYNC_POLL_S, not verl's 2 s.
+    """
+    from searchrl.trainer.sampler import HF_LEDGER
+
+    if settings.trainer_mode == "sync":
         return []
     pairs: list[tuple[str, object]] = [
-        ("trainer.v1.trainer_mode", mode),
-        # verl loads the named sampler for every mode: the async one evicts stale groups (trainer/sampler.py)
-        ("trainer.v1.sampler.custom_sampler.name", "SearchReplayBufferAsync"),
-        ("trainer.v1.sampler.max_off_policy_threshold", ASYNC_THRESHOLD),
-        # one batch of prompts in flight before step 1, then one more per step (trainer_base.py on_train_begin)
-        (f"trainer.v1.{mode}.num_warmup_batches", 1),
-        # every version a step's trajectories used must be verified by the hf servers' ledgers
         ("+trainer.v1.sampler.sampler_kwargs.version_ledger", HF_LEDGER),
+        (
+            "+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch",
+            settings.train_batch_size * settings.rollout_n,
+        ),
+        ("+trainer.v1.sampler.sampler_kwargs.poll_interval_s", ASYNC_POLL_S),
     ]
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
 
 
-def cpu_settings(out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS) -> TrainSettings:
+def cpu_settings(
+    out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS, mode: str = "sync"
+) -> TrainSettings:
     """TrainSettings for the CPU run: 2 prompts x 2 samples a step, short episodes, a checkpoint every 2 steps.
 
     Everything else is the GPU default (GRPO, KL loss 0.001 low_var_kl, hermes tool calls, our reward with its
@@ -188,6 +196,9 @@ def cpu_settings(out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS
         flash_attn=False,  # sdpa: flash-attn is CUDA only (given here, so FLASH_ATTN=1 in the env cannot win)
         health_deadline_s=300.0,
         checkpoint_wait_s=0.0,
+        trainer_mode=mode,
+        max_off_policy_threshold=ASYNC_THRESHOLD,
+        num_warmup_batches=1,  # one batch of prompts in flight before step 1, then one more per step
     )
 
 
@@ -379,7 +390,7 @@ def run_cpu_smoke(
     from searchrl.trainer.merge import merge_latest
     from searchrl.trainer.tiny_model import write_tiny_model
 
-    mode_overrides = trainer_mode_overrides(mode)  # a bad mode fails before anything starts
+    check_mode(mode)
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)  # a CPU run always starts from nothing: its resume is its own
     out_dir.mkdir(parents=True)
@@ -393,18 +404,10 @@ def run_cpu_smoke(
     model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa))
     _phase(run, "model", started)
     with served(["--backend", "bm25"], out_dir / "serve.log") as url:
-        settings = cpu_settings(out_dir, model_dir, url, steps=STEPS if mode == "sync" else ASYNC_STEPS)
+        steps = STEPS if mode == "sync" else ASYNC_STEPS
+        settings = cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode)
         started = time.monotonic()
-        overrides = [*cpu_overrides(), *mode_overrides]
-        if mode != "sync":
-            # one step's sequences per generate: the next step's run in a batch of their own, which the update
-            # after this step aborts and verl's async client resumes on the new weights (a spanning trajectory);
-            # in one batch of both steps they would all finish before the update
-            batch = settings.train_batch_size * settings.rollout_n
-            overrides += [
-                f"+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch={batch}",
-                f"+trainer.v1.sampler.sampler_kwargs.poll_interval_s={ASYNC_POLL_S}",
-            ]
+        overrides = [*cpu_overrides(), *async_cpu_overrides(settings)]
 
         on_step: StepCheck = (
             sync_and_mask_problems
@@ -467,6 +470,7 @@ __all__ = [
     "run_cpu_smoke",
     "run_training",
     "tokenizer_texts",
-    "trainer_mode_overrides",
+    "async_cpu_overrides",
+    "check_mode",
     "write_qa",
 ]

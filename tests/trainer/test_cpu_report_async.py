@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from searchrl.errors import ConfigError
@@ -13,9 +15,10 @@ from searchrl.trainer.cpu_report import (
     async_step_problems,
     update_digests,
 )
-from searchrl.trainer.cpu_smoke import ASYNC_THRESHOLD, trainer_mode_overrides
+from searchrl.trainer.cpu_smoke import ASYNC_THRESHOLD, async_cpu_overrides, check_mode, cpu_settings
 from searchrl.trainer.generated_spans import MISSING, OUTSIDE, UNRECORDED
 from searchrl.trainer.hf_rollout import UPDATE_LINE
+from searchrl.trainer.overrides import render_overrides
 
 CLEAN = {
     "loss/observation_tokens_in_loss": 0,
@@ -88,12 +91,15 @@ def test_the_run_checks_spanning_versions_in_update_lines_and_the_resumed_weight
     assert len(fresh) == 1 and "restored no prompt group" in fresh[0]
 
 
-def test_the_async_mode_renders_verls_keys_and_a_bad_mode_is_one_clear_error():
-    keys = dict(o.split("=", 1) for o in trainer_mode_overrides("colocate_async"))
+def test_the_async_mode_renders_verls_keys_and_a_bad_mode_is_one_clear_error(tmp_path: Path) -> None:
+    settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1", mode="colocate_async")
+    keys = dict(o.split("=", 1) for o in [*render_overrides(settings), *async_cpu_overrides(settings)])
     assert keys["trainer.v1.trainer_mode"] == "colocate_async"
     assert keys["trainer.v1.sampler.custom_sampler.name"] == "SearchReplayBufferAsync"
     assert keys["trainer.v1.sampler.max_off_policy_threshold"] == str(ASYNC_THRESHOLD)
+    assert float(keys["trainer.v1.colocate_async.num_warmup_batches"]) == 1
     assert keys["+trainer.v1.sampler.sampler_kwargs.version_ledger"] == "hf"
-    assert trainer_mode_overrides("sync") == []
+    sync = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1")
+    assert async_cpu_overrides(sync) == []
     with pytest.raises(ConfigError, match="--mode 'separate_async': the CPU run takes sync, colocate_async"):
-        trainer_mode_overrides("separate_async")
+        check_mode("separate_async")
