@@ -94,7 +94,7 @@ def test_verls_worker_restores_the_old_policy_with_the_guard(sharded) -> None:
     worker.clear_cpu_model(1)
 
 
-def test_every_process_of_a_cpu_run_installs_the_guard() -> None:
+def test_every_process_of_a_cpu_run_installs_the_guard_and_the_logger_fix() -> None:
     """verl imports VERL_USE_EXTERNAL_MODULES at `import verl`, in the driver and every Ray worker."""
     from searchrl.trainer.cpu_plugin import ENV
 
@@ -102,8 +102,10 @@ def test_every_process_of_a_cpu_run_installs_the_guard() -> None:
         "import verl\n"
         "from verl.utils import fsdp_utils\n"
         "print(getattr(fsdp_utils.fsdp2_sharded_save_to_cpu, '_searchrl_clones_aliases', False))\n"
+        "import logging\n"
+        "print(getattr(logging.getLogger('verl.trainer.ppo.v1.trainer_separate_async'), '_searchrl_drops_flush', False))\n"
     )
     env = {**os.environ, **ENV}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == "True"
+    assert out.stdout.split()[-2:] == ["True", "True"]  # the old-policy guard, the separate_async logger fix
