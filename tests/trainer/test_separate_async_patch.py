@@ -10,7 +10,9 @@ import pytest
 def test_pythons_logger_refuses_flush() -> None:
     """Why verl 0.9.1's line (trainer_separate_async.py:181-185) ends a hybrid_engine=False run at start-up."""
     logger = logging.getLogger("searchrl.test.unpatched")
-    logger.setLevel(logging.INFO)  # verl sets VERL_LOGGING_LEVEL, default INFO; a disabled level never reaches _log
+    logger.setLevel(
+        logging.INFO
+    )  # verl sets VERL_LOGGING_LEVEL, default INFO; a disabled level never reaches _log
     with pytest.raises(TypeError, match="flush"):
         logger.info("x", flush=True)  # type: ignore[call-arg]
 
