@@ -1,4 +1,4 @@
-"""verl 0.9.1 on CPU: a CPU platform, the `hf` rollout engine, and two one-line patches (`make train-cpu`).
+"""verl 0.9.1 on CPU: a CPU platform, the `hf` rollout engine, and four small patches (`make train-cpu`).
 
 verl ships CUDA, NPU and ROCm platforms and the vLLM, sglang and TensorRT-LLM rollout engines; none runs on a
 machine without an accelerator. This module adds what is missing through verl's own extension points, and is
@@ -21,6 +21,10 @@ Patches to verl's behaviour (each the smallest that works; docs/training.md list
 - `initialize_global_process_group_ray` asks for the backend string `"cpu:gloo,<device>:<backend>"`
   (utils/distributed.py:88), which torch rejects when the device is also "cpu" ("Duplicate device type cpu"):
   on this platform it gets plain "gloo".
+- verl's FSDP2 "save to CPU" of the old policy (`separate_async`, `parameter_sync_step` > 1) keeps the live
+  parameter itself when it is already on CPU: trainer/old_policy_guard.py (imported below) makes it a copy.
+- verl's `separate_async` trainer passes `flush=True` to `logger.info` when the rollout has its own pool
+  (`hybrid_engine=False`), a TypeError: trainer/separate_async_patch.py (imported below) drops the kwarg.
 - The reference model's FSDP2 offload policy is `CPUOffloadPolicy(pin_memory=True)`
   (workers/engine/fsdp/transformer_impl.py:462); pinning needs an accelerator ("Cannot access accelerator device
   when none is available"), so the policy is built with `pin_memory=False`. On CPU the "offload" is a no-op.
@@ -40,7 +44,7 @@ import torch
 from verl.plugin.platform import PlatformRegistry
 from verl.plugin.platform.platform_base import PlatformBase
 
-from searchrl.trainer import sabotage
+from searchrl.trainer import old_policy_guard, sabotage, separate_async_patch
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +244,9 @@ def _patch_for_cpu() -> None:
 
 _register_rollout()
 _register_agent_loop()
+# idempotent; importing them installed them already: named here so the imports are not unused
+old_policy_guard.install()
+separate_async_patch.install()
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
     _patch_for_cpu()
 if sabotage.active(sabotage.FLIP_ADVANTAGE):

@@ -49,6 +49,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
 
 from searchrl.trainer import sabotage
 from searchrl.trainer.weight_fingerprint import TensorPrint, check_sync, digest, fingerprint
@@ -437,6 +438,8 @@ class HFRolloutReplica(RolloutReplica):
                 seed=int(getattr(self.config, "seed", 0) or 0),
                 dtype=str(hf_engine_kwargs(self.config).get("dtype") or "float32"),
                 max_batch=int(hf_engine_kwargs(self.config).get("max_batch") or 32),
+                # separate_async: the trainer computes while the server generates; None = every core (sync modes)
+                threads=int(hf_engine_kwargs(self.config).get("threads") or 0) or None,
             )
         )
         await server.ready.remote()
@@ -446,14 +449,31 @@ class HFRolloutReplica(RolloutReplica):
 
 
 class HFServerAdapter(BaseRollout):
-    """The training worker's side: pushes each update's weights to this rank's HFGenerateServer."""
+    """The weight receiver's side: pushes each update's weights to its replica's HFGenerateServer.
 
-    def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any) -> None:
+    Two places build it. Colocated (`sync`, `colocate_async`): verl's training worker, with no `replica_rank`, so
+    the replica is `RANK // world` of the trainer group. Standalone (`separate_async`): verl's
+    `CheckpointEngineWorker` in the replica's own worker group (checkpoint_engine/base.py:340-349), whose RANK
+    restarts at 0 in every replica, so verl passes `replica_rank` (replica.py:234-239) as it does to vLLM's adapter;
+    deriving it from RANK there would send every replica's weights to server 0. verl reads `replica_rank` and
+    `is_leader_rank` back (base.py:366-374), and its standalone path hands `update_weights` an async generator
+    (the checkpoint engine's `receive_weights`).
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        model_config: Any,
+        device_mesh: Any,
+        *args: Any,
+        replica_rank: int = -1,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(config, model_config, device_mesh)
         world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
         rank = int(os.environ.get("RANK", 0))
-        self.replica_rank = rank // world
-        self.is_leader = rank % world == 0
+        self.replica_rank = rank // world if replica_rank < 0 else int(replica_rank)
+        self.is_leader_rank = rank % world == 0
         self._server: Any = None
 
     def _get_server(self) -> Any:
@@ -471,10 +491,12 @@ class HFServerAdapter(BaseRollout):
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the hf rollout takes full tensors, not {wire_format!r}")
         state = {}
-        for name, tensor in weights:
+        # colocated: verl's generator of the actor's tensors; standalone: the checkpoint engine's async generator
+        stream = ensure_async_iterator(weights)  # type: ignore[no-untyped-call]
+        async for name, tensor in stream:
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             state[name] = full.detach().to("cpu", torch.float32).clone()  # exact for bf16 and fp32 sources
-        if self.is_leader:
+        if self.is_leader_rank:
             global_steps = kwargs.get("global_steps")
             held = await self._get_server().update_weights.remote(state, global_steps)
             check_sync(held, sent_fingerprint(state, held), global_steps)

@@ -45,6 +45,9 @@ GLOO_ENGINE_MODULE = "searchrl.trainer.gloo_engine"
 # the exact weight-sync check (trainer/vllm_sync.py).
 AGENT_LOOP_PLUGIN = "searchrl.trainer.agent_loop"
 VLLM_SYNC_PLUGIN = "searchrl.trainer.vllm_sync"
+# separate_async: the old-policy clone guard (with parameter offload verl's saved pi_old is the live weights) and the
+# fix for its trainer's start-up TypeError (trainer/old_policy_guard.py, trainer/separate_async_patch.py).
+SEPARATE_ASYNC_PLUGINS = ("searchrl.trainer.old_policy_guard", "searchrl.trainer.separate_async_patch")
 VLLM_SYNC_KEY = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
 
 # Values hydra's override grammar accepts unquoted; anything else is single-quoted.
@@ -188,6 +191,8 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
     # vLLM: the workers fingerprint their weights after every sync and the trainer compares (trainer/vllm_sync.py)
     plugins = [AGENT_LOOP_PLUGIN, *([VLLM_SYNC_PLUGIN] if s.rollout_name == "vllm" else [])]
+    if s.trainer_mode == "separate_async":
+        plugins += SEPARATE_ASYNC_PLUGINS
     pairs.append((VLLM_SYNC_KEY, ",".join(plugins)))
     if s.chat_template == "searchrl":
         # verl's agent loop renders every prompt with it (trainer/template.py checked it fits the tokenizer)
@@ -261,6 +266,7 @@ __all__ = [
     "REWARD_FN_NAME",
     "REWARD_FN_PATH",
     "SAMPLER_ASYNC_NAME",
+    "SEPARATE_ASYNC_PLUGINS",
     "SAMPLER_NAME",
     "SAMPLER_PATH",
     "TRAINER_MODE",

@@ -380,6 +380,35 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
     assert done.stdout.strip().splitlines()[-1] == "searchrl.trainer.agent_loop.SearchToolAgentLoop"
 
 
+def test_a_gpu_run_in_separate_async_installs_the_clone_guard_and_the_logger_fix_in_every_ray_process(
+    tmp_path,
+):
+    """verl's saved old policy aliases the live weights wherever they sit on CPU (parameter offload on GPUs) and its
+    separate_async trainer dies at start-up on a `flush=` kwarg (trainer/old_policy_guard.py,
+    trainer/separate_async_patch.py): a fresh Python given the run's VERL_USE_EXTERNAL_MODULES, as each Ray process
+    is, has both patches; a sync run names neither module."""
+    import subprocess
+    import sys
+
+    def modules(settings: TrainSettings) -> str:
+        line = next(o for o in render_overrides(settings) if o.startswith(VLLM_SYNC_KEY))
+        return line.split("=", 1)[1].strip("'")
+
+    assert "old_policy_guard" not in modules(TrainSettings(data_dir=tmp_path))
+    value = modules(TrainSettings(data_dir=tmp_path, nnodes=2, trainer_mode="separate_async"))
+    probe = (
+        "import logging, verl\n"
+        "from verl.utils import fsdp_utils\n"
+        "print(getattr(fsdp_utils.fsdp2_sharded_save_to_cpu, '_searchrl_clones_aliases', False),"
+        " getattr(logging.getLogger('verl.trainer.ppo.v1.trainer_separate_async'), '_searchrl_drops_flush', False))"
+    )
+    env = {**__import__("os").environ, "VERL_USE_EXTERNAL_MODULES": value}
+    env.pop("VERL_PLATFORM", None)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True True"
+
+
 # --- trainer modes (issue 40 item 1): verl's own config and its own trainer classes -----------------------------
 
 MODES = ["sync", "colocate_async", "separate_async"]

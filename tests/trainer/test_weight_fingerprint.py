@@ -141,7 +141,7 @@ class _ServerHandle:
 
 def _adapter(server: HFGenerateServer) -> HFServerAdapter:
     adapter = HFServerAdapter.__new__(HFServerAdapter)  # verl's BaseRollout init needs a worker's config
-    adapter.is_leader = True
+    adapter.is_leader_rank = True
     adapter._server = _ServerHandle(server)
     return adapter
 
