@@ -189,8 +189,8 @@ BENCH_ROLLOUT_ARGS ?=
 bench-rollout: $(VENV)/.dev  ## one GRPO model turn of 8 trajectories through the hf rollout engine, before vs after batching (MODEL)
 	$(BIN)/searchrl train bench-rollout $(MODEL) $(BENCH_ROLLOUT_ARGS)
 
-test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu (make test runs the two that stop at their step)
-	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py -k sabotage $(ARGS)
+test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu (make test runs the two that stop at their step), and an hf engine without version stamps fails the async CPU run
+	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py tests/trainer/test_train_cpu_async.py -k sabotage $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ATTN) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local

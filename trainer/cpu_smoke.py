@@ -115,10 +115,12 @@ MODES = ("sync", "colocate_async")
 # its submission, so a trajectory is at most ASYNC_THRESHOLD - 1 updates behind (trainer/versions.py). verl's
 # default is 8; 2 is the tightest that lets generation run across an update, so the bound is checked, not idle.
 ASYNC_THRESHOLD = 2
-# The async run trains to step 6 (resuming at 2): the update after a step aborts the turns then generating, which
-# are trained a step later; whether any are running at that moment is timing (in a 3-step run none were, and the
-# "spans two versions" check failed it), so five steps after the first give it five chances. A step costs ~3 s.
-ASYNC_STEPS = 6
+# The async run trains to step 12 (resuming at 2): the update after a step aborts the turns then generating, which
+# are trained a step later; whether any are running at that moment is timing, not a guarantee. In the runs of
+# 2026-11-27 about half the chances had one (8 of 15 steps after the first of an invocation; a 3-step run has one
+# chance and two of them had none and failed "spans two versions"), so ten chances (steps 2 and 4-12) leave an
+# estimated 0.5^10 = 0.1% for a healthy run to fail that check. A step costs ~3 s; start-up is most of the run.
+ASYNC_STEPS = 12
 # how often the async run's replay buffer polls for finished groups (trainer/sampler.py: verl polls every 2 s)
 ASYNC_POLL_S = 0.1
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from searchrl.trainer import sabotage
+from searchrl.trainer.cpu_smoke import ASYNC_STEPS
 
 REPO = Path(__file__).resolve().parents[2]
+SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
 
 
 def _train_cpu_async(out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -32,14 +34,14 @@ def _train_cpu_async(out: Path, env: dict[str, str] | None = None) -> subprocess
 @pytest.mark.live
 def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(tmp_path):
     """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
-    step 6, merge and eval; cpu_report's async checks passed (exit 0), and the log shows why they could."""
+    step ASYNC_STEPS, merge and eval; cpu_report's async checks passed (exit 0), and the log shows why they could."""
     out = tmp_path / "run"
     proc = _train_cpu_async(out)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert "merged step 6:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
+    assert f"merged step {ASYNC_STEPS}:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
     logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
     steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
-    assert len(steps) == 6 and all("versions/missing:0.0" in line for line in steps)
+    assert len(steps) == ASYNC_STEPS and all("versions/missing:0.0" in line for line in steps)
     spanning = [float(m) for line in steps for m in re.findall(r"versions/spanning:([\d.]+)", line)]
     assert sum(spanning) >= 1  # a turn aborted for an update and resumed on the new weights
     assert (out / "checkpoints" / "cpu-smoke" / "global_step_2" / "transfer_queue").is_dir()
@@ -48,9 +50,13 @@ def test_colocate_async_trains_across_updates_with_every_version_checked_and_res
 
 @pytest.mark.slow
 @pytest.mark.live
-def test_an_engine_that_does_not_stamp_versions_stops_the_async_run_at_its_first_step(tmp_path):
+@pytest.mark.skipif(
+    not SABOTAGE_TESTS, reason="a verl start-up for a refusal test_sampler_async checks: make test-sabotage"
+)
+def test_sabotage_an_engine_that_does_not_stamp_versions_stops_the_async_run_at_its_first_step(tmp_path):
     """Sabotage no_version_stamps: the hf server returns turns without the weights version. The async replay
-    buffer refuses the first step (StepCheckError), so the run exits 2 with that line before any update."""
+    buffer refuses the first step (StepCheckError), so the run exits 2 with that line before any update
+    (make test-sabotage; the buffer's refusal itself is in tests/trainer/test_sampler_async.py)."""
     proc = _train_cpu_async(tmp_path / "run", {sabotage.ENV: sabotage.NO_VERSION_STAMPS})
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-4000:]
     assert "trajectories carry no weights version" in proc.stderr
