@@ -214,7 +214,7 @@ compare: $(VENV)/.dev  ## models x backends x search on/off (or RESULTS=dir: run
 
 # --- quality --------------------------------------------------------------------------------------------------
 test: $(VENV)/.dev $(SKY_VENV)/.sky  ## run the whole test suite (what README and CI run)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest --durations=30 $(ARGS)
 
 test-unit: $(VENV)/.dev $(SKY_VENV)/.sky  ## tests that start no server
 	$(BIN)/python -m pytest -m "not live and not slow" $(ARGS)
