@@ -363,10 +363,15 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
     probe = (
         "import verl\n"
         "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r\n"
-        "print(r['searchrl_tool_agent']['_target_'])"
+        "print(r['searchrl_tool_agent']['_target_'])\n"
+        "from verl.workers.rollout.base import _ROLLOUT_REGISTRY as w\n"
+        f"print(w[({rollout_name!r}, 'async')])"
     )
     env = {**__import__("os").environ, "VERL_USE_EXTERNAL_MODULES": value}
     env.pop("VERL_PLATFORM", None)
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "searchrl.trainer.agent_loop.SearchToolAgentLoop"
+    loop, rollout = done.stdout.strip().splitlines()[-2:]
+    assert loop == "searchrl.trainer.agent_loop.SearchToolAgentLoop"
+    # and the weight-sync check of the run's engine (trainer/vllm_sync.py, trainer/sglang_sync.py)
+    assert rollout == f"searchrl.trainer.{rollout_name}_classes.FingerprintServerAdapter"
