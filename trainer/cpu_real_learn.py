@@ -427,7 +427,8 @@ def run_real_learn(
                 timeout_s,
                 lambda row: check_real_steps([row], run.dtype, per_step=True),
             )
-            problems = check_real_steps(rows, run.dtype, steps=steps)
+            # the query stage's searches run in its reward, not in verl's tool
+            problems = check_real_steps(rows, run.dtype, steps=steps, searching=stage != "query")
             if problems:
                 raise SmokeCheckError(f"{experiment} missed what training must show: " + "; ".join(problems))
             run.phases[experiment] = time.monotonic() - began
@@ -509,17 +510,21 @@ def plot_curve(run: RealLearnRun, path: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    def lower(row: StepRow) -> float:
+        # stage 1: what it must stop doing; stage 2 (no invented tokens to count): the length of what it writes
+        return invented_per_trajectory(row) if run.stage == "own-turn" else row.get("response_length")
+
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     for lr, rows in run.pilots.items():
         steps = [row.step for row in rows]
         top.plot(steps, [row.get("reward") for row in rows], lw=0.8, alpha=0.6, label=f"pilot lr {lr:g}")
-        bottom.plot(steps, [invented_per_trajectory(r) for r in rows], lw=0.8, alpha=0.6)
+        bottom.plot(steps, [lower(r) for r in rows], lw=0.8, alpha=0.6)
     if run.rows:
         steps = [row.step for row in run.rows]
         top.plot(
             steps, [row.get("reward") for row in run.rows], lw=2, color="black", label=f"run lr {run.lr:g}"
         )
-        bottom.plot(steps, [invented_per_trajectory(r) for r in run.rows], lw=2, color="black")
+        bottom.plot(steps, [lower(r) for r in run.rows], lw=2, color="black")
         if len(run.rows) == 2 * run.epoch_steps:
             _, r1, r2, i1, i2 = run.ends()
             e = run.epoch_steps
@@ -529,13 +534,18 @@ def plot_curve(run: RealLearnRun, path: Path) -> Path:
             if run.gate is not None:
                 top.fill_between([0.5, 2 * e + 0.5], run.gate.mean, run.gate.mean + run.null, color="grey",
                                  alpha=0.15, label="gate mean + null (95th pct)")  # fmt: skip
-            bottom.hlines([i1, i2], [0.5, e + 0.5], [e + 0.5, 2 * e + 0.5], colors="tab:red")
+            if run.stage == "own-turn":
+                bottom.hlines([i1, i2], [0.5, e + 0.5], [e + 0.5, 2 * e + 0.5], colors="tab:red")
             top.axvline(e + 0.5, ls=":", color="grey")
             bottom.axvline(e + 0.5, ls=":", color="grey")
     if run.gate is not None:
         top.axhline(run.gate.mean, ls="--", color="grey", lw=0.8, label="gate mean (initial policy)")
     top.set_ylabel("mean reward of the step's 8 samples")
-    bottom.set_ylabel("invented tool-response\ntokens / trajectory")
+    bottom.set_ylabel(
+        "invented tool-response\ntokens / trajectory"
+        if run.stage == "own-turn"
+        else "response length (tokens)"
+    )
     bottom.set_xlabel("GRPO step (1 question x 8 samples)")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     what = (
