@@ -147,3 +147,29 @@ def test_the_gate_line_names_the_stage_and_the_retrieving_share() -> None:
     line = query.line()
     assert line.startswith("variance gate (query): 1 questions x 4 samples, reward mean 0.375")
     assert "query retrieves a golden answer 0.250" in line
+
+
+def test_the_query_stages_own_tool_response_is_the_models_not_an_observation() -> None:
+    """The query stage's response has no turn marker (the assistant header is in the prompt). The first run at
+    stage 2 stopped at step 1 with `observation tokens in loss 44`: the model's own invented `<tool_response>`
+    after the call it closed, read by the strict no-marker rule as an observation. With the agent loop's record
+    of the generated range it is the model's own; without the record (or outside it) the strict rule stands."""
+    from searchrl.trainer.masks import MODEL_TOOL_RESPONSE_TOKENS, mask_step_metrics
+
+    pieces = [
+        "<tool_call>",
+        '{"q": "',
+        "x",
+        '"]}}',
+        "</tool_call>",
+        "<tool_response>",
+        "made up",
+        "</tool_response>",
+    ]
+    mask = [0, 0, 1, 1, 1, 1, 1, 1]
+    own = mask_step_metrics([(pieces, mask, [(2, 8)])])
+    assert own["loss/observation_tokens_in_loss"] == 0 and own[MODEL_TOOL_RESPONSE_TOKENS] == 3
+    strict = mask_step_metrics([(pieces, mask)])
+    assert strict["loss/observation_tokens_in_loss"] == 3 and strict[MODEL_TOOL_RESPONSE_TOKENS] == 0
+    appended = mask_step_metrics([(pieces, [0] * 5 + [1] * 3, [(2, 5)])])  # environment text after the record
+    assert appended["loss/observation_tokens_in_loss"] == 3
