@@ -179,7 +179,8 @@ train-cpu-real: $(VENV)/.dev  ## verl's GRPO loop with real weights (MODEL, defa
 	$(BIN)/searchrl train cpu --model $(MODEL) $(TRAIN_CPU_REAL_ARGS)
 
 # issue 39 item 8, opt-in (not in make test). The default is the run docs/training.md shows: 6 questions (5 train:
-# two epochs = 10 steps), lr 1e-4; e.g. LEARN_CPU_REAL_ARGS="--questions 12 --lrs 3e-5,1e-4" for 20 steps after a pilot
+# two epochs = 10 steps), lr 1e-4; e.g. LEARN_CPU_REAL_ARGS="--questions 12 --lrs 3e-5,1e-4" for 20 steps after a pilot;
+# the second, question-specific stage: LEARN_CPU_REAL_ARGS="--questions 6 --stage query --turn-tokens 48"
 LEARN_CPU_REAL_ARGS ?= --questions 6
 learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gate, GRPO 1 prompt x 8, greedy probe (make model-get first)
 	$(BIN)/searchrl train cpu --model $(MODEL) --learn $(LEARN_CPU_REAL_ARGS)

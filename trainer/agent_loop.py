@@ -78,6 +78,32 @@ def _scripting_enabled(rollout_config: Any) -> bool:
     return bool(hf_engine_kwargs(rollout_config).get("scripted_first_turn", False))
 
 
+def search_call_opening() -> str:
+    """The scripted call up to where its query starts: `<tool_call>\n{"name": "search", "arguments":
+    {"query_list": ["` (the same schema and formatting as `scripted_tool_call`)."""
+    marker = "QUERY_STARTS_HERE"
+    call = scripted_tool_call(marker)
+    return call[: call.index(marker)]
+
+
+# Openings the loop can script, by the name the override gives (the text itself would need Hydra quoting)
+OPENINGS = {"search_call": search_call_opening}
+
+
+def scripted_opening(rollout_config: Any) -> str:
+    """The text `actor_rollout_ref.rollout.engine_kwargs.hf.scripted_opening` names (a key of OPENINGS): the loop
+    writes it, as environment, where the model's first turn opens, and the model continues it (`make
+    learn-cpu-real --stage query`); "" for none."""
+    from searchrl.trainer.hf_rollout import hf_engine_kwargs
+
+    name = str(hf_engine_kwargs(rollout_config).get("scripted_opening") or "")
+    if not name:
+        return ""
+    if name not in OPENINGS:
+        raise ValueError(f"scripted_opening {name!r}: not one of {sorted(OPENINGS)}")
+    return OPENINGS[name]()
+
+
 def turn_max_tokens(rollout_config: Any) -> int | None:
     """`actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens`: new tokens one model turn may generate.
 
@@ -117,18 +143,20 @@ class SearchToolAgentLoop(ToolAgentLoop):
         super().__init__(*args, **kwargs)
         self.scripted_first_turn = _scripting_enabled(self.rollout_config)
         self.turn_max_tokens = turn_max_tokens(self.rollout_config)
+        self.scripted_opening = scripted_opening(self.rollout_config)
         self.server_manager = _LastOutput(self.server_manager)
         self._generated: list[Span] = []  # one instance runs one trajectory (verl instantiates one per run)
         self._tool_turns = 0
         self._assistant_merge: Span | None = None
         self._context_merge: Any = None
+        self._opened = False
 
     async def run(self, sampling_params: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         """verl's run with the per-turn token budget in every request (verl sets no max_tokens), plus the record of
         what the server generated in the trajectory's extra_fields."""
         if self.turn_max_tokens is not None:
             sampling_params = {**sampling_params, "max_tokens": self.turn_max_tokens}
-        self._generated, self._tool_turns = [], 0
+        self._generated, self._tool_turns, self._opened = [], 0, False
         output = await super().run(sampling_params, *args, **kwargs)
         spans = clip_spans(self._generated, len(output.response_ids))
         last = output.response_ids[spans[-1][0] : spans[-1][1]] if spans else []
@@ -155,6 +183,10 @@ class SearchToolAgentLoop(ToolAgentLoop):
             state = await self._scripted_turn(agent_data)
             if state is not None:
                 return state
+        if self.scripted_opening and agent_data.assistant_turns == 0 and not self._opened:
+            self._opened = True
+            if await self._scripted_opening(agent_data):
+                return AgentState.TERMINATED
         self._assistant_merge = None
         state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
         if self._assistant_merge is not None:  # verl keeps the merge whatever state comes next
@@ -203,6 +235,24 @@ class SearchToolAgentLoop(ToolAgentLoop):
         )
         return AgentState.PROCESSING_TOOLS
 
+    async def _scripted_opening(self, agent_data: AgentData) -> bool:
+        """Append the scripted opening of the first turn with loss mask 0 (the model continues it); True when it
+        fills the response budget."""
+        ids = self.tokenizer.encode(self.scripted_opening, add_special_tokens=False)
+        before = len(agent_data.response_mask)
+        merge_result, response_mask, response_logprobs = await self.ct_merge_assistant_token(
+            agent_data.prompt_ids,
+            ids,
+            agent_data.response_mask,
+            agent_data.response_logprobs,
+            assistant_logprobs=[0.0] * len(ids),  # never read: mask 0
+        )
+        agent_data.prompt_ids = merge_result.token_ids
+        agent_data.response_mask = response_mask[:before] + [0] * (len(response_mask) - before)
+        if response_logprobs is not None:
+            agent_data.response_logprobs = response_logprobs
+        return bool(len(agent_data.response_mask) >= self.response_length)
+
     async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
         before = len(agent_data.response_mask)
         self._context_merge = None
@@ -219,4 +269,13 @@ class SearchToolAgentLoop(ToolAgentLoop):
         return state
 
 
-__all__ = ["AGENT_NAME", "SearchToolAgentLoop", "question_of", "scripted_tool_call", "turn_max_tokens"]
+__all__ = [
+    "AGENT_NAME",
+    "OPENINGS",
+    "SearchToolAgentLoop",
+    "question_of",
+    "scripted_opening",
+    "scripted_tool_call",
+    "search_call_opening",
+    "turn_max_tokens",
+]

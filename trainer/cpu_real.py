@@ -194,18 +194,21 @@ def run_real(
 
 
 def check_real_steps(
-    rows: list[StepRow], dtype: str, per_step: bool = False, steps: int = STEPS
+    rows: list[StepRow], dtype: str, per_step: bool = False, steps: int = STEPS, *, searching: bool = True
 ) -> list[str]:
     """The CPU runs' checks; in bf16 the sync bound is verl's mean limit instead of the fp32 maximum.
 
-    `per_step`: the checks of the rows alone (as each step arrives), not that the run logged steps 1..`steps`."""
+    `per_step`: the checks of the rows alone (as each step arrives), not that the run logged steps 1..`steps`.
+    `searching=False`: no search call is expected of verl's tool (check_steps)."""
     if dtype == "float32":
         return (
-            [p for row in rows for p in sync_and_mask_problems(row)] if per_step else check_steps(rows, steps)
+            [p for row in rows for p in sync_and_mask_problems(row)]
+            if per_step
+            else check_steps(rows, steps, searching=searching)
         )
     if per_step:
         return [f for row in rows for f in gpu_step_problems(row)[0]]
-    problems = check_steps(rows, steps, max_prob_diff=math.inf)
+    problems = check_steps(rows, steps, max_prob_diff=math.inf, searching=searching)
     # gpu_step_problems repeats the mask checks check_steps made: each problem once
     return list(dict.fromkeys(problems + [f for row in rows for f in gpu_step_problems(row)[0]]))
 

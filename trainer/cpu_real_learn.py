@@ -24,6 +24,12 @@ independent of the reward's text check) fall by at least `MIN_DROP` from epoch 1
 probe's share of clean turns rises. Otherwise it fails with one line naming what missed, after writing its
 curve (`reward_curve.png`) and table (`steps.md`): not learning is a result to read, not to hide.
 
+**Stage 2** (`--stage query`, trainer/real_query.py): the same gate, pilot, run and probe, but the loop scripts
+the *opening* of a search call as environment (mask 0) where the model's first turn opens, the model writes the
+query and closes the call, and the reward pays 0.5 for a well-formed call and 1.0 when its query's top-3 from the
+run's BM25 service holds a golden answer. It passes on (a) and (c) (the probe's mean score on held-out questions);
+(b) is stage 1's own behaviour and is not asked.
+
 Precision follows trainer/cpu_precision.py (bf16 only where the CPU measures it faster); the weight fingerprint
 is exact in either.
 """
@@ -60,6 +66,7 @@ TOPK = 3
 PASSAGE_CHARS = 200
 REWARD_FN_PATH = "pkg://searchrl.trainer.real_task"
 REWARD_FN_NAME = "compute_score"
+QUERY_REWARD_FN_PATH = "pkg://searchrl.trainer.real_query"
 
 
 def invented_per_trajectory(row: StepRow) -> float:
@@ -110,6 +117,7 @@ class RealLearnRun:
     # reward with one boilerplate turn for every question shows here (the first run's probe.json: 12 -> 2)
     probe_openings: tuple[int, int] = (0, 0)
     phases: dict[str, float] = field(default_factory=dict)
+    stage: str = "own-turn"
 
     def ends(self) -> tuple[float, float, float, float, float]:
         """(reward before any update: the gate's mean, epoch 1, epoch 2; invented tokens a trajectory epoch 1, 2)."""
@@ -134,7 +142,9 @@ class RealLearnRun:
                 f"reward did not rise beyond the null: {r0:.3f} before training -> {r2:.3f} in the last epoch "
                 f"({r2 - r0:+.3f}, null {self.null:.3f})"
             )
-        if not i1 > 0:
+        if self.stage == "query":
+            pass  # stage 2 asks for the query, not for stage 1's behaviour (module docstring)
+        elif not i1 > 0:
             problems.append(f"epoch 1 has no invented tool-response tokens to reduce ({i1:.1f} a trajectory)")
         elif not (i1 - i2) / i1 >= MIN_DROP:
             problems.append(
@@ -155,9 +165,14 @@ class RealLearnRun:
         except ConfigError:
             return f"learned nothing to compare: {len(self.rows)} steps"
         verdict = "learned" if not self.problems() else "did NOT learn"
+        middle = (
+            f"invented tool-response tokens a trajectory {i1:.1f} -> {i2:.1f}"
+            if self.stage == "own-turn"
+            else "stage query (close a scripted search-call opening; its query retrieves a golden answer)"
+        )
         return (
             f"{verdict}: reward {r0:.3f} before -> {r2:.3f} last epoch ({r2 - r0:+.3f}, null {self.null:.3f}; "
-            f"epoch 1 {r1:.3f}); invented tool-response tokens a trajectory {i1:.1f} -> {i2:.1f}; greedy probe "
+            f"epoch 1 {r1:.3f}); {middle}; greedy probe "
             f"{self.probe_initial:.3f} -> {self.probe_merged:.3f}; lr {self.lr:g}, {self.dtype}, "
             f"{sum(self.phases.values()):.0f} s"
         )
@@ -189,8 +204,8 @@ class RealLearnRun:
                 gate,
                 self.table(),
                 "",
-                f"greedy probe on {self.probe_questions} held-out dev questions (share of turns that say something "
-                f"without inventing a tool response): initial {self.probe_initial:.3f}, merged "
+                f"greedy probe on {self.probe_questions} held-out dev questions (mean score of the stage's reward: "
+                f"{'say something without inventing a tool response' if self.stage == 'own-turn' else 'closed 0.5, retrieves 1'}): initial {self.probe_initial:.3f}, merged "
                 f"{self.probe_merged:.3f}; distinct openings (first 5 words) {self.probe_openings[0]} -> "
                 f"{self.probe_openings[1]}",
                 "phase times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.phases.items()),
@@ -213,7 +228,9 @@ def learn_settings(
     """The real run's settings on top of the CPU runs' (module docstring, step 3)."""
     from searchrl.trainer.cpu_smoke import cpu_settings
 
-    return cpu_settings(out_dir, model_dir, url, steps=steps).model_copy(
+    return cpu_settings(
+        out_dir, model_dir, url, steps=steps
+    ).model_copy(
         update={
             "experiment_name": experiment,
             "chat_template": "searchrl",
@@ -223,7 +240,7 @@ def learn_settings(
             "micro_batch_size_per_gpu": SAMPLES,
             "rollout_n": SAMPLES,
             "save_freq": steps,
-            "max_turns": 1,  # the scripted call, its response, then the model's one turn
+            "max_turns": 1,  # the scripted call, its response, then the model's one turn (query: learn_overrides)
             "max_prompt_length": max_prompt_length,
             "max_response_length": max_response_length,
             "topk": TOPK,
@@ -236,33 +253,58 @@ def learn_settings(
     )
 
 
-def learn_overrides(dtype: str, seed: int, turn_tokens: int, random_reward: float | None = None) -> list[str]:
+def learn_overrides(
+    dtype: str,
+    seed: int,
+    turn_tokens: int,
+    random_reward: float | None = None,
+    *,
+    stage: str = "own-turn",
+    retrieval_url: str = "",
+) -> list[str]:
     """The CPU overrides, the run's precision, the reward, a seeded rollout and the per-turn token budget; with
-    `random_reward` the reward is a coin flip at that rate (the null run, trainer/real_task.py)."""
+    `random_reward` the reward is a coin flip at that rate (the null run, trainer/real_task.py). Stage 2 scripts
+    the search-call opening instead of the whole call and scores the query against `retrieval_url`."""
     from searchrl.trainer.cpu_real import precision_overrides
     from searchrl.trainer.cpu_smoke import cpu_overrides
     from searchrl.trainer.overrides import hydra_value
+    from searchrl.trainer.real_query import OPENING_NAME
 
+    query = stage == "query"
     pairs: list[tuple[str, object]] = [
-        ("reward.custom_reward_function.path", REWARD_FN_PATH),
+        ("reward.custom_reward_function.path", QUERY_REWARD_FN_PATH if query else REWARD_FN_PATH),
         ("reward.custom_reward_function.name", REWARD_FN_NAME),
         ("actor_rollout_ref.rollout.seed", seed),
         ("+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens", turn_tokens),
     ]
     if random_reward is not None:
+        if query:
+            raise ConfigError("--random-reward runs stage 1's null; stage 2 (--stage query) has none yet")
         pairs.append(("+reward.custom_reward_function.reward_kwargs.random_rate", random_reward))
+    if query:
+        pairs += [
+            ("+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_opening", OPENING_NAME),
+            # the model's one turn ends the trajectory: a second call it might write is not executed
+            ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", 1),
+            ("+reward.custom_reward_function.reward_kwargs.retrieval_url", retrieval_url),
+        ]
     return [
-        *cpu_overrides(),
+        *cpu_overrides(scripted_first_turn=not query),
         *precision_overrides(dtype),
         *(f"{key}={hydra_value(value)}" for key, value in pairs),
     ]
 
 
-def held_out_questions(qa_source: Path, skip: int, limit: int | None = None) -> list[str]:
-    """Dev questions after the run's slice (the run never trains or gates on them)."""
+def held_out_rows(qa_source: Path, skip: int, limit: int | None = None) -> list[dict[str, object]]:
+    """Dev rows after the run's slice (the run never trains or gates on them)."""
     lines = [line for line in qa_source.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = lines[skip:] if limit is None else lines[skip : skip + limit]
-    return [str(json.loads(line)["question"]) for line in rows]
+    return [json.loads(line) for line in rows]
+
+
+def held_out_questions(qa_source: Path, skip: int, limit: int | None = None) -> list[str]:
+    """Dev questions after the run's slice (the run never trains or gates on them)."""
+    return [str(row["question"]) for row in held_out_rows(qa_source, skip, limit)]
 
 
 def distinct_openings(turns: Sequence[str], words: int = 5) -> int:
@@ -274,17 +316,19 @@ def _round_up(value: int, to: int) -> int:
     return -(-value // to) * to
 
 
-def sequence_lengths(settings: TrainSettings, model_dir: Path, turn_tokens: int) -> tuple[int, int]:
+def sequence_lengths(
+    settings: TrainSettings, model_dir: Path, turn_tokens: int, stage: str = "own-turn"
+) -> tuple[int, int]:
     """(max prompt, max response) tokens for verl, from the train questions' own contexts plus the turn budget.
 
     Under sdpa every row is padded to the maximum (DESIGN.md 3e), so a loose bound costs compute every step."""
     from searchrl.prompt import build_messages
-    from searchrl.trainer.real_gate import load_tokenizer, train_questions, turn_contexts
+    from searchrl.trainer.real_gate import load_tokenizer, stage_contexts, train_questions
     from searchrl.trainer.turn_context import chat_ids
 
     tokenizer = load_tokenizer(model_dir, "searchrl")
     questions = train_questions(settings)
-    contexts = turn_contexts(settings, tokenizer, questions)
+    contexts = stage_contexts(settings, tokenizer, questions, stage)
     prompts = [len(chat_ids(tokenizer, build_messages(question))) for question in questions]
     after_prompt = max(len(c) - p for c, p in zip(contexts, prompts, strict=True))
     return _round_up(max(prompts) + 8, 64), _round_up(after_prompt + turn_tokens + 16, 32)
@@ -304,6 +348,7 @@ def run_real_learn(
     gate_only: bool = False,
     random_reward: float | None = None,
     timeout_s: float = 3600.0,
+    stage: str = "own-turn",
 ) -> RealLearnRun:
     """The whole run (module docstring). Raises ConfigError at the gate; returns the run for its checks."""
     from searchrl.retrieval.process import served
@@ -312,10 +357,14 @@ def run_real_learn(
     from searchrl.trainer.cpu_smoke import write_qa
     from searchrl.trainer.data import prepare_data
     from searchrl.trainer.launch import check_retrieval
-    from searchrl.trainer.real_gate import check_gate, gate, null_rise
+    from searchrl.trainer.real_gate import STAGES, check_gate, gate, null_rise
     from searchrl.trainer.toolconfig import write_tool_config
 
     require_inputs(model_dir, qa_source)
+    if stage not in STAGES:
+        raise ConfigError(f"--stage {stage!r}: one of {', '.join(STAGES)}")
+    if random_reward is not None and stage == "query":
+        raise ConfigError("--random-reward runs stage 1's null; stage 2 (--stage query) has none yet")
     if turn_tokens < 1 or pilot_steps < 2 or not lrs or any(not lr > 0 for lr in lrs):
         raise ConfigError(
             f"--turn-tokens {turn_tokens}, --pilot-steps {pilot_steps}, --lrs {list(lrs)}: the budget must be "
@@ -326,7 +375,7 @@ def run_real_learn(
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    run = RealLearnRun(out_dir, model_dir.resolve())
+    run = RealLearnRun(out_dir, model_dir.resolve(), stage=stage)
     started = time.monotonic()
     run.dtype, run.dtype_reason = choose_cpu_dtype(model_dir, precision)
     log.info("precision %s", run.dtype_reason)
@@ -341,7 +390,9 @@ def run_real_learn(
         write_tool_config(base)
         run.epoch_steps = data.train_rows
         started = time.monotonic()
-        run.gate = gate(base, run.model_dir, n=SAMPLES, max_tokens=turn_tokens, dtype=run.dtype, seed=seed)
+        run.gate = gate(
+            base, run.model_dir, n=SAMPLES, max_tokens=turn_tokens, dtype=run.dtype, seed=seed, stage=stage
+        )
         run.phases["gate"] = time.monotonic() - started
         run.null = null_rise(run.gate.scores)
         log.info("%s", run.gate.line())
@@ -349,8 +400,8 @@ def run_real_learn(
         check_gate(run.gate)
         if gate_only:
             return run
-        prompt_len, response_len = sequence_lengths(base, run.model_dir, turn_tokens)
-        extra = learn_overrides(run.dtype, seed, turn_tokens, random_reward)
+        prompt_len, response_len = sequence_lengths(base, run.model_dir, turn_tokens, stage)
+        extra = learn_overrides(run.dtype, seed, turn_tokens, random_reward, stage=stage, retrieval_url=url)
 
         def train(experiment: str, steps: int, lr: float) -> list[StepRow]:
             from searchrl.trainer.cpu_real import check_real_steps
@@ -376,7 +427,8 @@ def run_real_learn(
                 timeout_s,
                 lambda row: check_real_steps([row], run.dtype, per_step=True),
             )
-            problems = check_real_steps(rows, run.dtype, steps=steps)
+            # the query stage's searches run in its reward, not in verl's tool
+            problems = check_real_steps(rows, run.dtype, steps=steps, searching=stage != "query")
             if problems:
                 raise SmokeCheckError(f"{experiment} missed what training must show: " + "; ".join(problems))
             run.phases[experiment] = time.monotonic() - began
@@ -410,18 +462,31 @@ def probe(
 ) -> None:
     """Greedy turns on held-out dev questions with the initial and the merged model (module docstring, step 4)."""
     from searchrl.trainer.merge import merge_latest
-    from searchrl.trainer.real_gate import greedy_share, load_tokenizer, turn_contexts
+    from searchrl.trainer.real_gate import greedy_share, load_tokenizer, stage_contexts, stage_scorer
+    from searchrl.trainer.reward import golden_answers
 
     settings = learn_settings(
-        run.out_dir, run.model_dir, url, experiment=EXPERIMENT, steps=2 * run.epoch_steps, lr=run.lr, seed=0
+        run.out_dir,
+        run.model_dir,
+        url,
+        experiment=EXPERIMENT,
+        steps=2 * run.epoch_steps,
+        lr=run.lr,
+        seed=0,
     )
     merged = merge_latest(settings.run_dir)
-    questions = held_out_questions(qa_source, skip, PROBE_QUESTIONS)
+    rows = held_out_rows(qa_source, skip, PROBE_QUESTIONS)
+    questions = [str(row["question"]) for row in rows]
+    scorer = stage_scorer(settings, run.stage, [golden_answers(row.get("golden_answers")) for row in rows])
     tokenizer = load_tokenizer(run.model_dir, "searchrl")
-    contexts = turn_contexts(settings, tokenizer, questions)
+    contexts = stage_contexts(settings, tokenizer, questions, run.stage)
     run.probe_questions = len(contexts)
-    run.probe_initial, before = greedy_share(run.model_dir, tokenizer, contexts, max_tokens=turn_tokens)
-    run.probe_merged, after = greedy_share(merged.target_dir, tokenizer, contexts, max_tokens=turn_tokens)
+    run.probe_initial, before = greedy_share(
+        run.model_dir, tokenizer, contexts, max_tokens=turn_tokens, scorer=scorer
+    )
+    run.probe_merged, after = greedy_share(
+        merged.target_dir, tokenizer, contexts, max_tokens=turn_tokens, scorer=scorer
+    )
     run.probe_openings = (distinct_openings(before), distinct_openings(after))
     (run.out_dir / "probe.json").write_text(
         json.dumps(
@@ -445,17 +510,21 @@ def plot_curve(run: RealLearnRun, path: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    def lower(row: StepRow) -> float:
+        # stage 1: what it must stop doing; stage 2 (no invented tokens to count): the length of what it writes
+        return invented_per_trajectory(row) if run.stage == "own-turn" else row.get("response_length")
+
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     for lr, rows in run.pilots.items():
         steps = [row.step for row in rows]
         top.plot(steps, [row.get("reward") for row in rows], lw=0.8, alpha=0.6, label=f"pilot lr {lr:g}")
-        bottom.plot(steps, [invented_per_trajectory(r) for r in rows], lw=0.8, alpha=0.6)
+        bottom.plot(steps, [lower(r) for r in rows], lw=0.8, alpha=0.6)
     if run.rows:
         steps = [row.step for row in run.rows]
         top.plot(
             steps, [row.get("reward") for row in run.rows], lw=2, color="black", label=f"run lr {run.lr:g}"
         )
-        bottom.plot(steps, [invented_per_trajectory(r) for r in run.rows], lw=2, color="black")
+        bottom.plot(steps, [lower(r) for r in run.rows], lw=2, color="black")
         if len(run.rows) == 2 * run.epoch_steps:
             _, r1, r2, i1, i2 = run.ends()
             e = run.epoch_steps
@@ -465,18 +534,24 @@ def plot_curve(run: RealLearnRun, path: Path) -> Path:
             if run.gate is not None:
                 top.fill_between([0.5, 2 * e + 0.5], run.gate.mean, run.gate.mean + run.null, color="grey",
                                  alpha=0.15, label="gate mean + null (95th pct)")  # fmt: skip
-            bottom.hlines([i1, i2], [0.5, e + 0.5], [e + 0.5, 2 * e + 0.5], colors="tab:red")
+            if run.stage == "own-turn":
+                bottom.hlines([i1, i2], [0.5, e + 0.5], [e + 0.5, 2 * e + 0.5], colors="tab:red")
             top.axvline(e + 0.5, ls=":", color="grey")
             bottom.axvline(e + 0.5, ls=":", color="grey")
     if run.gate is not None:
         top.axhline(run.gate.mean, ls="--", color="grey", lw=0.8, label="gate mean (initial policy)")
     top.set_ylabel("mean reward of the step's 8 samples")
-    bottom.set_ylabel("invented tool-response\ntokens / trajectory")
+    bottom.set_ylabel(
+        "invented tool-response\ntokens / trajectory"
+        if run.stage == "own-turn"
+        else "response length (tokens)"
+    )
     bottom.set_xlabel("GRPO step (1 question x 8 samples)")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-    top.set_title(
-        "make learn-cpu-real: SmolLM2-135M, own turn after a real search (2 CPU cores)", fontsize=10
+    what = (
+        "own turn after a real search" if run.stage == "own-turn" else "query closing a scripted call opening"
     )
+    top.set_title(f"make learn-cpu-real: SmolLM2-135M, {what} (2 CPU cores)", fontsize=10)
     top.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -495,6 +570,7 @@ __all__ = [
     "distinct_openings",
     "epochs",
     "held_out_questions",
+    "held_out_rows",
     "invented_per_trajectory",
     "learn_overrides",
     "learn_settings",

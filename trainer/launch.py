@@ -20,10 +20,10 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
      fingerprint go into <run>/searchrl/, like nanoGPT keeps its config inside the checkpoint.
   9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours, except that a
      step line failing a check (tool responses in the loss, a search with no tool-response token seen, verl's
-     rollout/actor limit, a missing check metric) stops verl there with one line, and with ROLLOUT=vllm a weight
-     fingerprint that differs from the trainer's fails inside verl at the sync (trainer/vllm_sync.py; sglang
-     runs without it). SMOKE=1 then checks the run (trainer/smoke.py): a search happened, a
-     checkpoint was written, merged, and loads.
+     rollout/actor limit, a missing check metric) stops verl there with one line, and weights the rollout does not
+     hold as sent fail inside verl at the sync (ROLLOUT=vllm: the workers' fingerprint, trainer/vllm_sync.py;
+     ROLLOUT=sglang: a block of every tensor read back by name, trainer/sglang_sync.py). SMOKE=1 then checks the
+     run (trainer/smoke.py): a search happened, a checkpoint was written, merged, and loads.
 """
 
 from __future__ import annotations
@@ -264,8 +264,8 @@ def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
     checked as it arrives (trainer/cpu_report.py `gpu_step_problems`). A warning is logged at once; the first
     failure stops verl at that step and raises StepCheckError: a GPU run never trains on past tool responses in its
     loss or a check that did not run. A stale rollout is not what stops it here: the mean probability difference
-    cannot see one in bf16 (docs/training.md); the weight fingerprint does, inside verl at the sync (hf and vLLM
-    rollouts, trainer/vllm_sync.py; not sglang)."""
+    cannot see one in bf16 (docs/training.md); the weight sync check does, inside verl at the sync (hf, vLLM:
+    trainer/vllm_sync.py; sglang, sampled rows of every tensor: trainer/sglang_sync.py)."""
     from searchrl.trainer.cpu_report import gpu_step_problems, parse_steps
 
     log.info("starting verl: %s -m verl.trainer.main_ppo (%d overrides)", cmd[0], len(cmd) - 3)

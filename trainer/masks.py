@@ -20,8 +20,11 @@ made up in its own turn in about half its samples (issue 32's real-weights run c
 step). That text is the policy's own sample, rightly trained on, not an observation. So with ChatML turn markers
 in the response, a span counts as an observation only inside a turn the model did not write (the role after the
 last `<|im_start|>` before it is not `assistant`; the response opens in the assistant's turn); the model's own
-spans are counted apart. Without any turn marker the role cannot be told, and every span counts (the strict
-reading: a false alarm rather than a missed one).
+spans are counted apart. Without any turn marker the role cannot be told from the text: a span inside a range the
+agent loop recorded as server-generated (trainer/generated_spans.py, when the caller passes them) is the model's
+own, and every other span counts as an observation (the strict reading: a false alarm rather than a missed one).
+That case is `make learn-cpu-real --stage query`, whose response opens inside the assistant's turn (the header is
+in the prompt) and holds no turn marker at all.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 OPEN = "<tool_response>"
 CLOSE = "</tool_response>"
@@ -40,8 +44,11 @@ TURN = "<|im_start|>"
 _ROLE = re.compile(r"<\|im_start\|>[\sĊĠ]*([A-Za-z]+)")
 
 
-def tool_response_spans(pieces: Sequence[str]) -> list[tuple[int, int, bool]]:
-    """(start, end, written by the environment) token index ranges that overlap a `<tool_response>` block."""
+def tool_response_spans(
+    pieces: Sequence[str], generated: Sequence[tuple[int, int]] | None = None
+) -> list[tuple[int, int, bool]]:
+    """(start, end, written by the environment) token index ranges that overlap a `<tool_response>` block;
+    `generated`: the server-generated token ranges, which decide a span's author where no turn marker does."""
     starts = []
     position = 0
     for piece in pieces:
@@ -57,7 +64,10 @@ def tool_response_spans(pieces: Sequence[str]) -> list[tuple[int, int, bool]]:
         first = bisect.bisect_right(starts, at) - 1
         last = bisect.bisect_left(starts, end_char)  # first token starting at or after the span's end
         before = [role for start, role in roles if start < at]
-        environment = not roles or (before[-1] if before else "assistant") != "assistant"
+        if roles:
+            environment = (before[-1] if before else "assistant") != "assistant"
+        else:
+            environment = not any(lo <= first and last <= hi for lo, hi in generated or ())
         spans.append((first, last, environment))
         at = text.find(OPEN, end_char)
     return spans
@@ -87,11 +97,13 @@ def observation_counts(pieces: Sequence[str], mask: Sequence[int]) -> tuple[int,
     return inside, in_loss
 
 
-def mask_step_metrics(rows: Iterable[tuple[Sequence[str], Sequence[int]]]) -> dict[str, float]:
-    """The `loss/*` metrics of one step from its trajectories' (token strings, loss mask) pairs."""
+def mask_step_metrics(rows: Iterable[tuple[Any, ...]]) -> dict[str, float]:
+    """The `loss/*` metrics of one step from its trajectories' (token strings, loss mask[, server-generated
+    ranges or None]) tuples."""
     inside = in_loss = trained = model_written = 0
-    for pieces, mask in rows:
-        a, b, c = _counts(tool_response_spans(pieces), mask)  # one span search a trajectory
+    for pieces, mask, *rest in rows:
+        generated = rest[0] if rest else None
+        a, b, c = _counts(tool_response_spans(pieces, generated), mask)  # one span search a trajectory
         inside += a
         in_loss += b
         model_written += c

@@ -41,13 +41,15 @@ SAMPLER_ASYNC_NAME = "SearchReplayBufferAsync"
 GLOO_ENGINE = "gloo"
 GLOO_ENGINE_MODULE = "searchrl.trainer.gloo_engine"
 # Modules every Ray process imports at `import verl` (comma-separated, verl/__init__.py): our agent loop, which
-# registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/agent_loop.py), and on vLLM
-# the exact weight-sync check (trainer/vllm_sync.py).
+# registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/agent_loop.py), and the
+# weight-sync check of the rollout engine (vLLM: trainer/vllm_sync.py; sglang: trainer/sglang_sync.py).
 AGENT_LOOP_PLUGIN = "searchrl.trainer.agent_loop"
 VLLM_SYNC_PLUGIN = "searchrl.trainer.vllm_sync"
 # separate_async: the old-policy clone guard (with parameter offload verl's saved pi_old is the live weights) and the
 # fix for its trainer's start-up TypeError (trainer/old_policy_guard.py, trainer/separate_async_patch.py).
 SEPARATE_ASYNC_PLUGINS = ("searchrl.trainer.old_policy_guard", "searchrl.trainer.separate_async_patch")
+SGLANG_SYNC_PLUGIN = "searchrl.trainer.sglang_sync"
+SYNC_PLUGINS = {"vllm": VLLM_SYNC_PLUGIN, "sglang": SGLANG_SYNC_PLUGIN}
 VLLM_SYNC_KEY = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
 
 # Values hydra's override grammar accepts unquoted; anything else is single-quoted.
@@ -189,8 +191,10 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
     ]
     if s.rollout_data_dir is not None:
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
-    # vLLM: the workers fingerprint their weights after every sync and the trainer compares (trainer/vllm_sync.py)
-    plugins = [AGENT_LOOP_PLUGIN, *([VLLM_SYNC_PLUGIN] if s.rollout_name == "vllm" else [])]
+    # after every sync the rollout reports what it holds and the trainer compares (vLLM: the workers' fingerprints,
+    # trainer/vllm_sync.py; sglang: a block of every tensor read back by name, trainer/sglang_sync.py)
+    sync_plugin = SYNC_PLUGINS.get(s.rollout_name)
+    plugins = [AGENT_LOOP_PLUGIN, *([sync_plugin] if sync_plugin else [])]
     if s.trainer_mode == "separate_async":
         plugins += SEPARATE_ASYNC_PLUGINS
     pairs.append((VLLM_SYNC_KEY, ",".join(plugins)))
@@ -263,6 +267,8 @@ __all__ = [
     "AGENT_LOOP_PLUGIN",
     "GLOO_ENGINE",
     "GLOO_ENGINE_MODULE",
+    "SGLANG_SYNC_PLUGIN",
+    "SYNC_PLUGINS",
     "REWARD_FN_NAME",
     "REWARD_FN_PATH",
     "SAMPLER_ASYNC_NAME",

@@ -22,7 +22,7 @@ import json
 import logging
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 
 NULL_DRAWS = 2000
 NULL_QUANTILE = 0.95
+# What the run teaches: "own-turn" (stage 1, trainer/real_task.py: answer the real tool response without inventing
+# one) or "query" (stage 2, trainer/real_query.py: close a scripted search-call opening with a query that finds
+# the evidence)
+STAGES = ("own-turn", "query")
+# (question index, turn) -> the stage's reward for that turn
+Scorer = Callable[[int, str], float]
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class GateResult:
     tokens: int = 0
     questions: list[str] = field(default_factory=list)
     turns: list[list[str]] = field(default_factory=list)  # the sampled turns, per question
+    stage: str = "own-turn"
 
     def to_json(self) -> str:
         """Every question's scores and turns (<out>/gate.json): what the summary line averages."""
@@ -65,10 +72,16 @@ class GateResult:
         return sum(len(set(g)) > 1 for g in self.scores) / len(self.scores) if self.scores else 0.0
 
     def line(self) -> str:
+        found = [s for group in self.scores for s in group]
+        retrieved = (
+            f", query retrieves a golden answer {sum(s == 1.0 for s in found) / len(found):.3f}"
+            if self.stage == "query" and found
+            else ""
+        )
         return (
-            f"variance gate: {len(self.scores)} questions x {len(self.scores[0]) if self.scores else 0} samples, "
+            f"variance gate{'' if self.stage == 'own-turn' else f' ({self.stage})'}: {len(self.scores)} questions x {len(self.scores[0]) if self.scores else 0} samples, "
             f"reward mean {self.mean:.3f}, {self.varying:.0%} of groups vary, null rise (95th pct) "
-            f"{null_rise(self.scores):.3f}; {self.tokens} tokens in {self.seconds:.0f} s"
+            f"{null_rise(self.scores):.3f}{retrieved}; {self.tokens} tokens in {self.seconds:.0f} s"
         )
 
 
@@ -122,6 +135,45 @@ def train_questions(settings: TrainSettings) -> list[str]:
 
     rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
     return [str(row["extra_info"]["question"]) for row in rows]
+
+
+def train_golden(settings: TrainSettings) -> list[list[str]]:
+    """The train split's golden answers, in its order."""
+    import pandas as pd
+
+    from searchrl.trainer.reward import golden_answers
+
+    rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
+    return [golden_answers(row["reward_model"]["ground_truth"]) for row in rows]
+
+
+def query_contexts(tokenizer: Any, questions: Sequence[str]) -> list[list[int]]:
+    """Stage 2's contexts: the prompt, the generation prompt, then the scripted opening of a search call."""
+    from searchrl.prompt import build_messages
+    from searchrl.trainer.real_query import OPENING
+    from searchrl.trainer.turn_context import chat_ids
+
+    opening = tokenizer.encode(OPENING, add_special_tokens=False)
+    return [chat_ids(tokenizer, build_messages(question)) + opening for question in questions]
+
+
+def stage_contexts(
+    settings: TrainSettings, tokenizer: Any, questions: Sequence[str], stage: str
+) -> list[list[int]]:
+    """The token ids the model's scored turn follows, per question, for `stage`."""
+    if stage == "query":
+        return query_contexts(tokenizer, questions)
+    return turn_contexts(settings, tokenizer, questions)
+
+
+def stage_scorer(settings: TrainSettings, stage: str, golden: Sequence[Sequence[str]]) -> Scorer:
+    """The stage's reward as a function of (question index, turn); `golden` per question (stage 2 only)."""
+    if stage == "query":
+        from searchrl.trainer.real_query import query_score
+
+        url = settings.retrieval_urls[0]
+        return lambda i, turn: query_score(turn, golden[i], url)[0]
+    return lambda i, turn: turn_score(turn)
 
 
 def turn_contexts(settings: TrainSettings, tokenizer: Any, questions: Sequence[str]) -> list[list[int]]:
@@ -200,42 +252,63 @@ def gate(
     dtype: str = "float32",
     chat_template: str = "searchrl",
     seed: int = 0,
+    stage: str = "own-turn",
 ) -> GateResult:
     """Sample every train question `n` times at T = 1 and score each turn (the data and tool YAML must exist)."""
     import time
 
     tokenizer = load_tokenizer(model_dir, chat_template)
     questions = train_questions(settings)
-    contexts = turn_contexts(settings, tokenizer, questions)
+    contexts = stage_contexts(settings, tokenizer, questions, stage)
+    score = stage_scorer(settings, stage, train_golden(settings) if stage == "query" else [])
     started = time.monotonic()
     turns, tokens = sample_turns(
         model_dir, tokenizer, contexts, n=n, max_tokens=max_tokens, temperature=1.0, dtype=dtype, seed=seed
     )
-    scores = [[turn_score(t) for t in group] for group in turns]
+    scores = [[score(i, t) for t in group] for i, group in enumerate(turns)]
     return GateResult(
-        scores=scores, seconds=time.monotonic() - started, tokens=tokens, questions=questions, turns=turns
+        scores=scores,
+        seconds=time.monotonic() - started,
+        tokens=tokens,
+        questions=questions,
+        turns=turns,
+        stage=stage,
     )
 
 
 def greedy_share(
-    model_dir: Path, tokenizer: Any, contexts: Sequence[list[int]], *, max_tokens: int, dtype: str = "float32"
+    model_dir: Path,
+    tokenizer: Any,
+    contexts: Sequence[list[int]],
+    *,
+    max_tokens: int,
+    dtype: str = "float32",
+    scorer: Scorer | None = None,
 ) -> tuple[float, list[str]]:
-    """Share of greedy turns that score 1 (non-empty, no invented tool response), and the turns themselves."""
+    """Mean score of the greedy turns (stage 1: the share that say something without inventing a tool response;
+    `scorer` gives another stage's), and the turns themselves."""
     turns, _ = sample_turns(
         model_dir, tokenizer, contexts, n=1, max_tokens=max_tokens, temperature=0.0, dtype=dtype
     )
     flat = [group[0] for group in turns]
-    return (statistics.fmean(turn_score(t) for t in flat) if flat else 0.0), flat
+    score = scorer or (lambda i, turn: turn_score(turn))
+    return (statistics.fmean(score(i, t) for i, t in enumerate(flat)) if flat else 0.0), flat
 
 
 __all__ = [
+    "STAGES",
     "GateResult",
+    "Scorer",
     "check_gate",
     "gate",
     "greedy_share",
     "load_tokenizer",
     "null_rise",
+    "query_contexts",
     "sample_turns",
+    "stage_contexts",
+    "stage_scorer",
+    "train_golden",
     "train_questions",
     "turn_contexts",
 ]

@@ -48,7 +48,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from searchrl.errors import ConfigError, RolloutFailedError
 from searchrl.trainer import versions
-from searchrl.trainer.generated_spans import span_step_metrics
+from searchrl.trainer.generated_spans import record_of, span_step_metrics
 from searchrl.trainer.masks import mask_step_metrics
 from searchrl.trainer.metrics import search_step_metrics
 
@@ -101,7 +101,10 @@ class SearchBufferMixin:
             metrics.update(span_step_metrics(zip(extra_fields, (m for _, m in masks), strict=True)))
             tokenizer = self._get_tokenizer()
             if tokenizer is not None:
-                rows = [(tokenizer.convert_ids_to_tokens(ids), mask) for ids, mask in masks]
+                rows = [
+                    (tokenizer.convert_ids_to_tokens(ids), mask, record_of(extra))
+                    for (ids, mask), extra in zip(masks, extra_fields, strict=True)
+                ]
                 metrics.update(mask_step_metrics(rows))
         return batch, metrics
 

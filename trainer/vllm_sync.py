@@ -31,7 +31,7 @@ than the model has are counted (`num_kv_head_replicas`).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -42,6 +42,7 @@ from searchrl.trainer.weight_fingerprint import (
     check_sync,
     group_sent,
     merge_ranks,
+    tap_stream,
     tensor_print,
 )
 
@@ -129,25 +130,9 @@ def tap_prints(weights: Any, dtype: torch.dtype | None, prints: dict[str, Tensor
     """`weights` unchanged, recording each tensor's print into `prints` as verl's sender consumes it."""
 
     def record(name: str, tensor: torch.Tensor) -> None:
-        if name in prints:
-            raise ValueError(f"weight {name!r} appears twice in one update")
         prints[name] = tensor_print(tensor, dtype)
 
-    if hasattr(weights, "__aiter__"):
-
-        async def agen() -> AsyncIterator[tuple[str, torch.Tensor]]:
-            async for name, tensor in weights:
-                record(name, tensor)
-                yield name, tensor
-
-        return agen()
-
-    def gen() -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in weights:
-            record(name, tensor)
-            yield name, tensor
-
-    return gen()
+    return tap_stream(weights, record)
 
 
 def vllm_param_name(name: str, held: set[str], packed: Mapping[str, Iterable[str]], tied: bool) -> str | None:

@@ -4,8 +4,8 @@ verl's rollout/actor probability difference (`training/rollout_probs_diff_*`) is
 noise alone is a few 1e-3 and a rollout a few steps stale at lr 1e-6 moves it far less, so a stale sync (TRL #5312,
 slime PR 2380) is invisible there. This fingerprint is exact instead: after every weight update the rollout side
 fingerprints the weights it now holds, the trainer fingerprints the tensors it sent, and any difference stops the
-run with one line (`check_sync`). Both sides call this module: trainer/hf_rollout.py (the CPU engine) and
-trainer/vllm_sync.py (vLLM's worker extension and adapter).
+run with one line (`check_sync`). Both sides call this module: trainer/hf_rollout.py (the CPU engine),
+trainer/vllm_sync.py (vLLM's worker extension and adapter) and trainer/sglang_sync.py (sampled rows read back).
 
 A tensor's print is `(dtype, numel, s1, s2)`: the sum and the sum of squares of its elements' *bit patterns* read
 as signed integers (bf16/fp16 as int16, fp32 as int32), summed in int64 (mod 2**64). Integer sums are exact and
@@ -24,8 +24,8 @@ guards against (ignored or partial updates, the wrong source's weights) change v
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import torch
 
@@ -107,6 +107,34 @@ def fingerprint(
         target = dtype(name) if callable(dtype) else dtype
         prints[name] = tensor_print(tensor, target)
     return prints
+
+
+def tap_stream(weights: Any, record: Callable[[str, torch.Tensor], None]) -> Any:
+    """`weights` (verl's named-tensor stream, sync or async) unchanged, calling `record(name, tensor)` on each
+    as the rollout's sender consumes it: the trainer-side record of a sync costs no second pass over the model."""
+    seen: set[str] = set()
+
+    def check(name: str, tensor: torch.Tensor) -> None:
+        if name in seen:
+            raise ValueError(f"weight {name!r} appears twice in one update")
+        seen.add(name)
+        record(name, tensor)
+
+    if hasattr(weights, "__aiter__"):
+
+        async def agen() -> AsyncIterator[tuple[str, torch.Tensor]]:
+            async for name, tensor in weights:
+                check(name, tensor)
+                yield name, tensor
+
+        return agen()
+
+    def gen() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            check(name, tensor)
+            yield name, tensor
+
+    return gen()
 
 
 def digest(prints: Mapping[str, TensorPrint]) -> str:
@@ -209,5 +237,6 @@ __all__ = [
     "fingerprint",
     "group_sent",
     "merge_ranks",
+    "tap_stream",
     "tensor_print",
 ]

@@ -198,6 +198,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="with --model --learn/--gate: new tokens one model turn may generate (default %(default)s)",
     )
     p.add_argument(
+        "--stage",
+        choices=["own-turn", "query"],
+        default="own-turn",
+        help="with --model --learn/--gate: what the run teaches; own-turn: answer the real tool response without "
+        "inventing one; query: close a scripted search-call opening with a query whose top-3 holds a golden "
+        "answer (default %(default)s)",
+    )
+    p.add_argument(
         "--random-reward",
         dest="random_reward",
         type=float,
@@ -366,6 +374,7 @@ def _real_learn(args: argparse.Namespace, qa: Path) -> int:
         gate_only=not args.learn,
         random_reward=args.random_reward,
         timeout_s=args.timeout or 3600.0,
+        stage=args.stage,
     )
     if not args.learn:
         print(run.gate.line() if run.gate else "variance gate: not run")  # noqa: T201

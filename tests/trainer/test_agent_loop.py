@@ -442,3 +442,59 @@ def test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_
     assert metrics["loss/observation_tokens"] > 20 and metrics["loss/observation_tokens_in_loss"] == 0
     invented = metrics["loss/model_tool_response_tokens"]
     assert invented > 0 if "<tool_response>" in reply else invented == 0
+
+
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ('The Seventh Seal"]}}\n</tool_call>', 1.0),
+        ('your query"]}}\n</tool_call>', 0.5),
+        ("The Seventh Seal was directed by", 0.0),
+    ],
+    ids=["closes-and-retrieves", "closes-with-a-junk-query", "never-closes"],
+)
+def test_the_query_stage_scripts_the_call_opening_as_environment_and_scores_the_query_through_verl(
+    tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample, reply, score
+):
+    """`make learn-cpu-real --stage query` for one trajectory, with its own overrides (learn_overrides): the loop
+    writes the search-call opening after the generation prompt with loss mask 0, the server continues it (its
+    prompt ends with the opening), the model's text is the only mask-1 span and the recorded own turn, verl runs
+    no tool (the trajectory ends with the model's one turn), and verl's reward manager, loading
+    trainer/real_query.py by pkg://, searches the live BM25 service with the closed call's query: 1.0 when the
+    top-3 holds a golden answer ("Ingmar Bergman"), 0.5 for a closed call whose query finds none, 0 unclosed."""
+    from searchrl.trainer.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.cpu_real_learn import learn_overrides
+    from searchrl.trainer.generated_spans import LAST_TURN, SPANS, parse_spans
+    from searchrl.trainer.real_query import OPENING
+
+    tok = offline_tokenizer
+    stage = [
+        o
+        for o in learn_overrides("float32", 0, 48, stage="query", retrieval_url=live_bm25_url)
+        if "scripted_opening" in o or "max_assistant_turns" in o or "reward" in o or "turn_max_tokens" in o
+    ]
+    settings, cfg = _scripted_cfg(tmp_path, qa_sample, live_bm25_url, compose, extra=stage)
+    cfg.actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn = (
+        False  # as cpu_overrides(False) sets it
+    )
+    row = _dataset_row(settings, cfg, tok, tmp_path)
+    calls: list[dict] = []
+
+    async def run() -> tuple[Any, Any, dict[str, Any]]:
+        output, server = await _run_loop(cfg, tok, row, [reply], calls, SearchToolAgentLoop)
+        return output, server, await _reward(cfg, tok, row, output)
+
+    output, server, reward = asyncio.run(run())
+    opening = tok.encode(OPENING, add_special_tokens=False)
+    assert len(server.prompts) == 1 and server.prompts[0][-len(opening) :] == opening
+    assert [p["max_tokens"] for p in server.sampling_params] == [48]
+    assert calls == []  # the call is the reward's to run, not verl's
+    ids, mask = np.array(output.response_ids), np.array(output.response_mask)
+    generated = tok.encode(reply + "<|im_end|>", add_special_tokens=False)
+    assert ids[: len(opening)].tolist() == opening and mask[: len(opening)].tolist() == [0] * len(opening)
+    assert tok.decode(ids[mask == 1].tolist()) == reply + "<|im_end|>" and len(ids) == len(opening) + len(
+        generated
+    )
+    assert parse_spans(output.extra_fields[SPANS]) == [(len(opening), len(ids))]
+    assert output.extra_fields[LAST_TURN] == reply
+    assert reward["reward_score"] == score

@@ -371,13 +371,18 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
     probe = (
         "import verl\n"
         "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r\n"
-        "print(r['searchrl_tool_agent']['_target_'])"
+        "print(r['searchrl_tool_agent']['_target_'])\n"
+        "from verl.workers.rollout.base import _ROLLOUT_REGISTRY as w\n"
+        f"print(w[({rollout_name!r}, 'async')])"
     )
     env = {**__import__("os").environ, "VERL_USE_EXTERNAL_MODULES": value}
     env.pop("VERL_PLATFORM", None)
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "searchrl.trainer.agent_loop.SearchToolAgentLoop"
+    loop, rollout = done.stdout.strip().splitlines()[-2:]
+    assert loop == "searchrl.trainer.agent_loop.SearchToolAgentLoop"
+    # and the weight-sync check of the run's engine (trainer/vllm_sync.py, trainer/sglang_sync.py)
+    assert rollout == f"searchrl.trainer.{rollout_name}_classes.FingerprintServerAdapter"
 
 
 def test_a_gpu_run_in_separate_async_installs_the_clone_guard_and_the_logger_fix_in_every_ray_process(
@@ -419,20 +424,10 @@ def _verl_trainer(cfg):
 
     Its constructor runs the mode's own checks (separate_async: batch == parameter_sync_step x mini batch, a
     rollout pool, a checkpoint engine other than naive; trainer_separate_async.py) and PPOTrainer.__init__,
-    which builds only the checkpoint callback and the replay buffer. The async sampler class is task C's
-    (trainer/sampler.py); until it exists the buffer is verl's own ReplayBufferAsync, which the mode's checks
-    do not depend on.
+    which builds only the checkpoint callback and the replay buffer (ours, trainer/sampler.py).
     """
-    from omegaconf import open_dict
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    from searchrl.trainer import sampler
-
-    name = cfg.trainer.v1.sampler.custom_sampler.name
-    if not hasattr(sampler, name):
-        with open_dict(cfg):
-            cfg.trainer.v1.sampler.custom_sampler.path = None
-            cfg.trainer.v1.sampler.custom_sampler.name = None
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Disabled critic", UserWarning)  # GRPO has no critic
         return get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)
@@ -469,6 +464,7 @@ def test_each_mode_composes_and_verls_own_trainer_accepts_it(compose, tmp_path, 
     else:
         from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
+        assert type(trainer.replay_buffer).__name__ == SAMPLER_ASYNC_NAME
         assert isinstance(trainer.replay_buffer, ReplayBufferAsync)
         assert trainer.replay_buffer.max_off_policy_threshold == 2
 
@@ -540,9 +536,5 @@ def test_verl_loads_an_async_replay_buffer_exactly_in_the_async_modes(mode):
     from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
     from verl.utils.import_utils import load_extern_type
 
-    from searchrl.trainer import sampler
-
     name = SAMPLER_NAME if mode == "sync" else SAMPLER_ASYNC_NAME
-    if not hasattr(sampler, name):
-        pytest.skip(f"{name} is not in trainer/sampler.py yet (issue 40 item 2 builds it)")
     assert issubclass(load_extern_type(SAMPLER_PATH, name), ReplayBufferAsync) is (mode != "sync")

@@ -315,7 +315,7 @@ def test_importing_the_plugin_points_verls_vllm_rollout_at_the_checking_classes(
     vllm_sync.register()
     assert _ROLLOUT_REGISTRY[("vllm", "async")] == "searchrl.trainer.vllm_classes.FingerprintServerAdapter"
     assert RolloutReplicaRegistry._registry["vllm"] is vllm_sync._load_replica
-    assert _ROLLOUT_REGISTRY[("sglang", "async")].startswith("verl.")  # other engines untouched
+    assert _ROLLOUT_REGISTRY[("trtllm", "async")].startswith("verl.")  # other engines untouched
 
 
 def _stand_in_module(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: Any) -> None:
@@ -376,6 +376,7 @@ def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_i
     from searchrl.trainer.cpu_smoke import cpu_overrides
     from searchrl.trainer.overrides import (
         AGENT_LOOP_PLUGIN,
+        SGLANG_SYNC_PLUGIN,
         VLLM_SYNC_KEY,
         VLLM_SYNC_PLUGIN,
         merge_overrides,
@@ -387,7 +388,9 @@ def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_i
     gpu = render_overrides(TrainSettings(data_dir=tmp_path))
     assert f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{VLLM_SYNC_PLUGIN}'" in gpu
     sglang = render_overrides(TrainSettings(data_dir=tmp_path, rollout_name="sglang"))
-    assert [o for o in sglang if o.startswith(VLLM_SYNC_KEY)] == [f"{VLLM_SYNC_KEY}={AGENT_LOOP_PLUGIN}"]
+    assert [o for o in sglang if o.startswith(VLLM_SYNC_KEY)] == [
+        f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{SGLANG_SYNC_PLUGIN}'"
+    ]
     cpu = [o for o in merge_overrides(gpu, cpu_overrides()) if o.startswith(VLLM_SYNC_KEY)]
     assert cpu == [f"{VLLM_SYNC_KEY}={ENV['VERL_USE_EXTERNAL_MODULES']}"]
 
