@@ -93,3 +93,7 @@ def test_separate_async_pushes_weights_to_a_standalone_replica_every_step_and_re
     assert all(v > 0 for v in _step_values(steps, "checkpoint_engine/gloo_bytes"))
     assert sum(v >= 1 for v in _step_values(steps, "versions/verified")) >= ASYNC_STEPS - 1
     assert "training prompt groups from TransferQueue" in logs[1]
+    # the old policy is a copy (trainer/old_policy_guard.py): the second local update's old log-probs come from the
+    # saved pi_old, not the weights the first update moved, so verl's ppo_kl is not 0 (a 2-step run without the
+    # guard read 0.0 on both steps); step 1 reads 0 with the guard too
+    assert all(v != 0 for v in _step_values(steps, "actor/ppo_kl")[1:])
