@@ -50,7 +50,6 @@ from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu_report import (
     ENTROPY,
     STALENESS_WORST_MAX,
-    SYNC_MAX_PROB_DIFF,
     StepCheck,
     StepRow,
     async_step_problems,
@@ -232,7 +231,9 @@ class LearnRun:
         """Every check of the module docstring that failed, as short phrases (empty: it learned). An async run's
         stale trajectories are not bound by the fp32 sync diff: run_learn checked each step's versions instead
         (cpu_report.async_step_problems)."""
-        problems = check_steps(self.rows, steps, SYNC_MAX_PROB_DIFF if self.mode == "sync" else math.inf)
+        problems = (
+            check_steps(self.rows, steps) if self.mode == "sync" else check_steps(self.rows, steps, math.inf)
+        )
         if len(self.rows) >= 2 * self.epoch:
             try:
                 paired = self.paired()
