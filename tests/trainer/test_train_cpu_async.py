@@ -16,7 +16,7 @@ from searchrl.trainer.cpu_smoke import ASYNC_STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
-# make test-separate-async: the separate_async CPU runs cost ~7 min each here, over the default suite's budget
+# make test-separate-async: the separate_async CPU runs cost 3.5-7 min each here, over the default suite's budget
 SEPARATE_ASYNC_TESTS = os.environ.get("SEARCHRL_SEPARATE_ASYNC_TESTS") == "1"
 
 
@@ -75,7 +75,7 @@ def _step_values(lines: list[str], key: str) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.live
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="~7 min on 2 shared cores: make test-separate-async")
+@pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="3.5-7 min on 2 shared cores: make test-separate-async")
 def test_separate_async_pushes_weights_to_a_standalone_replica_every_step_and_resumes(tmp_path):
     """`make train-cpu ASYNC=separate`: verl's separate_async trainer with the trainer and a standalone hf replica
     on a fake Ray GPU each, the weights pushed over the gloo checkpoint engine after two local updates
