@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -163,7 +163,8 @@ train-local: gpu-check $(GPU_MARK)  ## train on this machine's GPUs (driver, dat
 
 # issue 20: no GPU needed; e.g. make train-cpu TRAIN_CPU_ARGS="--out /tmp/train-cpu --questions 20"
 TRAIN_CPU_ARGS ?=
-# ASYNC=colocate: verl's colocate_async trainer mode, generation across updates, with the weights-version checks
+# ASYNC=colocate: verl's colocate_async trainer mode, generation across updates, with the weights-version checks;
+# ASYNC=separate: separate_async, a standalone rollout replica fed over the gloo checkpoint engine (learn-cpu too)
 ASYNC ?=
 train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min)
 	$(BIN)/searchrl train cpu $(if $(ASYNC),--mode $(ASYNC)_async) $(TRAIN_CPU_ARGS)
@@ -171,7 +172,7 @@ train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random mod
 # issue 31; e.g. make learn-cpu LEARN_CPU_ARGS="--seeds 0,1,2,3,4" (one run per seed, one curve with their band)
 LEARN_CPU_ARGS ?=
 learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: each question's reward rises (first epoch vs last), no collapse, weight sync and loss masks checked every step, probe of the merged model
-	$(BIN)/searchrl train cpu --learn $(LEARN_CPU_ARGS)
+	$(BIN)/searchrl train cpu --learn $(if $(ASYNC),--mode $(ASYNC)_async) $(LEARN_CPU_ARGS)
 
 # issue 32: real weights through verl's loop; e.g. make train-cpu-real TRAIN_CPU_REAL_ARGS="--precision fp32"
 TRAIN_CPU_REAL_ARGS ?=
@@ -192,6 +193,9 @@ bench-rollout: $(VENV)/.dev  ## one GRPO model turn of 8 trajectories through th
 
 test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu (make test runs the two that stop at their step), and an hf engine without version stamps fails the async CPU run
 	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py tests/trainer/test_train_cpu_async.py -k sabotage $(ARGS)
+
+test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (3.5-7 min a run on 2 shared cores, out of make test): train-cpu ASYNC=separate, learn-cpu in that mode, its stale-sync and shuffled-rewards sabotages failing it
+	SEARCHRL_SEPARATE_ASYNC_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_train_cpu_async.py tests/trainer/test_learn_cpu.py -k separate_async $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ATTN) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local

@@ -42,13 +42,26 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.cpu_report import ENTROPY, StepRow, check_steps, step_table
+from searchrl.trainer.cpu_report import (
+    ENTROPY,
+    STALENESS_WORST_MAX,
+    StepCheck,
+    StepRow,
+    async_step_problems,
+    check_steps,
+    step_table,
+    sync_and_mask_problems,
+)
 from searchrl.trainer.cpu_smoke import (
+    ASYNC_THRESHOLD,
     DEV_QA,
+    async_cpu_overrides,
+    check_mode,
     cpu_overrides,
     cpu_settings,
     run_training,
@@ -61,10 +74,11 @@ from searchrl.trainer.learn_epochs import (
     Trajectory,
     epoch_steps,
     groups_varying,
+    paired_first_last_group,
     paired_rise,
     read_dumps,
 )
-from searchrl.trainer.overrides import hydra_value
+from searchrl.trainer.overrides import hydra_value, merge_overrides
 from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -95,11 +109,20 @@ REWARD_FN_NAME = "compute_score"
 
 
 def learn_settings(
-    out_dir: Path, model_dir: Path, url: str, *, seed: int, steps: int = STEPS, lr: float = LR
+    out_dir: Path,
+    model_dir: Path,
+    url: str,
+    *,
+    seed: int,
+    steps: int = STEPS,
+    lr: float = LR,
+    mode: str = "sync",
 ) -> TrainSettings:
-    """The smoke run's settings, then: 2 prompts x 8 samples a step, one on-policy Adam step each, no KL or
-    entropy term, no warm-up (DESIGN.md 3c)."""
-    return cpu_settings(out_dir, model_dir, url, steps=steps).model_copy(
+    """The smoke run's settings, then: 2 prompts x 8 samples a step, one Adam step each, no KL or entropy term,
+    no warm-up (DESIGN.md 3c). In an async `mode` the step's trajectories may come from older weights (at most
+    cpu_smoke.ASYNC_THRESHOLD - 1 updates behind); separate_async pushes the weights after that one update
+    (verl's parameter_sync_step 1)."""
+    return cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode).model_copy(
         update={
             "experiment_name": EXPERIMENT,
             "seed": seed,
@@ -122,17 +145,23 @@ def learn_settings(
     )
 
 
-def learn_overrides(seed: int, rollout_dir: Path) -> list[str]:
+def learn_overrides(seed: int, rollout_dir: Path, settings: TrainSettings | None = None) -> list[str]:
     """The CPU overrides plus the learning reward, a seeded rollout (its sampling differs per seed) and verl's own
     per-step dump of every trajectory's prompt, output and score (`rollout_dir`/<step>.jsonl): the per-question
-    figures are read from it, because reward extras never reach the console metrics (DESIGN.md 3c)."""
+    figures are read from it, because reward extras never reach the console metrics (DESIGN.md 3c). With
+    `settings` in an async mode, the async run's own keys too (cpu_smoke.async_cpu_overrides)."""
     pairs: list[tuple[str, object]] = [
         ("reward.custom_reward_function.path", REWARD_FN_PATH),
         ("reward.custom_reward_function.name", REWARD_FN_NAME),
         ("actor_rollout_ref.rollout.seed", seed),
         ("trainer.rollout_data_dir", str(rollout_dir)),
     ]
-    return [*cpu_overrides(), *(f"{key}={hydra_value(value)}" for key, value in pairs)]
+    base = (
+        cpu_overrides()
+        if settings is None
+        else merge_overrides(cpu_overrides(), async_cpu_overrides(settings))
+    )
+    return [*base, *(f"{key}={hydra_value(value)}" for key, value in pairs)]
 
 
 def count_updates(log_text: str) -> list[int]:
@@ -146,6 +175,7 @@ class LearnRun:
 
     seed: int
     out_dir: Path
+    mode: str = "sync"  # verl's trainer mode (cpu_smoke.MODES)
     epoch: int = WINDOW  # steps per epoch: the windows compared at each end
     rows: list[StepRow] = field(default_factory=list)
     trajectories: list[Trajectory] = field(default_factory=list)  # from verl's rollout dumps
@@ -167,7 +197,11 @@ class LearnRun:
         return statistics.fmean(rewards[: self.epoch]), statistics.fmean(rewards[-self.epoch :])
 
     def paired(self) -> PairedRise:
-        return paired_rise(self.trajectories, self.epoch, len(self.rows))
+        """Each question's reward at the start and at the end: its first and last epoch in a sync run, its first
+        and last trained group in an async one (learn_epochs.paired_first_last_group says why)."""
+        if self.mode == "sync":
+            return paired_rise(self.trajectories, self.epoch, len(self.rows))
+        return paired_first_last_group(self.trajectories)
 
     def varying(self) -> dict[int, float]:
         """Per step, the share of GRPO groups whose samples scored differently (learn_epochs.groups_varying)."""
@@ -194,8 +228,12 @@ class LearnRun:
         return sum(row.get("search_calls") for row in self.rows)
 
     def problems(self, steps: int = STEPS) -> list[str]:
-        """Every check of the module docstring that failed, as short phrases (empty: it learned)."""
-        problems = check_steps(self.rows, steps)
+        """Every check of the module docstring that failed, as short phrases (empty: it learned). An async run's
+        stale trajectories are not bound by the fp32 sync diff: run_learn checked each step's versions instead
+        (cpu_report.async_step_problems)."""
+        problems = (
+            check_steps(self.rows, steps) if self.mode == "sync" else check_steps(self.rows, steps, math.inf)
+        )
         if len(self.rows) >= 2 * self.epoch:
             try:
                 paired = self.paired()
@@ -269,8 +307,9 @@ def learned_line(runs: Sequence[LearnRun]) -> str:
     pairs = sum(len(p.first) for p in paired)
     varying = min((run.last_epoch_varying() for run in runs), default=math.nan)
     sync = max((run.max_sync_diff() for run in runs), default=math.nan)
+    what = paired[0].what if paired else "first epoch -> last"
     return (
-        f"learned: reward per question, first epoch -> last {first:.3f} -> {last:.3f} ({last - first:+.3f}), "
+        f"learned: reward per question, {what} {first:.3f} -> {last:.3f} ({last - first:+.3f}), "
         f"{rose} of {pairs} rose; last epoch's groups varying {varying:.2f}; sync max prob diff {sync:.2g}; "
         f"observation tokens in loss {sum(run.observation_tokens_in_loss() for run in runs):.0f}; "
         f"model-written searches {sum(run.model_searches() for run in runs):.0f}"
@@ -371,35 +410,43 @@ def run_learn(
     steps: int = STEPS,
     lr: float = LR,
     timeout_s: float = 1200.0,
+    mode: str = "sync",
 ) -> LearnRun:
-    """One seed's learning run (module docstring); the checks are LearnRun.problems()."""
+    """One seed's learning run (module docstring) in verl's trainer `mode`; the checks are LearnRun.problems()."""
     from transformers import AutoTokenizer
 
     from searchrl.retrieval.process import served
     from searchrl.trainer.merge import merge_latest
     from searchrl.trainer.tiny_model import write_tiny_model
 
+    check_mode(mode)
     epoch = learn_epoch(qa_source, questions, steps)
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    run = LearnRun(seed=seed, out_dir=out_dir, epoch=epoch)
+    run = LearnRun(seed=seed, out_dir=out_dir, mode=mode, epoch=epoch)
     started = time.monotonic()
     qa = write_qa(out_dir, qa_source, questions)
     model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa), seed=seed)
     run.phases["model"] = time.monotonic() - started
     with served(["--backend", "bm25"], out_dir / "serve.log") as url:
-        settings = learn_settings(out_dir, model_dir, url, seed=seed, steps=steps, lr=lr)
+        settings = learn_settings(out_dir, model_dir, url, seed=seed, steps=steps, lr=lr, mode=mode)
         rollout_dir = out_dir / ROLLOUTS
         resume = min(RESUME_STEP, steps - 1)
+        overrides = learn_overrides(seed, rollout_dir, settings)
+        on_step: StepCheck = (
+            sync_and_mask_problems
+            if mode == "sync"
+            else partial(async_step_problems, threshold=ASYNC_THRESHOLD, weight_push=mode == "separate_async")
+        )
         for label, extra in (
-            ("1", [*learn_overrides(seed, rollout_dir), f"trainer.total_training_steps={resume}"]),
-            ("2 (resumed)", learn_overrides(seed, rollout_dir)),
+            ("1", [*overrides, f"trainer.total_training_steps={resume}"]),
+            ("2 (resumed)", overrides),
         ):
             started = time.monotonic()
             try:
                 rows, text = run_training(
-                    settings, extra, out_dir / f"train-{label[0]}.log", label, timeout_s
+                    settings, extra, out_dir / f"train-{label[0]}.log", label, timeout_s, on_step
                 )
             except SmokeCheckError as exc:  # a step failed its check: verl was stopped there
                 raise SmokeCheckError(f"the learning run (seed {seed}) failed: {exc}") from None
@@ -548,13 +595,17 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
 
 def learn_table(run: LearnRun) -> str:
     """The step table (trainer/cpu_report.py) with the two collapse signals added per step: the policy's entropy
-    (verl's `actor/entropy`) and the share of GRPO groups whose samples scored differently."""
+    (verl's `actor/entropy`) and the share of GRPO groups whose samples scored differently; in an async mode also
+    the step's worst staleness (updates its oldest trajectory's first turn was behind, verl's metric)."""
     varying = run.varying()
+    stale = run.mode != "sync"
     lines = step_table(run.rows).splitlines()
-    lines[0] += " entropy | groups varying |"
-    lines[1] += "---|---|"
+    lines[0] += " entropy | groups varying |" + (" worst staleness |" if stale else "")
+    lines[1] += "---|---|" + ("---|" if stale else "")
     for i, row in enumerate(run.rows):
         lines[i + 2] += f" {row.metrics.get(ENTROPY, math.nan):.2f} | {varying.get(row.step, math.nan):.2f} |"
+        if stale:
+            lines[i + 2] += f" {row.metrics.get(STALENESS_WORST_MAX, math.nan):.0f} |"
     return "\n".join(lines)
 
 

@@ -67,6 +67,7 @@ PROB_DIFF_MEAN_WARN = 0.005  # verl FAQ: healthy below
 PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
 ENTROPY = "actor/entropy"  # verl's per-step mean entropy of the policy over the trained tokens
 STALENESS_WORST_MAX = "training/off_policy/trajectory_staleness_worst/max"  # verl's, async modes only
+UPDATE_WEIGHTS_S = "timing_s/update_weights"  # verl times the weight push each step in separate_async
 # verl's resume of an async run from the checkpoint's transfer_queue/ (trainer_base.py, _load_checkpoint)
 _RESTORED = re.compile(r"Restored (\d+) training prompt groups from TransferQueue")
 # the hf engine's update line with its fingerprint (trainer/hf_rollout.py UPDATE_LINE)
@@ -179,9 +180,12 @@ def sync_and_mask_problems(row: StepRow, max_prob_diff: float = SYNC_MAX_PROB_DI
     return problems + mask_problems(row)
 
 
-def async_step_problems(row: StepRow, threshold: int | None = None) -> list[str]:
+def async_step_problems(
+    row: StepRow, threshold: int | None = None, *, weight_push: bool = False
+) -> list[str]:
     """One step of an async run: the sync bound only where no trajectory is stale, the loss-mask checks, and the
-    version metrics (module docstring); a metric verl or the sampler did not log is a problem."""
+    version metrics (module docstring); a metric verl or the sampler did not log is a problem. `weight_push`
+    (separate_async): verl timed a push of the weights to the rollout replicas on this step too."""
     worst = row.metrics.get(STALENESS_WORST_MAX, math.nan)
     problems = [] if not math.isnan(worst) else [_missing(row, STALENESS_WORST_MAX, "staleness")]
     problems += sync_and_mask_problems(row, SYNC_MAX_PROB_DIFF if worst == 0 else math.inf)
@@ -197,6 +201,8 @@ def async_step_problems(row: StepRow, threshold: int | None = None) -> list[str]
             f"step {row.step}: worst staleness {row.metrics[versions.STALENESS_WORST_MAX]:.0f} above "
             f"{threshold - 1} (max_off_policy_threshold {threshold})"
         )
+    if weight_push and not row.metrics.get(UPDATE_WEIGHTS_S, math.nan) >= 0:
+        problems.append(_missing(row, UPDATE_WEIGHTS_S, "the weight push to the rollout replicas"))
     return problems
 
 
@@ -205,11 +211,14 @@ def update_digests(log_text: str) -> list[tuple[int, int, str]]:
     return [(int(n), int(step), digest) for n, step, digest in _UPDATE_DIGEST.findall(log_text)]
 
 
-def async_run_problems(rows: Sequence[StepRow], logs: Sequence[str], resume_step: int) -> list[str]:
+def async_run_problems(
+    rows: Sequence[StepRow], logs: Sequence[str], resume_step: int, *, require_spanning: bool = True
+) -> list[str]:
     """The run-level checks of an async CPU run: `logs` are its invocations' logs in order (the first stops at
-    `resume_step`, the second resumes from its checkpoint)."""
+    `resume_step`, the second resumes from its checkpoint). `require_spanning`: at least one trained trajectory
+    spans two versions (colocate_async; see cpu_smoke.ASYNC_STEPS)."""
     problems = []
-    if not sum(row.metrics.get(versions.SPANNING, 0) for row in rows) >= 1:
+    if require_spanning and not sum(row.metrics.get(versions.SPANNING, 0) for row in rows) >= 1:
         problems.append(
             "no trained trajectory spans two weights versions (no turn was cut by an update and resumed)"
         )

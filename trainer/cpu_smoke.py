@@ -56,7 +56,7 @@ from searchrl.trainer.cpu_report import (
     step_table,
     sync_and_mask_problems,
 )
-from searchrl.trainer.overrides import hydra_value
+from searchrl.trainer.overrides import hydra_value, merge_overrides
 from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,9 @@ def cpu_overrides(*, scripted_first_turn: bool = True) -> list[str]:
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
 
 
-# verl's trainer modes the CPU run takes (`--mode`); separate_async needs the gloo engine (issue 40 item 3)
-MODES = ("sync", "colocate_async")
+# verl's trainer modes the CPU run takes (`--mode`); separate_async sends weights over the gloo checkpoint engine
+# (trainer/gloo_engine.py) to a standalone hf replica on a second fake Ray GPU (issue 40 item 3)
+MODES = ("sync", "colocate_async", "separate_async")
 # An async run's staleness bound: verl's ReplayBufferAsync drops a group trained more than this many steps after
 # its submission, so a trajectory is at most ASYNC_THRESHOLD - 1 updates behind (trainer/versions.py). verl's
 # default is 8; 2 is the tightest that lets generation run across an update, so the bound is checked, not idle.
@@ -121,12 +122,14 @@ ASYNC_THRESHOLD = 2
 # chance and two of them had none and failed "spans two versions"), so ten chances (steps 2 and 4-12) leave an
 # estimated 0.5^10 = 0.1% for a healthy run to fail that check. A step costs ~3 s; start-up is most of the run.
 ASYNC_STEPS = 12
+# separate_async's gloo bucket (MB): verl's default 2048 would be allocated on every sync for a <1 MB model
+GLOO_BUCKET_MB = 64
 # how often the async run's replay buffer polls for finished groups (trainer/sampler.py: verl polls every 2 s)
 ASYNC_POLL_S = 0.1
 
 
 def check_mode(mode: str) -> None:
-    """Refuse a mode the CPU run cannot take, before anything starts (separate_async needs a second pool)."""
+    """Refuse a mode the CPU run cannot take, before anything starts."""
     if mode not in MODES:
         raise ConfigError(f"--mode {mode!r}: the CPU run takes {', '.join(MODES)}")
 
@@ -143,7 +146,17 @@ def async_cpu_overrides(settings: TrainSettings) -> list[str]:
 
     if settings.trainer_mode == "sync":
         return []
-    pairs: list[tuple[str, object]] = [
+    pairs: list[tuple[str, object]] = []
+    if settings.trainer_mode == "separate_async":
+        pairs += [
+            # verl's pools ask Ray for GPUs: one fake GPU for the trainer, one for the standalone rollout replica
+            ("+ray_kwargs.ray_init.num_gpus", settings.nnodes * settings.gpus_per_node),
+            # trainer and rollout now compute at the same time: one thread for the server, not every core
+            ("+actor_rollout_ref.rollout.engine_kwargs.hf.threads", 1),
+            # the gloo engine's bucket (verl's default 2 GB is allocated per sync): the tiny model is under 1 MB
+            ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", GLOO_BUCKET_MB),
+        ]
+    pairs += [
         ("+trainer.v1.sampler.sampler_kwargs.version_ledger", HF_LEDGER),
         (
             "+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch",
@@ -165,7 +178,9 @@ def cpu_settings(
     environment, loss mask 0 (trainer/agent_loop.py).
     """
     from searchrl.trainer.agent_loop import AGENT_NAME
+    from searchrl.trainer.overrides import GLOO_ENGINE, GLOO_ENGINE_MODULE
 
+    separate = mode == "separate_async"
     return TrainSettings(
         _env_file=None,
         model_name=str(model_dir),
@@ -177,8 +192,10 @@ def cpu_settings(
         retrieval_urls=[url],
         agent_loop=AGENT_NAME,
         train_batch_size=2,
-        ppo_mini_batch_size=2,
-        micro_batch_size_per_gpu=2,
+        # separate_async: mini batch 1, so verl's parameter_sync_step is 2 (two local updates per weight push) and
+        # the old-policy path that trainer/old_policy_guard.py guards runs; the other modes update once a step
+        ppo_mini_batch_size=1 if separate else 2,
+        micro_batch_size_per_gpu=1 if separate else 2,
         rollout_n=2,
         total_steps=steps,
         save_freq=RESUME_STEP,
@@ -189,7 +206,8 @@ def cpu_settings(
         max_response_length=384,
         topk=2,
         passage_max_chars=200,
-        nnodes=1,
+        # separate_async: a trainer "node" and a rollout "node" of one fake GPU each (ROLLOUT_NODES 0 = one)
+        nnodes=2 if separate else 1,
         gpus_per_node=1,
         entropy_coeff=0.001,
         lr=1e-4,
@@ -201,6 +219,8 @@ def cpu_settings(
         trainer_mode=mode,
         max_off_policy_threshold=ASYNC_THRESHOLD,
         num_warmup_batches=1,  # one batch of prompts in flight before step 1, then one more per step
+        checkpoint_engine=GLOO_ENGINE if separate else "nccl",
+        checkpoint_engine_module=GLOO_ENGINE_MODULE if separate else None,
     )
 
 
@@ -409,12 +429,15 @@ def run_cpu_smoke(
         steps = STEPS if mode == "sync" else ASYNC_STEPS
         settings = cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode)
         started = time.monotonic()
-        overrides = [*cpu_overrides(), *async_cpu_overrides(settings)]
-
+        overrides = merge_overrides(cpu_overrides(), async_cpu_overrides(settings))
         on_step: StepCheck = (
             sync_and_mask_problems
             if mode == "sync"
-            else partial(async_step_problems, threshold=ASYNC_THRESHOLD)
+            else partial(
+                async_step_problems,
+                threshold=ASYNC_THRESHOLD,
+                weight_push=mode == "separate_async",
+            )
         )
         stop_early = [*overrides, f"trainer.total_training_steps={RESUME_STEP}"]
         rows, text_1 = run_training(settings, stop_early, out_dir / "train-1.log", "1", timeout_s, on_step)
@@ -430,7 +453,9 @@ def run_cpu_smoke(
             problems = check_steps(run.rows, settings.total_steps)
         else:
             problems = check_steps(run.rows, settings.total_steps, max_prob_diff=math.inf)
-            problems += async_run_problems(run.rows, [text_1, text_2], RESUME_STEP)
+            problems += async_run_problems(
+                run.rows, [text_1, text_2], RESUME_STEP, require_spanning=mode == "colocate_async"
+            )
         if problems:
             raise SmokeCheckError("the CPU run missed what training must show: " + "; ".join(problems))
         started = time.monotonic()

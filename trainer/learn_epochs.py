@@ -106,6 +106,7 @@ class PairedRise:
 
     first: dict[str, float]
     last: dict[str, float]
+    what: str = "first epoch -> last"  # what `first` and `last` are (the async runs compare groups)
 
     @property
     def rises(self) -> dict[str, float]:
@@ -121,7 +122,7 @@ class PairedRise:
 
     def line(self) -> str:
         return (
-            f"per question (first epoch -> last, paired): {statistics.fmean(self.first.values()):.3f} -> "
+            f"per question ({self.what}, paired): {statistics.fmean(self.first.values()):.3f} -> "
             f"{statistics.fmean(self.last.values()):.3f} ({self.mean_rise:+.3f}), {self.rose} of "
             f"{len(self.first)} rose"
         )
@@ -152,12 +153,39 @@ def paired_rise(trajectories: Sequence[Trajectory], epoch: int, steps: int) -> P
     return PairedRise(means["first"], means["last"])
 
 
+def paired_first_last_group(trajectories: Sequence[Trajectory]) -> PairedRise:
+    """Per question, the mean reward of its first trained GRPO group and of its last (an async run's comparison).
+
+    In verl's async modes a step trains whichever groups finished first (one prompt per dataloader fetch, stale
+    groups evicted and refilled), so a 5-step window no longer holds each question once: the first run in
+    separate_async trained two questions twice and two not at all in its last 5 steps. Each question is still
+    drawn once an epoch, so its first group is from the first epoch's draw and its last from the latest it was
+    trained on; in a sync run that is exactly the first and last epoch (`paired_rise`). SmokeCheckError unless
+    every question was trained at least twice."""
+    groups: dict[str, dict[tuple[int, str], list[float]]] = defaultdict(lambda: defaultdict(list))
+    for t in trajectories:
+        groups[t.question][(t.step, t.group)].append(t.score)
+    once = sorted(q for q, found in groups.items() if len(found) < 2)
+    if not groups or once:
+        raise SmokeCheckError(
+            f"{len(once)} of {len(groups)} questions were trained in fewer than two groups: no first and last to "
+            "compare"
+        )
+    first, last = {}, {}
+    for question, found in groups.items():
+        keys = sorted(found)
+        first[question] = statistics.fmean(found[keys[0]])
+        last[question] = statistics.fmean(found[keys[-1]])
+    return PairedRise(first, last, "first group -> last")
+
+
 __all__ = [
     "VARY_EPS",
     "PairedRise",
     "Trajectory",
     "epoch_steps",
     "groups_varying",
+    "paired_first_last_group",
     "paired_rise",
     "read_dumps",
 ]

@@ -142,8 +142,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--mode",
         default="sync",
-        help="verl's trainer mode (trainer.v1.trainer_mode): sync, or colocate_async (generation runs across "
-        "updates; adds the weights-version checks) (default %(default)s)",
+        help="verl's trainer mode (trainer.v1.trainer_mode): sync, colocate_async (generation runs across "
+        "updates; adds the weights-version checks) or separate_async (a standalone rollout replica, weights "
+        "pushed over gloo) (default %(default)s)",
     )
     p.add_argument(
         "--timeout", type=float, help="seconds per verl invocation (default 1200, with --model 3600)"
@@ -399,7 +400,14 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
             f"--seeds {args.seeds!r}: give whole numbers separated by commas, e.g. 0,1,2"
         ) from None
     out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/learn-cpu")
-    runs = run_seeds(out, seeds, qa_source=qa, questions=args.questions, timeout_s=args.timeout or 1200.0)
+    runs = run_seeds(
+        out,
+        seeds,
+        qa_source=qa,
+        questions=args.questions,
+        timeout_s=args.timeout or 1200.0,
+        mode=args.mode,
+    )
     for run in runs:
         print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{learn_table(run)}")  # noqa: T201
     print(f"\n{seeds_table(runs)}\nreward curve: {out.resolve() / 'reward_curve.png'}")  # noqa: T201

@@ -10,6 +10,7 @@ from searchrl.errors import ConfigError
 from searchrl.trainer import versions
 from searchrl.trainer.cpu_report import (
     STALENESS_WORST_MAX,
+    UPDATE_WEIGHTS_S,
     StepRow,
     async_run_problems,
     async_step_problems,
@@ -101,5 +102,63 @@ def test_the_async_mode_renders_verls_keys_and_a_bad_mode_is_one_clear_error(tmp
     assert keys["+trainer.v1.sampler.sampler_kwargs.version_ledger"] == "hf"
     sync = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1")
     assert async_cpu_overrides(sync) == []
-    with pytest.raises(ConfigError, match="--mode 'separate_async': the CPU run takes sync, colocate_async"):
-        check_mode("separate_async")
+    with pytest.raises(
+        ConfigError, match="--mode 'async': the CPU run takes sync, colocate_async, separate_as"
+    ):
+        check_mode("async")
+
+
+def test_a_separate_async_step_without_a_timed_weight_push_fails():
+    """separate_async pushes the weights to the standalone replica every step (verl's timing_s/update_weights);
+    a step without it was trained on weights the rollout never got. Other modes do not require the metric."""
+    timed = _row(2, "1", worst=1, diff=0.1, **{UPDATE_WEIGHTS_S: 0.07})
+    assert async_step_problems(timed, threshold=2, weight_push=True) == []
+    untimed = _row(2, "1", worst=1, diff=0.1)
+    assert async_step_problems(untimed, threshold=2, weight_push=True) == [
+        f"step 2: verl logged no {UPDATE_WEIGHTS_S}, so the weight push to the rollout replicas is unchecked"
+    ]
+    assert async_step_problems(untimed, threshold=2) == []
+
+
+def test_spanning_is_required_only_where_the_mode_makes_it_reliable():
+    first = _log((1, 0, "a0"), (2, 1, "a1"), (3, 2, "a2"))
+    restored = "(TaskRunnerV1 pid=2) INFO:Restored 2 training prompt groups from TransferQueue"
+    second = _log((1, 2, "a2"), (2, 3, "a3")) + "\n" + restored
+    rows = [_row(1, "1", 0, 0.0), _row(2, "1", 1, 0.1), _row(3, "2 (resumed)", 1, 0.1)]
+    assert len(async_run_problems(rows, [first, second], 2)) == 1
+    assert async_run_problems(rows, [first, second], 2, require_spanning=False) == []
+
+
+def test_the_separate_async_cpu_run_is_a_trainer_and_a_rollout_pool_of_one_fake_gpu_each(
+    tmp_path: Path,
+) -> None:
+    """Two fake Ray GPUs (trainer 1 x 1, standalone rollout 1 x 1), the gloo engine, two local updates per push
+    (parameter_sync_step 2: the old-policy path trainer/old_policy_guard.py guards), our async buffer with the
+    hf ledger check, and every key once (hydra refuses a key given twice)."""
+    from searchrl.trainer.cpu_smoke import GLOO_BUCKET_MB, cpu_overrides
+    from searchrl.trainer.overrides import GLOO_ENGINE, GLOO_ENGINE_MODULE, merge_overrides
+
+    settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1", mode="separate_async")
+    extra = merge_overrides(cpu_overrides(), async_cpu_overrides(settings))
+    rendered = merge_overrides(render_overrides(settings), extra)
+    names = [o.split("=", 1)[0].lstrip("+") for o in rendered]
+    assert len(names) == len(set(names))
+    keys = {k.lstrip("+"): v for k, v in (o.split("=", 1) for o in rendered)}
+    assert keys["trainer.v1.trainer_mode"] == "separate_async"
+    assert keys["trainer.v1.separate_async.parameter_sync_step"] == "2"
+    assert keys["actor_rollout_ref.hybrid_engine"] == "False"
+    assert (keys["trainer.nnodes"], keys["trainer.n_gpus_per_node"]) == ("1", "1")
+    assert (keys["actor_rollout_ref.rollout.nnodes"], keys["actor_rollout_ref.rollout.n_gpus_per_node"]) == (
+        "1",
+        "1",
+    )
+    assert keys["ray_kwargs.ray_init.num_gpus"] == "2"
+    assert keys["actor_rollout_ref.rollout.checkpoint_engine.backend"] == GLOO_ENGINE
+    assert keys["actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module"] == GLOO_ENGINE_MODULE
+    assert keys["actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"] == str(
+        GLOO_BUCKET_MB
+    )
+    assert keys["actor_rollout_ref.rollout.engine_kwargs.hf.threads"] == "1"
+    assert keys["trainer.v1.sampler.custom_sampler.name"] == "SearchReplayBufferAsync"
+    assert keys["trainer.v1.sampler.sampler_kwargs.version_ledger"] == "hf"
+    check_mode("separate_async")

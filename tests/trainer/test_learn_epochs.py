@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.learn_epochs import Trajectory, epoch_steps, groups_varying, paired_rise, read_dumps
+from searchrl.trainer.learn_epochs import (
+    Trajectory,
+    epoch_steps,
+    groups_varying,
+    paired_first_last_group,
+    paired_rise,
+    read_dumps,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 QUESTIONS = ["Which river flows through Paris?", "Who wrote Hamlet?", "What is the capital of Peru?"]
@@ -126,3 +133,32 @@ def test_a_prompt_that_names_no_train_question_is_an_error(tmp_path):
         read_dumps(tmp_path, QUESTIONS)
     with pytest.raises(SmokeCheckError, match="no rollout dump"):
         read_dumps(tmp_path / "empty", QUESTIONS)
+
+
+def test_an_async_run_compares_each_questions_first_trained_group_with_its_last(tmp_path):
+    """verl's async modes train whichever groups finished first, so windows of whole epochs do not exist (the
+    separate_async learning run's last 5 steps trained two questions twice and two not at all): the async
+    comparison is each question's first group against its last, and a sync run keeps its epoch windows."""
+    from searchrl.trainer.cpu_learn import LearnRun
+
+    q0, q1, q2 = QUESTIONS
+    trajectories = _epochs(
+        tmp_path,
+        {
+            1: {q0: [0.2, 0.4], q1: [0.5, 0.5]},
+            2: {q0: [0.6, 0.6], q2: [0.3, 0.3]},
+            3: {q1: [0.9, 0.7], q2: [0.4, 0.6]},
+            4: {q0: [0.8, 0.8], q1: [0.1, 0.3]},
+        },
+    )
+    paired = paired_first_last_group(trajectories)
+    assert paired.first == pytest.approx({q0: 0.3, q1: 0.5, q2: 0.3})
+    assert paired.last == pytest.approx({q0: 0.8, q1: 0.2, q2: 0.5})
+    assert paired.rose == 2
+    assert paired.line().startswith("per question (first group -> last, paired): 0.367 -> 0.500 (+0.133)")
+    run = LearnRun(seed=0, out_dir=tmp_path, mode="separate_async", epoch=2, trajectories=trajectories)
+    assert run.paired().rises == pytest.approx(paired.rises)
+    with pytest.raises(SmokeCheckError, match="sampled its questions unequally"):
+        LearnRun(seed=0, out_dir=tmp_path, epoch=2, trajectories=trajectories).paired()
+    with pytest.raises(SmokeCheckError, match="1 of 3 questions were trained in fewer than two groups"):
+        paired_first_last_group([t for t in trajectories if not (t.question == q2 and t.step == 3)])

@@ -492,6 +492,27 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
     assert _learn_run(rising).specificity() == pytest.approx((-0.01, 0.05))
 
 
+def test_an_async_learning_run_is_not_held_to_the_sync_bound_its_stale_steps_cannot_meet():
+    """In verl's async modes a step may train on trajectories sampled by older weights, so the rollout/actor
+    probability difference is not a sync check there (cpu_report.async_step_problems checked each step's versions
+    as verl logged it); a sync run keeps the 1e-4 bound."""
+    rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
+    stale = {
+        "training__rollout_probs_diff_max": 0.05,
+        # the step table's other columns, which check_steps requires (the other tests stub check_steps)
+        "search__trajectories": 16.0,
+        "search__scripted_calls": 16.0,
+        "search__failures": 0.0,
+        "response_length__mean": 190.0,
+        "timing_s__step": 3.0,
+    }
+    sync = _learn_run(rising, **stale).problems(steps=20)
+    assert any("sync max prob diff 0.05 above 1e-04" in p for p in sync), sync
+    run = _learn_run(rising, **stale)
+    run.mode = "separate_async"
+    assert run.problems(steps=20) == []
+
+
 def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_collapsed(monkeypatch):
     """Issue 39 item 6: at lr 3e-2 every group scored alike from step ~15 (no advantage, no gradient), and the
     rise was measured over a window in which nothing was learning any more."""
