@@ -45,6 +45,7 @@ from typing import Any
 
 from searchrl.devset import dev_qa_path
 from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer import versions
 from searchrl.trainer.cpu_report import (
     StepCheck,
     StepRow,
@@ -453,9 +454,13 @@ def run_cpu_smoke(
             problems = check_steps(run.rows, settings.total_steps)
         else:
             problems = check_steps(run.rows, settings.total_steps, max_prob_diff=math.inf)
-            problems += async_run_problems(
-                run.rows, [text_1, text_2], RESUME_STEP, require_spanning=mode == "colocate_async"
-            )
+            # A turn cut by an update is timing, not a guarantee, in either mode: the CI rehearsal of 2026-11-27 (2
+            # cores, three other jobs) trained 12 colocate_async steps without one. The run reports the count
+            # (versions/spanning per step); tests/trainer/test_hf_async.py proves the cut-and-resume path itself
+            # with verl's own async client.
+            problems += async_run_problems(run.rows, [text_1, text_2], RESUME_STEP, require_spanning=False)
+            spans = sum(row.metrics.get(versions.SPANNING, 0) for row in run.rows)
+            log.info("trajectories spanning two weights versions over the run: %d", spans)
         if problems:
             raise SmokeCheckError("the CPU run missed what training must show: " + "; ".join(problems))
         started = time.monotonic()

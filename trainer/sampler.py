@@ -41,7 +41,7 @@ rollout servers' ledgers (trainer/hf_rollout.py).
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
@@ -62,7 +62,8 @@ class SearchBufferMixin:
     """What both buffers add to verl's: raise on a failed group; `search/*`, `loss/*` (and, async, `versions/*`)."""
 
     failure_keys: dict[str, set[str]]
-    trainer_mode: str
+    # which of verl's buffers this is decides the version checks (the class verl loads follows the mode)
+    checks_versions: ClassVar[bool] = False
     max_off_policy_threshold: int | None
     sampler_kwargs: Any
 
@@ -92,7 +93,7 @@ class SearchBufferMixin:
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
         batch, metrics = super().sample(global_steps, partition_id, batch_size)  # type: ignore[misc]
-        if partition_id == TRAIN_PARTITION and self.trainer_mode != "sync":
+        if partition_id == TRAIN_PARTITION and self.checks_versions:
             metrics = {**metrics, **self._version_metrics(batch, global_steps)}
         if partition_id == TRAIN_PARTITION:
             extra_fields = search_extra_fields(batch)
@@ -139,6 +140,8 @@ class SearchReplayBuffer(SearchBufferMixin, ReplayBuffer):
 class SearchReplayBufferAsync(SearchBufferMixin, ReplayBufferAsync):
     """verl's ReplayBufferAsync (stale-group eviction, wait_for_sampleable) with the mixin's checks, metrics and the
     per-step weights-version checks (colocate_async, separate_async)."""
+
+    checks_versions: ClassVar[bool] = True
 
 
 def hf_ledgers() -> dict[str, versions.Ledger]:
