@@ -26,6 +26,10 @@ LEARNED = re.compile(
     r"\d+ of \d+ rose; last epoch's groups varying (\d\.\d+); sync max prob diff (\S+); "
     r"observation tokens in loss (\d+); model-written searches (\d+)$"
 )
+# what the fingerprint check prints for stale_sync, in every mode: the first push after step 1 is refused
+STALE_SYNC_LINE = (
+    r"weight sync check failed at step 2 \(the update after step 1\): rollout holds \w+ but the trainer sent"
+)
 SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
 # make test-separate-async: a separate_async learning run costs ~8 min here, over the default suite's budget
 SEPARATE_ASYNC_TESTS = os.environ.get("SEARCHRL_SEPARATE_ASYNC_TESTS") == "1"
@@ -92,7 +96,7 @@ def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str,
     [
         pytest.param(
             sabotage.STALE_SYNC,
-            r"weight sync check failed at step 2 \(the update after step 1\): rollout holds \w+ but the trainer sent",
+            STALE_SYNC_LINE,
             id="stale_sync",
         ),
         pytest.param(
@@ -174,7 +178,7 @@ def test_separate_async_learn_cpu_learns_with_every_step_versioned_and_staleness
     [
         pytest.param(
             sabotage.STALE_SYNC,
-            r"weight sync check failed at step 2 \(the update after step 1\): rollout holds \w+ but the trainer sent",
+            STALE_SYNC_LINE,
             id="stale_sync",
         ),
         pytest.param(
