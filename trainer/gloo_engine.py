@@ -44,7 +44,6 @@ from verl.checkpoint_engine.base import (
     merge_weight_chunks,
     split_weight_chunks,
 )
-from verl.utils.net_utils import get_free_port
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from searchrl.errors import StepCheckError
@@ -92,12 +91,21 @@ class GlooCheckpointEngine(CheckpointEngine):
     # ---- topology (verl's manager: prepare on all -> build_topology -> init_process_group on all) ----------------
 
     def prepare(self) -> dict[str, Any]:
-        """The master picks the TCPStore address; the others have nothing to publish."""
+        """The master opens the TCPStore now, on a port the OS picks and it keeps, and publishes that address; the
+        others have nothing to publish.
+
+        Not "pick a free port, bind it later" (verl's `get_free_port`): the port is free only when asked, and the
+        manager binds it after a round trip to every worker, once per sync. Two separate_async CPU runs started
+        together lost that race in the first invocation (`DistNetworkError ... EADDRINUSE` at
+        `init_process_group`); a store listening from the start cannot lose it.
+        """
         if not self.is_master:
             return {}
         host = host_address()
-        port, _ = get_free_port(host)
-        self._address = {"host": host, "port": port}
+        self._store = dist.TCPStore(  # type: ignore[attr-defined]
+            host, 0, None, is_master=True, timeout=self.timeout, wait_for_workers=False
+        )
+        self._address = {"host": host, "port": int(self._store.port)}
         return {"master": dict(self._address)}
 
     @classmethod
@@ -126,13 +134,17 @@ class GlooCheckpointEngine(CheckpointEngine):
         self.rank, self.world_size = rank, world_size
         if rank < 0:
             return
-        self._store = dist.TCPStore(  # type: ignore[attr-defined]
-            master_metadata["host"],
-            int(master_metadata["port"]),
-            world_size,
-            is_master=rank == 0,
-            timeout=self.timeout,
-        )
+        if rank == 0:
+            if self._store is None:
+                raise RuntimeError("gloo checkpoint engine: the master joins only after its own prepare()")
+        else:
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                master_metadata["host"],
+                int(master_metadata["port"]),
+                world_size,
+                is_master=False,
+                timeout=self.timeout,
+            )
         self._group = dist.ProcessGroupGloo(self._store, rank, world_size, self.timeout)
 
     def finalize(self) -> None:

@@ -223,3 +223,16 @@ print(type(conf).__name__, type(actor).__module__, type(actor).__name__, actor.i
         str(64 << 20),
         "30.0",
     ]
+
+
+def test_the_master_holds_its_published_port_from_prepare_on() -> None:
+    """Two separate_async runs started together once lost a pick-then-bind race (EADDRINUSE at
+    init_process_group): the port the master publishes is already its listening store's, so nobody can take it."""
+    from searchrl.trainer.gloo_engine import GlooCheckpointEngine
+
+    engine = GlooCheckpointEngine(bucket_size=BUCKET, is_master=True, timeout_s=10)
+    port = engine.prepare()["master"]["port"]
+    with socket.socket() as other, pytest.raises(OSError, match="in use"):
+        other.bind(("127.0.0.1", port))
+    engine.finalize()
+    assert GlooCheckpointEngine(bucket_size=BUCKET).prepare() == {}  # a receiver publishes nothing
