@@ -59,6 +59,13 @@ def test_the_fit_recovers_a_known_cost_model_and_predicts_with_it() -> None:
     assert predict_ms(coef, 21_000_000, 16_384, 64) == pytest.approx(expected)
     one_nlist = [p for p in points if p.nlist == 4096]  # c cannot be told apart from a: fitted as 0
     assert fit_cost(one_nlist)[2] == 0.0
+    # timings on loaded cores that a plain least-squares fit explains with a negative intercept (here -5 ms): no
+    # cost is negative, so neither is a prediction
+    loaded = [ScalePoint(p.n, p.nlist, p.nprobe, p.recall, p.ms_per_query - 5.0, p.scanned_bytes, p.coarse_bytes)
+              for p in points]  # fmt: skip
+    coef = fit_cost(loaded)
+    assert (coef >= 0).all() and coef[0] == 0.0
+    assert 0 < predict_ms(coef, 21_000_000, 16_384, 32) < predict_ms(coef, 21_000_000, 16_384, 64)
 
 
 @pytest.mark.slow

@@ -294,9 +294,10 @@ def test_health_answers_while_pages_are_fetched_and_parsed(pages: str) -> None:
                 metrics = client.get("/metrics").text
     # Parsing runs in worker threads that share the GIL with the event loop (and, here, with this test's own
     # client and page server): on a busy 2-core box a single probe can pass 250 ms. What the fetcher must never do
-    # is block the loop (before: 3.5-7.6 s stalls on one page), so: 9 in 10 probes under 250 ms, none over 1 s.
+    # is block the loop (before: 3.5-7.6 s stalls on one page), so: 9 in 10 probes under 250 ms, none over 2 s (a
+    # CI rehearsal at load 14 saw one probe of 1.33 s with every other under 125 ms).
     ordered = sorted(latencies)
-    assert len(ordered) > 10 and ordered[int(0.9 * len(ordered))] < 0.25 and ordered[-1] < 1.0, ordered[-5:]
+    assert len(ordered) > 10 and ordered[int(0.9 * len(ordered))] < 0.25 and ordered[-1] < 2.0, ordered[-5:]
     docs = [hit["contents"] if isinstance(hit, dict) else hit for hit in answer["json"]["result"][0]]
     text = str(docs)
     assert "drip snippet" in text  # the dripping page timed out and kept its snippet
