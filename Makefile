@@ -165,6 +165,8 @@ train-local: gpu-check $(GPU_MARK)  ## train on this machine's GPUs (driver, dat
 TRAIN_CPU_ARGS ?=
 # ASYNC=colocate: verl's colocate_async trainer mode, generation across updates, with the weights-version checks;
 # ASYNC=separate: separate_async, a standalone rollout replica fed over the gloo checkpoint engine (learn-cpu too)
+# (learn-cpu in an async mode runs seeds 0,1,2 and judges the rise on their mean; LEARN_CPU_ARGS=--beside-sync adds
+# sync on the same seeds, one table and one plot)
 ASYNC ?=
 train-cpu: $(VENV)/.dev  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min)
 	$(BIN)/searchrl train cpu $(if $(ASYNC),--mode $(ASYNC)_async) $(TRAIN_CPU_ARGS)
@@ -194,7 +196,7 @@ bench-rollout: $(VENV)/.dev  ## one GRPO model turn of 8 trajectories through th
 test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu (make test runs the two that stop at their step), and an hf engine without version stamps fails the async CPU run
 	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py tests/trainer/test_train_cpu_async.py -k sabotage $(ARGS)
 
-test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (3.5-7 min a run on 2 shared cores, out of make test): train-cpu ASYNC=separate, learn-cpu in that mode, its stale-sync and shuffled-rewards sabotages failing it
+test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (out of make test, ~25 min on 2 cores): train-cpu ASYNC=separate, learn-cpu in that mode (3 seeds), its stale-sync and shuffled-rewards sabotages failing it
 	SEARCHRL_SEPARATE_ASYNC_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_train_cpu_async.py tests/trainer/test_learn_cpu.py -k separate_async $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge

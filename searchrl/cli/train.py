@@ -214,9 +214,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "turn (updates as large, driven by nothing the model wrote)",
     )
     p.add_argument(
+        "--beside-sync",
+        dest="beside_sync",
+        action="store_true",
+        help="with --learn in an async mode: also run sync on the same seeds, then draw both (modes_curve.png) and "
+        "print their table; each mode is judged as it would be alone",
+    )
+    p.add_argument(
         "--seeds",
-        default="0",
-        help="with --learn: comma-separated seeds, one run each, one reward curve with their band (default 0)",
+        help="with --learn: comma-separated seeds, one run each, one reward curve with their band (default 0; "
+        "in an async mode 0,1,2: its rise and probe are judged on the mean over 3 seeds or more)",
     )
     p.set_defaults(handler=_cpu)
 
@@ -391,31 +398,51 @@ def _real_learn(args: argparse.Namespace, qa: Path) -> int:
 
 def _learn(args: argparse.Namespace, qa: Path) -> int:
     from searchrl.errors import ConfigError, SmokeCheckError
-    from searchrl.trainer.cpu_learn import learn_table, learned_line, run_seeds, seeds_table, summarize
-
-    try:
-        seeds = [int(part) for part in args.seeds.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(
-            f"--seeds {args.seeds!r}: give whole numbers separated by commas, e.g. 0,1,2"
-        ) from None
-    out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/learn-cpu")
-    runs = run_seeds(
-        out,
-        seeds,
-        qa_source=qa,
-        questions=args.questions,
-        timeout_s=args.timeout or 1200.0,
-        mode=args.mode,
+    from searchrl.trainer.cpu_learn import (
+        ASYNC_MIN_SEEDS,
+        ASYNC_SEEDS,
+        learn_table,
+        learned_line,
+        modes_table,
+        plot_modes,
+        run_seeds,
+        seeds_table,
+        seeds_verdict,
     )
+    from searchrl.trainer.cpu_smoke import check_mode
+
+    check_mode(args.mode)
+    given = args.seeds or (",".join(map(str, ASYNC_SEEDS)) if args.mode != "sync" else "0")
+    try:
+        seeds = [int(part) for part in given.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds {given!r}: give whole numbers separated by commas, e.g. 0,1,2") from None
+    if args.mode != "sync" and len(set(seeds)) < ASYNC_MIN_SEEDS:
+        raise ConfigError(
+            f"--seeds {given}: --mode {args.mode} judges the rise on the mean over at least {ASYNC_MIN_SEEDS} "
+            "seeds (one async seed is too noisy alone, docs/training.md): pass e.g. --seeds 0,1,2"
+        )
+    if args.beside_sync and args.mode == "sync":
+        raise ConfigError("--beside-sync compares an async mode with sync: add --mode separate_async")
+    out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/learn-cpu").resolve()
+    common = {"qa_source": qa, "questions": args.questions, "timeout_s": args.timeout or 1200.0}
+    by_mode = {"sync": run_seeds(out / "sync", seeds, mode="sync", **common)} if args.beside_sync else {}
+    runs = run_seeds(out / args.mode if args.beside_sync else out, seeds, mode=args.mode, **common)
+    by_mode[args.mode] = runs
     for run in runs:
         print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{learn_table(run)}")  # noqa: T201
-    print(f"\n{seeds_table(runs)}\nreward curve: {out.resolve() / 'reward_curve.png'}")  # noqa: T201
-    failed = [(run, problems) for run in runs if (problems := run.problems())]
+    print(f"\n{seeds_table(runs)}\nreward curve: {runs[0].out_dir.parent / 'reward_curve.png'}")  # noqa: T201
+    verdicts = {mode: seeds_verdict(mode_runs) for mode, mode_runs in by_mode.items()}
+    if args.beside_sync:
+        (out / "modes.md").write_text(modes_table(by_mode) + "\n", encoding="utf-8")
+        plot_modes(by_mode, out / "modes_curve.png")
+        print(f"\n{modes_table(by_mode)}\nmodes curve: {out / 'modes_curve.png'}")  # noqa: T201
+        print(f"sync beside it: {verdicts['sync'] or learned_line(by_mode['sync'])}")  # noqa: T201
     print(learned_line(runs))  # noqa: T201
-    if failed:
-        run, problems = failed[0]
-        raise SmokeCheckError(f"the learning run (seed {run.seed}) failed: {summarize(problems)}")
+    if failed := verdicts[args.mode]:
+        raise SmokeCheckError(failed)
+    if verdicts.get("sync"):
+        raise SmokeCheckError(f"sync beside it: {verdicts['sync']}")
     return 0
 
 

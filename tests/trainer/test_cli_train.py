@@ -115,6 +115,15 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
         (["train", "cpu", "--model", "./no-model"], "error: no-model is not a Hugging Face model folder"),
         (["train", "overrides", "--chat-template", "hermes"], "error: chat_template"),
         (["train", "bench-rollout", "./no-model", "--sequences", "0"], "error: --sequences and --max-tokens"),
+        (
+            ["train", "cpu", "--learn", "--mode", "separate_async", "--seeds", "0"],
+            "error: --seeds 0: --mode separate_async judges the rise on the mean over at least 3 seeds",
+        ),
+        (
+            ["train", "cpu", "--learn", "--beside-sync"],
+            "error: --beside-sync compares an async mode with sync",
+        ),
+        (["train", "cpu", "--learn", "--mode", "async"], "error: --mode 'async': the CPU run takes sync"),
     ],
 )
 def test_errors_are_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch):

@@ -31,11 +31,12 @@ STALE_SYNC_LINE = (
     r"weight sync check failed at step 2 \(the update after step 1\): rollout holds \w+ but the trainer sent"
 )
 SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
-# make test-separate-async: a separate_async learning run costs ~8 min here, over the default suite's budget
+# make test-separate-async: a separate_async learning run (3 seeds) costs ~15 min here, over the default suite's budget
 SEPARATE_ASYNC_TESTS = os.environ.get("SEARCHRL_SEPARATE_ASYNC_TESTS") == "1"
 
 
 def _learn(out: Path, sabotaged: str | None = None, mode: str = "sync") -> subprocess.CompletedProcess[str]:
+    """The CLI as `make learn-cpu` runs it: seed 0 in sync, the async modes' default seeds (0, 1, 2) otherwise."""
     env = {k: v for k, v in os.environ.items() if k != sabotage.ENV}
     if sabotaged:
         env[sabotage.ENV] = sabotaged
@@ -49,8 +50,7 @@ def _learn(out: Path, sabotaged: str | None = None, mode: str = "sync") -> subpr
             "--learn",
             "--out",
             str(out),
-            "--seeds",
-            "0",
+            *(["--seeds", "0"] if mode == "sync" else []),
             "--mode",
             mode,
         ],  # fmt: skip
@@ -136,43 +136,36 @@ def test_sabotage_a_flipped_advantage_or_shuffled_rewards_fail_the_learning_run_
 
 @pytest.mark.slow
 @pytest.mark.live
-@pytest.mark.timeout(2400)
-@pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="~8 min on 2 shared cores: make test-separate-async")
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="seed 0 rose +0.014 (needs +0.05), probe +0.096 (needs +0.10) in separate_async (docs/training.md): "
-    "the issue's 'learns in this mode' is not met yet; strict, so a run that learns turns this red to be updated",
-)
-def test_separate_async_learn_cpu_learns_with_every_step_versioned_and_staleness_per_step(tmp_path):
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="3 seeds, ~15 min on 2 cores: make test-separate-async")
+def test_separate_async_learn_cpu_learns_over_three_seeds_with_every_step_versioned_and_staleness_per_step(
+    tmp_path,
+):
     """`make learn-cpu ASYNC=separate`: the learning run in verl's separate_async mode (standalone hf replica,
-    weights over gloo) passes the same learning checks, each step's versions and its weight push checked."""
+    weights over gloo) on seeds 0, 1, 2: every seed passes the checks that hold whatever its sampling drew (each
+    step's versions, its weight push, masks, advantages, no collapse), and the rise and the probe pass on the
+    seeds' mean (cpu_learn.seeds_verdict)."""
     proc = _learn(tmp_path / "learn", mode="separate_async")
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    if proc.returncode != 0 and not (
-        len(errors) == 1
-        and re.match(
-            r"error: the learning run \(seed 0\) failed: (reward did not rise|probe did not)", errors[0]
-        )
-    ):
-        pytest.fail(f"not the learning verdict: {(proc.stdout + proc.stderr)[-4000:]}")  # not the known gap
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert "; max prob diff on stale samples (versions checked) " in last, last
     match = LEARNED.match(
-        proc.stdout.strip().splitlines()[-1].replace("first group -> last", "first epoch -> last")
+        last.replace("first group -> last", "first epoch -> last").replace(
+            "max prob diff on stale samples (versions checked)", "sync max prob diff"
+        )
     )
     assert match, proc.stdout[-2000:]
     assert float(match.group(3)) >= MIN_RISE and float(match.group(4)) >= MIN_VARYING
     assert "| worst staleness |" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if re.match(r"^\| \d+ \| (1|2 \(resumed\)) \| ", line)]
-    assert len(rows) == STEPS and all(re.search(r"\| [01] \|$", row) for row in rows)
+    assert len(rows) == 3 * STEPS and all(re.search(r"\| [01] \|$", row) for row in rows)
+    assert sorted(p.name for p in (tmp_path / "learn").glob("seed-*")) == ["seed-0", "seed-1", "seed-2"]
 
 
 @pytest.mark.slow
 @pytest.mark.live
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(
-    not SEPARATE_ASYNC_TESTS, reason="~2-8 min each on 2 shared cores: make test-separate-async"
-)
+@pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="~2-15 min each on 2 cores: make test-separate-async")
 @pytest.mark.parametrize(
     ("sabotaged", "named"),
     [
@@ -189,7 +182,7 @@ def test_separate_async_learn_cpu_learns_with_every_step_versioned_and_staleness
 def test_sabotage_separate_async_learning_run_fails_on_stale_weights_or_shuffled_rewards(
     tmp_path, sabotaged, named
 ):
-    """The standalone replica that keeps its first weights fails the exact fingerprint at the first push (raised
-    in verl's CheckpointEngineWorker, re-raised by the trainer's ray.get); shuffled rewards fail the curve and the
-    probe."""
+    """The standalone replica that keeps its first weights fails the exact fingerprint at the first push of seed 0
+    (raised in verl's CheckpointEngineWorker, re-raised by the trainer's ray.get); shuffled rewards fail the
+    seeds' mean rise and probe, on the same three seeds the honest run passes on."""
     _fails_with_one_line(_learn(tmp_path / sabotaged, sabotaged, "separate_async"), sabotaged, named)

@@ -123,6 +123,24 @@ def test_unequal_windows_fail_instead_of_weighing_questions_unequally(tmp_path):
         paired_rise([t for t in trajectories if t.step != 2], epoch=2, steps=4)
 
 
+def test_an_output_holding_a_unicode_line_separator_stays_one_row(tmp_path):
+    """verl writes rows with ensure_ascii=False: a random model's output with U+0085 (a shuffle_rewards run in
+    separate_async sampled one) or U+2028 is one JSON row, though str.splitlines would cut it in two."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    q0, q1, _ = QUESTIONS
+    PPOTrainer._write_generations(
+        [f"Question: {q0}", f"Question: {q1}"],
+        ["a\x85b", "c\u2028d\u2029e"],
+        [None, None],
+        [0.25, 0.5],
+        {"uid": ["g0_0_0", "g1_0_0"]},
+        str(tmp_path),
+        3,
+    )
+    assert read_dumps(tmp_path, QUESTIONS) == [Trajectory(3, q0, "g0", 0.25), Trajectory(3, q1, "g1", 0.5)]
+
+
 def test_a_prompt_that_names_no_train_question_is_an_error(tmp_path):
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
@@ -160,5 +178,10 @@ def test_an_async_run_compares_each_questions_first_trained_group_with_its_last(
     assert run.paired().rises == pytest.approx(paired.rises)
     with pytest.raises(SmokeCheckError, match="sampled its questions unequally"):
         LearnRun(seed=0, out_dir=tmp_path, epoch=2, trajectories=trajectories).paired()
-    with pytest.raises(SmokeCheckError, match="1 of 3 questions were trained in fewer than two groups"):
-        paired_first_last_group([t for t in trajectories if not (t.question == q2 and t.step == 3)])
+    # a question whose other draws were evicted has no rise: left out and said so, the others still compared
+    once = paired_first_last_group([t for t in trajectories if not (t.question == q2 and t.step == 3)])
+    assert set(once.first) == {q0, q1} and once.left_out == 1
+    assert once.mean_rise == pytest.approx((0.5 - 0.3) / 2)
+    assert once.line().endswith("1 of 2 rose (1 trained once, left out)")
+    with pytest.raises(SmokeCheckError, match="2 of 3 questions were trained in fewer than two groups"):
+        paired_first_last_group([t for t in trajectories if t.step <= 2])

@@ -513,6 +513,73 @@ def test_an_async_learning_run_is_not_held_to_the_sync_bound_its_stale_steps_can
     assert run.problems(steps=20) == []
 
 
+def test_an_async_mode_judges_the_rise_and_probe_on_the_seeds_mean_and_every_other_check_per_seed(
+    monkeypatch,
+):
+    """One async seed is too noisy to judge alone (separate_async seeds rose +0.014 to +0.124): the rise and the
+    probe are judged on the mean over at least 3 seeds, every other check on each seed, and sync stays per seed."""
+    import searchrl.trainer.cpu_learn as cpu_learn
+
+    monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps, bound=None: [])
+
+    def runs(ends: list[float], mode: str = "separate_async") -> list[LearnRun]:
+        out = []
+        for seed, end in enumerate(ends):
+            run = _learn_run([0.3] * WINDOW + [0.35] * 10 + [end] * WINDOW)
+            run.seed, run.mode = seed, mode
+            out.append(run)
+        return out
+
+    # seed 0 alone would fail (+0.01), the mean over three seeds rises +0.07
+    mixed = runs([0.31, 0.40, 0.40])
+    assert mixed[0].learning_problems() and not mixed[1].learning_problems()
+    assert cpu_learn.seeds_verdict(mixed) is None
+    flat = runs([0.31, 0.32, 0.33])
+    for run in flat:
+        run.probe_merged = run.probe_initial + 0.05
+    assert cpu_learn.seeds_verdict(flat) == (
+        "the learning run (seeds 0, 1, 2) failed: reward did not rise: per question (first group -> last, paired), "
+        "mean over 3 seeds +0.020 (seed 0: +0.010, 1: +0.020, 2: +0.030) (needs +0.05); probe did not move: mean "
+        "over 3 seeds +0.050 (seed 0: +0.050, 1: +0.050, 2: +0.050) (needs +0.10)"
+    )
+    # a check that holds whatever the sampling drew fails the seed it failed on, whatever the mean
+    mixed[1].weight_change = 0.0
+    assert cpu_learn.seeds_verdict(mixed) == (
+        "the learning run (seed 1) failed: the merged weights equal the initial weights"
+    )
+    assert "is not judged" in (cpu_learn.seeds_verdict(runs([0.4, 0.4])) or "")
+    # sync: each seed passes every check on its own
+    assert cpu_learn.seeds_verdict(runs([0.4, 0.4, 0.4], "sync")) is None
+    assert (cpu_learn.seeds_verdict(runs([0.4, 0.31, 0.4], "sync")) or "").startswith(
+        "the learning run (seed 1) failed: reward did not rise: per question (first epoch -> last, paired)"
+    )
+
+
+def test_the_modes_beside_each_other_are_one_table_and_one_plot(tmp_path):
+    """`--beside-sync`: each mode's seeds' mean rise and each seed's, the probe, how many steps trained on stale
+    samples (verl's worst staleness above 0), drawn with the per-step curves."""
+    from searchrl.trainer.cpu_learn import modes_table, plot_modes
+
+    def runs(end: float, mode: str, stale: float) -> list[LearnRun]:
+        out = []
+        for seed in range(3):
+            run = _learn_run(
+                [0.3] * WINDOW + [0.35] * 10 + [end + 0.01 * seed] * WINDOW,
+                training__off_policy__trajectory_staleness_worst__max=stale,
+            )
+            run.seed, run.mode, run.phases = seed, mode, {"train": 100.0 + seed}
+            out.append(run)
+        return out
+
+    by_mode = {"sync": runs(0.4, "sync", 0.0), "separate_async": runs(0.38, "separate_async", 1.0)}
+    table = modes_table(by_mode).splitlines()
+    assert table[2] == "| sync | 0, 1, 2 | +0.110 | +0.100, +0.110, +0.120 | +0.300 | 0 of 60 | 101 |"
+    assert table[3].startswith(
+        "| separate_async | 0, 1, 2 | +0.090 | +0.080, +0.090, +0.100 | +0.300 | 60 of 60 |"
+    )
+    assert plot_modes(by_mode, tmp_path / "modes.png").stat().st_size > 10_000
+
+
 def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_collapsed(monkeypatch):
     """Issue 39 item 6: at lr 3e-2 every group scored alike from step ~15 (no advantage, no gradient), and the
     rise was measured over a window in which nothing was learning any more."""
