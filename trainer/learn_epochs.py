@@ -167,7 +167,7 @@ def paired_first_last_group(trajectories: Sequence[Trajectory]) -> PairedRise:
     trained on; in a sync run that is exactly the first and last epoch (`paired_rise`). A question trained in one
     group only has no rise to measure and is left out, and said so (`PairedRise.left_out`): evicted groups are
     not refilled with the same question, so in 20 steps of seed 1 one question of 10 was trained once (at step
-    14, its three other draws evicted). SmokeCheckError when more than half the questions were trained once: the
+    14, its other draws evicted). SmokeCheckError when more than half the questions were trained once: the
     comparison would then speak for the few."""
     groups: dict[str, dict[tuple[int, str], list[float]]] = defaultdict(lambda: defaultdict(list))
     for t in trajectories:
