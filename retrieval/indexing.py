@@ -86,7 +86,10 @@ class IndexManifest(BaseModel):
     build_seconds: float = 0.0
     created_at: str = ""
     searchrl_version: str = __version__
-    source: str = "built"  # built | prebuilt (imported from a downloaded FAISS file)
+    source: str = "built"  # built | prebuilt (a downloaded FAISS file) | converted (from a Flat index)
+    # converted only (retrieval/convert.py): recall@3 against the Flat index it came from, and that index
+    recall: dict[str, Any] | None = None
+    converted_from: dict[str, Any] | None = None
 
     def fingerprint(self) -> str:
         """A short hash of the whole manifest: identifies one build of one index (recorded by evaluations)."""

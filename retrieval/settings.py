@@ -131,6 +131,14 @@ class RetrievalSettings(StrictSettings):
     encoder_max_length: int = Field(default=256, ge=8)  # tokens per query/passage; longer text is truncated
     encode_batch_size: int = Field(default=64, ge=1)  # passages per forward pass when building an index
 
+    # --- converting a Flat index (issue 48; retrieval/convert.py, arithmetic in docs/deploy.md section 3) -------
+    # vectors that train the converted index; 0 = 64 per IVF list, at least 65,536 (IVF16384: 1,048,576 = 3.2 GB)
+    convert_train_sample: int = Field(default=0, ge=0)
+    convert_chunk: int = Field(default=262_144, ge=1)  # Flat rows read, added, checkpointed together (805 MB)
+    convert_min_recall: float = Field(default=0.90, ge=0, le=1)  # recall@3 vs Flat to install the result
+    convert_queries: int = Field(default=500, ge=10)  # real questions the recall check encodes and searches
+    convert_memory_gb: float = Field(default=0.0, ge=0)  # memory it may use; 0 = MemAvailable/cgroup limit
+
     # --- web backends (issues 6, 12): google (= serper | serpapi) | google-cse | serper | serpapi | searxng ------
     google_provider: Literal["serper", "serpapi"] = "serper"  # who sells Google results for backend `google`
     serpapi_api_key: SecretStr | None = Field(

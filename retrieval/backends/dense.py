@@ -188,6 +188,8 @@ class DenseBackend(BatchedBackend):
                 device=enc.device if enc else None,
             ),
             **(enc.describe() if enc else {}),
+            # a converted index's recall@3 against the Flat index it came from (retrieval/convert.py); None otherwise
+            "index_recall": self.manifest.recall if self.manifest else None,
             "encoder_tuning": self.tuning,
         }
 

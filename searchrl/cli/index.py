@@ -5,6 +5,7 @@
     searchrl index build --backend dense --corpus my.jsonl --encoder intfloat/e5-base-v2 --force
     searchrl index download wiki18-100k                   # 100k passages + prebuilt E5 Flat index
     searchrl index copy --from data --to /searchrl-index  # publish a built index to the bucket mount (or back)
+    searchrl index convert --corpus wiki18 --encoder intfloat/e5-base-v2   # Flat -> IVF16384,SQ8 on CPU
 
 Prints each index directory and a one-line manifest summary on stdout; progress goes to stderr.
 """
@@ -94,6 +95,97 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     c.set_defaults(handler=_copy)
 
+    v = verbs.add_parser(
+        "convert",
+        help="turn a Flat index into IVF16384,SQ8 (or another FAISS type) on CPU, from its own vectors",
+        description="Train a compressed index on a sample of a Flat index's vectors and fill it from them in "
+        "chunks (no encoder pass over the corpus, no GPU), measure recall@3 against the Flat index on real "
+        "questions encoded with its encoder, and install it as the index directory the service loads for "
+        "--index-type (manifest with `recall`). Memory and disk needed are printed first; a node with less is "
+        "refused (exit 2). A killed run resumes where it stopped when run again with the same flags (work in "
+        "`.<index dir>.convert/` next to it), giving the same index. Recall below --min-recall exits 2 and "
+        "installs nothing; the Flat index is only read. Arithmetic and costs: docs/deploy.md section 3.",
+        argument_default=argparse.SUPPRESS,
+    )
+    v.add_argument(
+        "--from",
+        dest="from_path",
+        metavar="PATH",
+        help="a Flat index folder (with manifest.json) or a bare FAISS Flat file such as Search-R1's e5_Flat.index "
+        "(then --corpus names its corpus). Default: the Flat index of --corpus/--encoder under --data-dir",
+    )
+    v.add_argument("--corpus", help="bundled | wiki18-100k | wiki18 | path to Search-R1 JSONL(.gz)")
+    v.add_argument(
+        "--encoder", help="the Flat index's encoder, e.g. intfloat/e5-base-v2 (default bundled-minilm)"
+    )
+    v.add_argument(
+        "--index-type",
+        dest="index_type",
+        metavar="TYPE",
+        help="FAISS factory string to convert to: IVF<n>,SQ8 | IVF<n>,Flat | IVF<n>,PQ<m> | SQ8 | SQfp16 | PQ<m> "
+        "(default IVF16384,SQ8, the wiki-18 training index; SEARCHRL_RETRIEVAL_INDEX_TYPE when not Flat)",
+    )
+    v.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    v.add_argument(
+        "--index-dir",
+        dest="index_dir",
+        metavar="DIR",
+        help="explicit output directory (default: the service's)",
+    )
+    v.add_argument(
+        "--train-sample",
+        dest="convert_train_sample",
+        metavar="N",
+        type=int,
+        help="vectors to train on, a seeded uniform sample (default 0 = 64 per IVF list, at least 65,536)",
+    )
+    v.add_argument(
+        "--chunk",
+        dest="convert_chunk",
+        metavar="N",
+        type=int,
+        help="rows read, added and checkpointed together (262,144)",
+    )
+    v.add_argument(
+        "--min-recall",
+        dest="convert_min_recall",
+        metavar="R",
+        type=float,
+        help="recall@3 vs Flat to install (default 0.90)",
+    )
+    v.add_argument(
+        "--nprobe",
+        type=int,
+        metavar="N",
+        help="IVF lists probed when measuring recall (the service's, default 32)",
+    )
+    v.add_argument(
+        "--queries",
+        dest="convert_queries",
+        metavar="N",
+        type=int,
+        help="questions for the recall check (500)",
+    )
+    v.add_argument(
+        "--questions",
+        metavar="PATH",
+        help="JSONL or parquet with a `question` field to measure recall on (default: Search-R1's NQ+HotpotQA "
+        "train questions for wiki18*, else the dev questions plus corpus-derived ones)",
+    )
+    v.add_argument(
+        "--memory-gb",
+        dest="convert_memory_gb",
+        metavar="GB",
+        type=float,
+        help="memory the run may use (default 0 = MemAvailable, or the cgroup limit when lower)",
+    )
+    v.add_argument(
+        "--threads", type=int, metavar="N", help="FAISS threads (default 0 = every core this process may use)"
+    )
+    v.add_argument("--plan", action="store_true", help="print the plan (memory, disk, chunks) and stop")
+    v.add_argument("--force", action="store_true", help="convert again even if the target index exists")
+    v.set_defaults(handler=_convert)
+
     # benchmarks live in their own modules: index types (eval) and retrieval quality on a QA set (recall)
     from searchrl.cli.index_eval import register_eval, register_scale
     from searchrl.cli.index_recall import register_recall
@@ -181,4 +273,53 @@ def _copy(args: argparse.Namespace) -> int:
     for kind in kinds:
         done = copy_index(settings, kind, Path(args.source), Path(args.dest), fingerprints=pins)  # type: ignore[arg-type]
         print(done.line())  # noqa: T201 - CLI result
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from searchrl.logs import setup_logging
+    from searchrl.retrieval.convert import DEFAULT_TARGET, convert_index
+
+    setup_logging()
+    settings = _settings(
+        args,
+        "corpus",
+        "encoder",
+        "index_type",
+        "data_dir",
+        "index_dir",
+        "convert_train_sample",
+        "convert_chunk",
+        "convert_min_recall",
+        "convert_queries",
+        "convert_memory_gb",
+        "nprobe",
+        "threads",
+    )
+    # the service's default Flat is never a conversion target: without a flag or env, the training index
+    target = settings.index_type if settings.index_type.replace(" ", "") != "Flat" else DEFAULT_TARGET
+    questions = Path(args.questions) if hasattr(args, "questions") else None
+    if questions is not None and not questions.is_file():
+        raise ConfigError(f"--questions {questions}: no such file")
+    index_dir, manifest, plan = convert_index(
+        settings,
+        from_path=Path(args.from_path) if hasattr(args, "from_path") else None,
+        index_type=target,
+        questions=questions,
+        force=getattr(args, "force", False),
+        plan_only=getattr(args, "plan", False),
+    )
+    if manifest is None:
+        print("\n".join(plan.lines()))  # noqa: T201 - CLI result
+        return 0
+    recall = manifest.recall or {}
+    print(f"{index_dir}\t{manifest.summary()}")  # noqa: T201 - CLI result
+    if recall:
+        k = recall.get("k")
+        print(  # noqa: T201 - CLI result
+            f"recall@{k} {recall.get(f'recall@{k}')} at nprobe {recall.get('nprobe')} on {recall.get('queries')} "
+            f"questions ({recall.get('query_source')})"
+        )
     return 0
