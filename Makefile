@@ -106,6 +106,7 @@ bench-start: $(VENV)/.retrieval  ## replica start: index copy + serve to the fir
 # make train NODES=4 ENV="DATASET_SIZE=small" SECRETS="WANDB_API_KEY"   (DRY_RUN=1: print the task, launch nothing)
 # make train NETWORK_TIER=best INFRA=aws/us-east-1 ...   (EFA; the job and its recoveries stay by the bucket)
 # make train TRAINER_MODE=separate_async [ROLLOUT_NODES=1] ...   (verl's async modes; docs/training.md "Trainer modes")
+# make train ROLLOUT=sglang ...   (refused for models sglang 0.5.12 cannot read back, Qwen2 among them: trainer/sglang_readback.py)
 # Both run in $(SKY_VENV) alone: nothing here needs the dev venv (torch, verl).
 SERVICE ?= searchrl-retrieval
 SECRETS ?=
@@ -123,7 +124,7 @@ serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkySer
 	$(if $(DRY_RUN),@echo "dry run: not waiting for $(SERVICE)",$(SKY_VENV)/bin/python -m searchrl sky endpoint $(SERVICE))
 
 train: $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed job on NODES nodes (NETWORK_TIER=standard|best)
-	$(SKY_VENV)/bin/python -m searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) --network-tier $(NETWORK_TIER) $(if $(INFRA),--infra $(INFRA)) $(if $(TRAINER_MODE),--env TRAINER_MODE=$(TRAINER_MODE)) $(if $(ROLLOUT_NODES),--env ROLLOUT_NODES=$(ROLLOUT_NODES)) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
+	$(SKY_VENV)/bin/python -m searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) --network-tier $(NETWORK_TIER) $(if $(INFRA),--infra $(INFRA)) $(if $(TRAINER_MODE),--env TRAINER_MODE=$(TRAINER_MODE)) $(if $(ROLLOUT_NODES),--env ROLLOUT_NODES=$(ROLLOUT_NODES)) $(if $(filter-out vllm,$(ROLLOUT)),--env ROLLOUT=$(ROLLOUT)) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
 
 # The trainer's GPU environment: exactly one lock (requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt), then flash-attn 2's
 # hash-pinned wheel (requirements/gpu-flash-attn-py$(GPU_PY).txt, --no-deps) unless FLASH_ATTN=0 (sdpa), then this

@@ -83,6 +83,13 @@ def _dry_run(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _plan_comments(stdout: str) -> tuple[list[str], list[str]]:
+    """The plan's comment lines after the task: (where it runs, what a step costs)."""
+    lines = [ln.removeprefix("# ").strip() for ln in stdout.splitlines() if ln.startswith("# ")]
+    split = lines.index("step cost (trainer/step_cost.py):")
+    return lines[:split], lines[split:]
+
+
 @pytest.mark.parametrize("nodes", [3, 6])
 def test_a_node_count_the_trainer_would_refuse_is_refused_by_the_plan(nodes: int) -> None:
     """256 prompts x 5 samples a mini batch do not split over 24 or 48 GPUs: TrainSettings refused that only in
@@ -99,7 +106,7 @@ def test_the_two_node_plan_prints_packed_micro_batches_fsdp_per_node_and_cross_n
     proc = _dry_run("--num-nodes", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert yaml.safe_load(proc.stdout)["num_nodes"] == 2  # the figures are comments: still one task file
-    plan = [ln.removeprefix("# ").strip() for ln in proc.stdout.splitlines() if ln.startswith("# ")]
+    _, plan = _plan_comments(proc.stdout)
     assert plan[:2] == ["step cost (trainer/step_cost.py):", "2 node(s) x 8 GPUs:"]
     assert (
         plan[2].startswith("micro batches: packed") and "flash-attn" in plan[2]
@@ -113,10 +120,57 @@ def test_the_two_node_plan_prints_packed_micro_batches_fsdp_per_node_and_cross_n
         assert line in deploy_md, line
     sdpa = _dry_run("--num-nodes", "2", "--env", "FLASH_ATTN=0")  # the plan's own choice, and its reason
     assert sdpa.returncode == 0, sdpa.stderr[-2000:]
-    lines = [ln.removeprefix("# ").strip() for ln in sdpa.stdout.splitlines() if ln.startswith("# ")]
+    _, lines = _plan_comments(sdpa.stdout)
     assert lines[2].startswith("micro batches: packed") and "ESTIMATED" in lines[2]
     for line in lines[2:3] + lines[5:]:
         assert line in deploy_md, line
+
+
+def test_the_plan_says_which_cloud_it_pinned_and_how_to_move_it() -> None:
+    """Issue 46 item 5: without --infra the job and its bucket are pinned to AWS; with no p5 quota there the managed
+    job retries AWS forever. The plan now says so, and how to move (the lines docs/deploy.md shows)."""
+    proc = _dry_run("--num-nodes", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    placement, _ = _plan_comments(proc.stdout)
+    assert placement[0] == (
+        "cloud: aws (the first cloud sky/train.yaml lists; --infra moves it): the job, every recovery and the "
+        "checkpoint bucket b stay in aws"
+    )
+    assert "keeps retrying aws and never tries another cloud" in placement[1]
+    assert placement[2].startswith("to run elsewhere: --infra gcp (make train INFRA=gcp; also nebius)")
+    deploy_md = (REPO / "docs" / "deploy.md").read_text()
+    for line in placement[1:]:
+        assert line in deploy_md, line
+    moved = _dry_run("--num-nodes", "2", "--infra", "gcp")
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert (
+        "# cloud: gcp (--infra): the job, every recovery and the checkpoint bucket b stay in gcp"
+        in moved.stdout
+    )
+    assert "--infra aws (make train INFRA=aws; also nebius)" in moved.stdout
+
+
+def test_sglang_with_the_default_model_is_refused_by_the_plan_with_one_line() -> None:
+    """Issue 46 item 2: sglang 0.5.12 cannot read Qwen2's weights back, so the first sync would stop the run."""
+    proc = _dry_run("--num-nodes", "2", "--env", "ROLLOUT=sglang")
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        "error: 2 node(s) x 8 GPUs: the trainer would refuse these settings (ROLLOUT=sglang"
+    )
+    assert "Qwen2ForCausalLM has no get_weights_by_name" in line and "use ROLLOUT=vllm" in line
+    llama = _dry_run(
+        "--num-nodes", "2", "--env", "ROLLOUT=sglang", "--env", "MODEL_NAME=meta-llama/Llama-3.2-3B"
+    )
+    assert llama.returncode == 0, llama.stderr[-2000:]
+
+
+@needs_make
+def test_make_train_passes_rollout_when_it_is_not_the_default() -> None:
+    (line,) = make_n("train", "DRY_RUN=1", "NODES=2", "ROLLOUT=sglang")
+    assert "--env ROLLOUT=sglang" in line
+    (plain,) = make_n("train", "DRY_RUN=1")
+    assert "ROLLOUT=" not in plain  # the task file's default, vllm
 
 
 # --- trainer modes (issue 40 item 4) ---------------------------------------------------------------------------
@@ -139,7 +193,7 @@ def test_each_trainer_mode_renders_for_two_nodes(mode: str) -> None:
     task = yaml.safe_load(proc.stdout)
     assert task["num_nodes"] == 2 and task["envs"]["TRAINER_MODE"] == mode
     assert task["envs"]["ROLLOUT_NODES"] == "0"  # the file's default: one rollout node in separate_async
-    plan = [ln.removeprefix("# ").strip() for ln in proc.stdout.splitlines() if ln.startswith("# ")]
+    _, plan = _plan_comments(proc.stdout)
     assert plan[1] == "2 node(s) x 8 GPUs:"
     if mode == "sync":
         assert plan[2].startswith("micro batches:")  # the plan docs/deploy.md shows, unchanged
@@ -160,5 +214,5 @@ def test_separate_async_on_one_node_is_refused_by_the_plan() -> None:
     proc = _dry_run("--num-nodes", "1", "--env", "TRAINER_MODE=separate_async")
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("error: 1 node(s) x 8 GPUs: the trainer would refuse this shape")
+    assert line.startswith("error: 1 node(s) x 8 GPUs: the trainer would refuse these settings")
     assert "needs a trainer node beside the rollout nodes" in line

@@ -148,6 +148,27 @@ def test_a_repeated_refusal_stops_the_managed_job_as_failed(tmp_path: Path) -> N
     assert guard(state, task, "--stopped").returncode == 0
 
 
+def test_a_step_check_that_stops_every_attempt_ends_the_job_at_the_second_whatever_it_measured(
+    tmp_path: Path,
+) -> None:
+    """Issue 46: the step check's line carries the value it measured, which differs on every attempt; the guard
+    recognises the check (values masked), so a systematic stop (a rollout/actor bias at step 1) costs two
+    attempts of 2 x 8 H100, not four."""
+    state = tmp_path / "bucket/.searchrl-refusals"
+    count = tmp_path / "attempt"
+    stop = [sys.executable, "-c", "import pathlib, sys; p = pathlib.Path(sys.argv[1]); n = len(p.read_text()) "
+            "if p.exists() else 0; p.write_text('x' * (n + 1)); v = 0.0123 + n * 0.0007; "
+            "print(f'error: step 1: rollout/actor mean prob diff {v:.4g} >= 0.01 (verl FAQ); verl stopped at step 1',"
+            " file=sys.stderr); sys.exit(2)", str(count)]  # fmt: skip
+    codes, err = attempts(state, "sky-managed-x_searchrl-train_5-0", stop, n=3)
+    values = {
+        line.split("prob diff ")[1].split()[0] for line in err.splitlines() if line.startswith("error: ")
+    }
+    assert len(values) == 2, err  # two attempts ran, each measured its own value
+    assert codes == [2, 78, 78], err[-2000:]
+    assert "stopped: the same refusal as the previous attempt" in err and "prob diff <value>" in err
+
+
 @pytest.mark.live
 def test_a_retrieval_outage_is_restarted_once_then_stopped(tmp_path: Path) -> None:
     """Fault 2: SkyServe's own load balancer with no READY replica (its only one being replaced) answers 503.
@@ -331,6 +352,12 @@ def test_crash_signatures_ignore_what_differs_between_runs() -> None:
         134, b, None
     )  # the exit code counts
     assert refusal.normalise(a) != refusal.normalise(a.replace("NCCL timeout", "CUDA error"))
+    # measured values are masked, versions and integers (steps, counts) are not
+    assert refusal.normalise("diff 0.0123 >= 0.01 at step 1") == refusal.normalise(
+        "diff 1.3e-02 >= 0.01 at step 1"
+    )
+    assert refusal.normalise("at step 1") != refusal.normalise("at step 2")
+    assert refusal.normalise("verl 0.9.1") != refusal.normalise("verl 0.9.2")
     assert refusal.is_exception_line("torch.OutOfMemoryError: CUDA out of memory.")
     assert not refusal.is_exception_line(
         "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."

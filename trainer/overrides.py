@@ -149,6 +149,9 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("actor_rollout_ref.rollout.n", s.rollout_n),
         ("actor_rollout_ref.rollout.temperature", s.temperature),
         ("actor_rollout_ref.rollout.top_p", s.top_p),
+        # the rollout's log-probs with the actor's semantics (full vocabulary), so verl's rollout/actor check
+        # compares like with like (TrainSettings.rollout_logprobs_mode says why)
+        ("actor_rollout_ref.rollout.logprobs_mode", s.rollout_logprobs_mode),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", s.rollout_tp),
         ("actor_rollout_ref.rollout.gpu_memory_utilization", s.gpu_memory_utilization),
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", micro),

@@ -14,7 +14,9 @@ SkyPilot keeps across recoveries) fails the same step the same way, with no new 
 the job stopped, says `stopped: ...` and exits 78 (sysexits EX_CONFIG). "The same way" is, by exit code:
 
 - 2 with one `error: ...` line (a searchrl refusal: settings changed under the same EXPERIMENT_NAME, a checkpoint
-  that cannot be resumed, a driver too old for the lock): the identical line;
+  that cannot be resumed, a driver too old for the lock, a step check that stopped verl): the same line once
+  measured values are masked (`normalise`), so a check that stops every attempt (say the rollout/actor probability
+  difference at step 1, a different value each time) ends the job at the second attempt;
 - 75 (searchrl's ServiceUnavailableError: the retrieval service unreachable or answering 503 until the step's
   deadline, 2,600 s on the head): any second outage of the step. The first one is restarted (SkyServe may have been
   replacing a replica), the second in a row means nobody is bringing it back;
@@ -72,6 +74,9 @@ _NOISE = [  # what differs between two runs of the same crash -> a fixed token
     (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<hex>"),
     (re.compile(r"\b(?=[0-9a-fA-F-]*\d)(?=[0-9a-fA-F-]*[a-fA-F])[0-9a-fA-F-]{8,}\b"), "<id>"),
     (re.compile(r"\b(pid|tid|port)([=: ]+)\d+", re.IGNORECASE), r"\1\2<n>"),
+    # a measured value (0.0123, 1.2e-05): a step check that stops a run again is the same check whatever it
+    # measured this time; integers (steps, counts, exit codes) and dotted versions (0.9.1) stay
+    (re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d+(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)(?![\w.])"), "<value>"),
 ]
 
 
@@ -103,7 +108,8 @@ def _unlink(path: Path) -> None:
 
 
 def normalise(line: str) -> str:
-    """`line` with pids, addresses, hex ids and timestamps replaced, so two runs of one crash read the same."""
+    """`line` with pids, addresses, hex ids, timestamps and measured values replaced, so two runs of one crash
+    or one failed check read the same."""
     text = _RAY_PREFIX.sub("", line.strip())
     for pattern, token in _NOISE:
         text = pattern.sub(token, text)
@@ -172,7 +178,7 @@ def _classify(code: int, command: list[str], tail: _Tail) -> tuple[str, str]:
     """(kind, signature) of a failed step: what a repeat must match."""
     shown = " ".join(command)
     if code == REFUSAL_EXIT and tail.last_error is not None:
-        return "refusal", f"{shown}: {tail.last_error}"
+        return "refusal", f"{shown}: {normalise(tail.last_error)}"
     if code == OUTAGE_EXIT:
         return "outage", f"{shown}: exit {OUTAGE_EXIT}"
     exception = tail.last_exception[1] if tail.last_exception else None

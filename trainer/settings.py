@@ -178,7 +178,10 @@ class TrainSettings(StrictSettings):
     test_freq: int = Field(default=50, ge=-1)  # steps between validations; -1 disables
     max_ckpt_to_keep: int = Field(default=2, ge=2)  # >= 2 so a crash while saving leaves a good one
     # seconds merge and resume wait for every rank's shard to reach the bucket (trainer/checkpoint.py); 600 s
-    # uploads ~75 GB at 125 MB/s, more than one node's shards of a 3B model with its optimizer (~18 GB)
+    # uploads ~75 GB at 125 MB/s, more than one node's shards of a 3B model with its optimizer: ESTIMATE ~37 GB a
+    # node (fp32 weights 12.4 GB + Adam's two moments 24.7 GB for 3.09B parameters), because with HSDP every node
+    # saves a whole copy (verl's fsdp_checkpoint_manager.py: every rank saves its shard of its own node's group),
+    # so a 2-node checkpoint is ~74 GB
     checkpoint_wait_s: float = Field(default=600.0, ge=0)
     val_before_train: bool = False  # validate the base model before step 1
     # Validation asks the service too: verl's default is every test row (51,713 for full) in ONE batch, i.e.
@@ -304,6 +307,19 @@ class TrainSettings(StrictSettings):
             raise ValueError(
                 f"rollout_tp ({self.rollout_tp}) must divide GPUS_PER_NODE ({self.gpus_per_node})"
             )
+        if self.rollout_name == "sglang":
+            from searchrl.trainer.sglang_readback import readback_refusal  # standard library only
+
+            refusal = readback_refusal(self.model_name)
+            if refusal:
+                raise ValueError(refusal)
+        if self.top_p < 1 and self.temperature != 1:
+            # neither of vLLM's log-prob modes then has the actor's semantics (rollout_logprobs_mode)
+            raise ValueError(
+                f"top_p {self.top_p} with temperature {self.temperature}: vLLM's processed log-probs are renormalised "
+                "over the nucleus and its raw ones ignore the temperature, so the rollout/actor check would compare "
+                "different distributions; set SEARCHRL_TRAIN_TOP_P=1 or SEARCHRL_TRAIN_TEMPERATURE=1"
+            )
         if self.max_tool_response_chars < self.passage_max_chars:
             raise ValueError("passage_max_chars exceeds the observation budget")  # pragma: no cover
         return self
@@ -407,6 +423,23 @@ class TrainSettings(StrictSettings):
         from searchrl.trainer.step_cost import choose_packing  # the one rule, and the reason the plan prints
 
         return choose_packing(self).packed
+
+    @property
+    def rollout_logprobs_mode(self) -> str:
+        """vLLM's `logprobs_mode` for the rollout's log-probs, chosen so they mean what the actor's do.
+
+        verl's actor computes old log-probs over the full vocabulary at the sampling temperature; verl 0.9.1 asks
+        vLLM for `processed_logprobs` (trainer/config/rollout/rollout.yaml:93), which vLLM 0.24.0 takes after the
+        top-p mask, renormalised over the nucleus (v1/sample/ops/topk_topp_sampler.py:123-141). With top_p < 1 verl's
+        `training/rollout_probs_diff_mean` then measures the nucleus, not the sync: a perfectly synced run at
+        Search-R1's top_p 0.95 crosses the 0.01 stop (docs/training.md "Rollout log-probs"). `raw_logprobs` is the
+        model's own log-softmax, before temperature and mask: the actor's semantics at temperature 1. With
+        top_p 1, `processed_logprobs` (after temperature, no mask) is the actor's at any temperature. top_p < 1
+        at another temperature has no matching mode and is refused by validation. Every trainer mode recomputes
+        the old policy with the actor (verl's rollout_correction.bypass_mode stays false), so these log-probs feed
+        the check and verl's rollout_corr/* metrics only, which need the same semantics.
+        """
+        return "raw_logprobs" if self.top_p < 1 else "processed_logprobs"
 
     @property
     def fsdp_size(self) -> int:

@@ -32,6 +32,7 @@ Cost (ESTIMATE, not measured: no GPU here): one request per tensor per sync, ROW
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -41,7 +42,13 @@ import torch
 
 from searchrl.errors import StepCheckError
 from searchrl.trainer.vllm_sync import rollout_dtype
-from searchrl.trainer.weight_fingerprint import TensorPrint, check_sync, tap_stream, tensor_print
+from searchrl.trainer.weight_fingerprint import (
+    TensorPrint,
+    agree_across_ranks,
+    check_sync,
+    tap_stream,
+    tensor_print,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,13 +167,18 @@ class SglangFingerprintMixin:
         )
         # one rank per server reads: the tensor-parallel leader on the replica's first node (verl's HTTP adapter
         # answers {} on the others, whose server is the same replica)
+        problem = None
         if (
-            self._engine is None
-            or not self._is_server_tp_leader()
-            or int(getattr(self._engine, "node_rank", 0))
+            self._engine is not None
+            and self._is_server_tp_leader()
+            and not int(getattr(self._engine, "node_rank", 0))
         ):
-            return result
-        compare_blocks(await read_back(self._engine, sorted(sent)), sent, global_steps)
+            try:
+                compare_blocks(await read_back(self._engine, sorted(sent)), sent, global_steps)
+            except StepCheckError as exc:
+                problem = exc
+        # every rank, reader or not: a failure on one stops all of them within seconds (weight_fingerprint.py)
+        await asyncio.to_thread(agree_across_ranks, problem, global_steps)
         return result
 
 

@@ -16,7 +16,9 @@ the smallest verl offers, add the check (the classes that need vLLM live in trai
   the rollout dtype, `rollout.dtype`), lets verl send and load them, then asks the workers through verl's own
   `_execute_method` -> `collective_rpc` and compares: the parts of a fused parameter are summed, a split
   parameter's ranks are summed and a replicated one is read once (`merge_ranks`). A mismatch raises
-  StepCheckError naming the step; verl's `ray.get` on the update re-raises it and the run stops.
+  StepCheckError naming the step; verl's `ray.get` on the update re-raises it and the run stops. Only ranks with
+  a server check; every rank then agrees (`agree_across_ranks`), so ranks without one stop within seconds too
+  instead of waiting in verl's next collective for torch's timeout.
 
 Registered for `rollout.name=vllm` by importing this module in every Ray process: `render_overrides` passes
 `VERL_USE_EXTERNAL_MODULES=searchrl.trainer.vllm_sync` through `ray_kwargs.ray_init.runtime_env.env_vars`, and
@@ -30,6 +32,7 @@ than the model has are counted (`num_kv_head_replicas`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -39,6 +42,7 @@ import torch
 from searchrl.errors import StepCheckError
 from searchrl.trainer.weight_fingerprint import (
     TensorPrint,
+    agree_across_ranks,
     check_sync,
     group_sent,
     merge_ranks,
@@ -196,8 +200,8 @@ class FingerprintAdapterMixin:
         wire_format: str = "named_tensors",
         **kwargs: Any,
     ) -> Any:
-        checked = wire_format == "named_tensors" and kwargs.get("peft_config") is None and self._has_server
-        if not checked:  # LoRA and delta updates are not checked; ranks without the server only send
+        checked = wire_format == "named_tensors" and kwargs.get("peft_config") is None
+        if not checked:  # LoRA and delta updates are not checked (the same on every rank)
             return await super().update_weights(  # type: ignore[misc]
                 weights, global_steps=global_steps, wire_format=wire_format, **kwargs
             )
@@ -206,8 +210,16 @@ class FingerprintAdapterMixin:
         result = await super().update_weights(  # type: ignore[misc]
             tapped, global_steps=global_steps, wire_format=wire_format, **kwargs
         )
-        reports = await self._execute_method(RPC_METHOD, timeout=RPC_TIMEOUT_S)
-        check_vllm_sync(reports, sent, global_steps)
+        problem = None
+        if self._has_server:
+            try:
+                check_vllm_sync(
+                    await self._execute_method(RPC_METHOD, timeout=RPC_TIMEOUT_S), sent, global_steps
+                )
+            except StepCheckError as exc:
+                problem = exc
+        # every rank, server or not: a failure on one stops all of them within seconds
+        await asyncio.to_thread(agree_across_ranks, problem, global_steps)
         return result
 
 

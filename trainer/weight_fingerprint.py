@@ -228,8 +228,54 @@ def check_sync(
     )
 
 
+# How long a rank waits for the others to report their check (agree_across_ranks): past it a rank that never came
+# is taken as failed. Far above the spread of a healthy sync's end across ranks (each waits for its own load).
+AGREE_TIMEOUT_S = 120.0
+
+
+def agree_across_ranks(problem: StepCheckError | None, global_steps: int | None) -> None:
+    """Every trainer rank learns whether any rank's sync check failed, and then all raise together.
+
+    Only a rank that holds a rollout server runs the check (the others only send). Were it to raise alone, the
+    others would walk on into verl's next collective and wait there for torch's timeout (verl 0.9.1 passes
+    `timeout=None` to its process groups, utils/distributed.py:88: 10 minutes on NCCL, on every GPU of the run).
+    So each rank contributes one flag to a MAX all-reduce on the default group's gloo backend (verl starts it as
+    `cpu:gloo,<device>:nccl`; a CPU tensor takes gloo) and waits at most AGREE_TIMEOUT_S: a rank that never
+    reaches the agreement (it raised earlier) stops the others in that time too.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if problem is not None:
+            raise problem
+        return
+    step = int(global_steps or 0) + 1
+    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int32)
+    try:
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+        assert work is not None
+        work.wait(timeout=datetime.timedelta(seconds=AGREE_TIMEOUT_S))
+    except RuntimeError as exc:
+        raise StepCheckError(
+            f"weight sync check at step {step}: not every trainer rank reported its check within "
+            f"{AGREE_TIMEOUT_S:.0f} s ({str(exc).splitlines()[0][:120]}); another rank failed before it (see its "
+            "error above), so this rank stops too"
+        ) from problem
+    if problem is not None:
+        raise problem
+    if int(flag.item()):
+        raise StepCheckError(
+            f"weight sync check failed at step {step} on another trainer rank (its error names the tensors); "
+            "this rank stops with it"
+        )
+
+
 __all__ = [
+    "AGREE_TIMEOUT_S",
     "TensorPrint",
+    "agree_across_ranks",
     "check_sync",
     "differences",
     "digest",

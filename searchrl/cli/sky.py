@@ -346,7 +346,9 @@ def _train(args: argparse.Namespace) -> int:
         dry_run=getattr(args, "dry_run", False),
     )
     # the step's cost as YAML comments after the task: the printed plan stays one loadable task file
-    cost = "".join(f"# {line}\n" for line in ["step cost (trainer/step_cost.py):", *plan.cost])
+    cost = "".join(
+        f"# {line}\n" for line in [*plan.placement, "step cost (trainer/step_cost.py):", *plan.cost]
+    )
     if getattr(args, "dry_run", False):
         print(plan.text + cost, end="")  # noqa: T201
         if not plan.resolved:

@@ -35,6 +35,8 @@ class TrainPlan:
     resolved: bool = True
     # what a step costs with the settings the nodes will build (trainer/step_cost.py plan_lines)
     cost: list[str] = field(default_factory=list)
+    # where the job and its checkpoint bucket run, and how to move them (placement_lines)
+    placement: list[str] = field(default_factory=list)
 
 
 def plan_train(
@@ -113,8 +115,37 @@ def plan_train(
     cloud = pin_one_cloud(task, infra)
     refuse_problems(path, task)
     cost = step_plan(task)  # a node count the trainer would refuse stops here, with its one line
-    log.info("job and checkpoint bucket: %s (--infra moves both)", infra or cloud)
-    return TrainPlan(task=task, text=render_task(task, secrets), url=url, resolved=resolved, cost=cost)
+    placement = placement_lines(cloud, infra, envs.get("CHECKPOINT_BUCKET"))
+    return TrainPlan(
+        task=task,
+        text=render_task(task, secrets),
+        url=url,
+        resolved=resolved,
+        cost=cost,
+        placement=placement,
+    )
+
+
+def placement_lines(cloud: str, infra: str | None, bucket: str | None) -> list[str]:
+    """What the plan says about where it runs: the cloud it pinned, what that means when the cloud has no
+    capacity, and how to move the job (feasibility.pin_one_cloud says why one cloud)."""
+    from searchrl.deploy.feasibility import DRIVER_OK_CLOUDS
+
+    where = (
+        f"{infra} (--infra)" if infra else f"{cloud} (the first cloud sky/train.yaml lists; --infra moves it)"
+    )
+    others = [c for c in DRIVER_OK_CLOUDS if c != cloud]
+    store = f"the checkpoint bucket {bucket}" if bucket else "the checkpoint bucket"
+    return [
+        f"cloud: {where}: the job, every recovery and {store} stay in {cloud}",
+        f"  without GPU quota or capacity in {cloud} the managed job keeps retrying {cloud} and never tries another "
+        "cloud",
+        f"  to run elsewhere: --infra {others[0]} (make train INFRA={others[0]}; also "
+        f"{', '.join(others[1:]) or 'a region, e.g. aws/us-east-1'}); a bucket that does not exist yet is created "
+        "there, one that exists stays where it is",
+        "  no list of clouds: SkyPilot 0.14.1 creates the bucket before its optimizer picks the job's cloud, so a "
+        "job that moved to a second cloud would write every checkpoint (~37 GB a node) across clouds",
+    ]
 
 
 def step_plan(task: Any) -> list[str]:

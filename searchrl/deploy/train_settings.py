@@ -54,7 +54,7 @@ def node_settings(envs: Mapping[str, str], *, nnodes: int, gpus_per_node: int) -
         msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
         where = ".".join(str(p) for p in err.get("loc", ()))
         raise ConfigError(
-            f"{nnodes} node(s) x {gpus_per_node} GPUs: the trainer would refuse this shape "
+            f"{nnodes} node(s) x {gpus_per_node} GPUs: the trainer would refuse these settings "
             f"({where + ': ' if where else ''}{msg})"
         ) from None
 

@@ -239,6 +239,13 @@ def test_sampling_and_entropy_defaults_are_search_r1s(compose, tmp_path):
     cfg = compose(render_overrides(TrainSettings(_env_file=None, data_dir=tmp_path)))
     assert cfg.actor_rollout_ref.rollout.top_p == pytest.approx(0.95)
     assert cfg.actor_rollout_ref.actor.entropy_coeff == pytest.approx(0.001)
+    # issue 46 item 1: at top_p 0.95 verl's default processed_logprobs are vLLM's nucleus-renormalised ones; the
+    # rollout's log-probs the rollout/actor check reads are the full-vocabulary ones the actor computes (T=1)
+    assert cfg.actor_rollout_ref.rollout.temperature == 1.0
+    from verl.utils.config import omega_conf_to_dataclass
+
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # what verl's vLLM server reads
+    assert rollout.logprobs_mode == "raw_logprobs"
 
 
 # --- the padded micro batch (issue 34 item 3) ---------------------------------------------------------------------
@@ -364,7 +371,16 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
 
     line = next(
         o
-        for o in render_overrides(TrainSettings(data_dir=tmp_path, rollout_name=rollout_name))
+        for o in render_overrides(
+            TrainSettings(
+                data_dir=tmp_path,
+                rollout_name=rollout_name,
+                # sglang 0.5.12 reads back Llama, not the default Qwen2 (trainer/sglang_readback.py)
+                model_name="meta-llama/Llama-3.2-3B-Instruct"
+                if rollout_name == "sglang"
+                else "Qwen/Qwen2.5-3B-Instruct",
+            )
+        )
         if o.startswith(VLLM_SYNC_KEY)
     )
     value = line.split("=", 1)[1].strip("'")

@@ -41,7 +41,18 @@ def test_defaults_are_the_search_r1_recipe():
 )
 def test_env_names(monkeypatch, env, value, field, expected):
     monkeypatch.setenv(env, value)
+    if env == "ROLLOUT":  # sglang 0.5.12 reads back Llama, not the default Qwen2 (trainer/sglang_readback.py)
+        monkeypatch.setenv("MODEL_NAME", "meta-llama/Llama-3.2-3B-Instruct")
     assert getattr(TrainSettings(), field) == expected
+
+
+def test_rollout_log_probs_have_the_actors_semantics_or_the_settings_are_refused():
+    """Issue 46 item 1: vLLM's processed log-probs are renormalised over the top-p nucleus, the actor's are not."""
+    assert TrainSettings().top_p == 0.95 and TrainSettings().rollout_logprobs_mode == "raw_logprobs"
+    # no nucleus: processed (after temperature) is the actor's at any temperature
+    assert TrainSettings(top_p=1.0, temperature=0.7).rollout_logprobs_mode == "processed_logprobs"
+    with pytest.raises(ValueError, match=r"top_p 0\.9 with temperature 0\.7: .*set SEARCHRL_TRAIN_TOP_P=1"):
+        TrainSettings(top_p=0.9, temperature=0.7)
 
 
 def test_flags_beat_env(monkeypatch):

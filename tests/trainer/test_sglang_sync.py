@@ -12,8 +12,12 @@ and sglang use:
   `POST /get_weights_by_name` (`{"name", "truncate_size"}` -> rank 0's float32 `tolist()[:truncate_size]`, HF
   names sliced out of the fused `qkv_proj`/`gate_up_proj`, the row-parallel `o_proj`/`down_proj` gathered over the
   ranks as sglang's Llama does, a tied `lm_head` read from the embedding, 400 for a name the model cannot read);
-- per-rank models laid out as sglang's Qwen2/Llama: q/k/v and gate/up fused, column/row-parallel shards, a
-  vocabulary padded with zero rows and split over ranks, norms replicated, bf16 storage (loads cast).
+  and, as sglang 0.5.12 answers by model class (srt/model_executor/model_runner.py:2133-2148), 400 for every name
+  when the class has no `get_weights_by_name`: Qwen2's has none (trainer/sglang_readback.py, whose table a test
+  derives from the sglang 0.5.12 wheel);
+- per-rank models laid out as sglang's Llama with attention bias (Qwen2's tensor layout): q/k/v and gate/up fused,
+  column/row-parallel shards, a vocabulary padded with zero rows and split over ranks, norms replicated, bf16
+  storage (loads cast).
 
 The trainer streams fp32 tensors; `rollout.dtype` is bf16. The one thing changed in verl's module is
 `get_device_id` (CUDA only), pointed at the CPU.
@@ -38,6 +42,7 @@ from aiohttp import web
 
 from searchrl.errors import StepCheckError
 from searchrl.trainer import sglang_sync
+from searchrl.trainer.sglang_readback import READBACK_ARCHITECTURES
 from searchrl.trainer.sglang_sync import ROWS, compare_blocks, leading_block, read_copies
 
 VOCAB, PADDED, HIDDEN, Q, KV, FFN = 10, 16, 8, 8, 4, 12
@@ -78,7 +83,7 @@ def hf_weights(seed: int) -> dict[str, torch.Tensor]:
 
 
 class SglangRank:
-    """One tensor-parallel rank's parameters as sglang's Qwen2 holds them (bf16)."""
+    """One tensor-parallel rank's parameters as sglang's Llama (with attention bias) holds them (bf16)."""
 
     def __init__(self, rank: int, tp: int) -> None:
         self.rank, self.tp = rank, tp
@@ -250,10 +255,20 @@ def verl_sglang(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
 
 
 class StandInServer:
-    """sglang's HTTP endpoints verl and the check use, over `tp` ranks; `stale_after` loads, then ignores them."""
+    """sglang's HTTP endpoints verl and the check use, over `tp` ranks; `stale_after` loads, then ignores them.
+    `model_class`: the architecture served; one without get_weights_by_name in sglang 0.5.12 answers 400."""
 
-    def __init__(self, tp: int, *, stale_after: int = 99, skip: str = "", unreadable: str = "") -> None:
+    def __init__(
+        self,
+        tp: int,
+        *,
+        stale_after: int = 99,
+        skip: str = "",
+        unreadable: str = "",
+        model_class: str = "LlamaForCausalLM",
+    ) -> None:
         self.ranks = [SglangRank(r, tp) for r in range(tp)]
+        self.readable = model_class in READBACK_ARCHITECTURES
         self.stale_after, self.skip, self.unreadable = stale_after, skip, unreadable
         self.updates = 0
         self.reads: list[dict[str, Any]] = []
@@ -277,7 +292,8 @@ class StandInServer:
         body = await request.json()
         self.reads.append(body)
         name = body["name"]
-        if self.unreadable and self.unreadable in name:  # sglang: None from the model -> 400
+        # sglang: the model class raised (no such name) or has no get_weights_by_name -> None -> 400
+        if not self.readable or (self.unreadable and self.unreadable in name):
             return web.json_response({"error": {"message": "Get parameter by name failed"}}, status=400)
         rank0 = self.ranks[0]
         return web.json_response(rank0.get_weights_by_name(name, body.get("truncate_size", 100), self.ranks))
@@ -317,7 +333,7 @@ def adapter_for(verl: SimpleNamespace, server: StandInServer, tp: int, cls: type
         {"dtype": "bfloat16", "quantization": None, "free_cache_engine": True,
          "checkpoint_engine": {"update_weights_bucket_megabytes": 1}}
     )  # fmt: skip
-    adapter.model_config = SimpleNamespace(hf_config=SimpleNamespace(model_type="qwen2"))
+    adapter.model_config = SimpleNamespace(hf_config=SimpleNamespace(model_type="llama"))
     adapter.device_mesh = {"infer_tp": Mesh(tp)}
     adapter._pd_role = None
     adapter._engine = verl.http.AsyncHttpServerAdapter(
@@ -386,6 +402,17 @@ def test_a_tensor_the_server_cannot_read_back_fails_loudly_not_silently(verl_sgl
         StepCheckError, match=r"at step 1: sglang's /get_weights_by_name returned nothing for .*down"
     ):
         run_syncs(verl_sglang, 2, 1, unreadable="down_proj")
+
+
+def test_qwen2_has_no_read_back_in_sglang_0_5_12_so_the_first_sync_stops_the_run(
+    verl_sglang: SimpleNamespace,
+) -> None:
+    """What the default model would meet on sglang 0.5.12; the plan refuses it first (test_sglang_readback.py)."""
+    with pytest.raises(
+        StepCheckError,
+        match=r"failed at step 1: sglang's /get_weights_by_name returned nothing for model\.embed_tokens",
+    ):
+        run_syncs(verl_sglang, 2, 1, model_class="Qwen2ForCausalLM")
 
 
 def test_the_plugin_points_verls_sglang_rollout_at_the_checking_adapter(

@@ -387,7 +387,9 @@ def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_i
     assert VLLM_SYNC_PLUGIN == vllm_sync.__name__
     gpu = render_overrides(TrainSettings(data_dir=tmp_path))
     assert f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{VLLM_SYNC_PLUGIN}'" in gpu
-    sglang = render_overrides(TrainSettings(data_dir=tmp_path, rollout_name="sglang"))
+    sglang = render_overrides(
+        TrainSettings(data_dir=tmp_path, rollout_name="sglang", model_name="meta-llama/Llama-3.2-3B-Instruct")
+    )
     assert [o for o in sglang if o.startswith(VLLM_SYNC_KEY)] == [
         f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{SGLANG_SYNC_PLUGIN}'"
     ]
