@@ -75,6 +75,28 @@ def run_outside(cmd: list[str | Path], cwd: Path) -> subprocess.CompletedProcess
     )
 
 
+# sglang as the GPU locks pin it (verl 0.9.1's sglang extra; requirements/gpu-sglang-py311.txt, gpu-infer-py311.txt)
+SGLANG_VERSION = "0.5.12"
+
+
+@pytest.fixture(scope="session")
+def sglang_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sglang 0.5.12 wheel from PyPI (7.8 MB, not installed: sglang needs CUDA): the pinned source the sglang
+    stand-ins are checked against (tests/trainer/test_sglang_readback.py, tests/infer/test_sglang.py)."""
+    out = tmp_path_factory.mktemp("sglang")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+         "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "-d", str(out),
+         f"sglang=={SGLANG_VERSION}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, (
+        f"pip download sglang=={SGLANG_VERSION} failed (needs PyPI): {proc.stderr[-500:]}"
+    )
+    (wheel,) = out.glob("sglang-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus() -> Path:
     return TINY_CORPUS

@@ -1,5 +1,10 @@
 """A stand-in for `python -m sglang.launch_server` (no GPU here): same flags, scripted OpenAI endpoints.
 
+Copies the interface of sglang 0.5.12 (the version sky/infer.yaml and requirements/gpu-infer-py311.txt pin):
+`sglang/launch_server.py` with `srt/server_args.py`'s `--model-path/--host/--port` and any other flag, and the
+OpenAI routes of `srt/entrypoints/http_server.py`. tests/infer/test_sglang.py checks the flags the launcher adds
+against that version's own parser, read from its wheel.
+
     python tests/infer/fake_sglang.py --model-path NAME --host 127.0.0.1 --port 30000 [any sglang flags]
 
 Serves tests/infer/scripted_llm.py's app (`GET /health`, `/v1/models`, `/v1/completions`, chat) with the
