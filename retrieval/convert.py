@@ -10,7 +10,7 @@ of them and filled from them: no encoder pass over the corpus, no GPU, and recal
 came from. Search-R1's published wiki-18 index (`searchrl index download wiki18-e5-index`, 21,015,324 x 768 fp32 =
 64.5 GB) holds the exact vectors every paper's numbers come from.
 
-How, never holding all vectors in memory (the numbers are for wiki-18 at the defaults; docs/deploy.md section 3):
+How, never holding all vectors in memory (the numbers are for wiki-18 at the defaults; docs/sizing.md "Converting"):
   1. plan: read the Flat file's header (IxFI: inner product), fill the factory string, and print the memory and
      disk the run needs; refuse (exit 2, one line) when the node has less (MemAvailable, the cgroup limit, or
      `--memory-gb`).
@@ -249,7 +249,7 @@ def available_memory() -> tuple[int, str]:
 
 @dataclass
 class ConvertPlan:
-    """Sizes of one conversion, from the header and the factory string alone (docs/deploy.md has the arithmetic)."""
+    """Sizes of one conversion, from the header and the factory string alone (arithmetic: docs/sizing.md)."""
 
     index_type: str
     count: int
@@ -361,7 +361,7 @@ def check_resources(plan: ConvertPlan, where: Path, *, memory_gb: float = 0.0) -
     if avail and plan.memory_bytes > avail:
         raise ConfigError(
             f"convert to {plan.index_type} needs ~{plan.memory_bytes / 1e9:.1f} GB of memory, {source} allows "
-            f"{avail / 1e9:.1f} GB: use a node with more memory (docs/deploy.md), or lower --chunk / --train-sample"
+            f"{avail / 1e9:.1f} GB: use a node with more memory (docs/sizing.md), or lower --chunk / --train-sample"
         )
     probe = where
     while not probe.exists():
@@ -473,7 +473,10 @@ class ConvertResult:
     seconds: dict[str, float]
     resumed_chunks: int  # chunks found done in the work directory
     index: Any = None  # the merged index (kept by callers that search it further, e.g. the benchmark)
-    rss_peak_bytes: int = 0
+    peak_rss: dict[str, int] = field(default_factory=dict)  # per phase: VmHWM, reset between phases
+    chunk_log: list[dict[str, float]] = field(default_factory=list)  # per chunk: rows, seconds, cpu_s, read_s
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # per phase, all threads (process_time)
+    merge_log: list[tuple[int, int]] = field(default_factory=list)  # (vectors merged so far, RSS) per shard
 
     def recall_record(self) -> dict[str, Any]:
         return {
@@ -554,15 +557,25 @@ def _merge_topk(
     return np.take_along_axis(all_d, order, axis=1), np.take_along_axis(all_i, order, axis=1)
 
 
-def rss_peak_bytes() -> int:
-    """This process's peak resident set (VmHWM), 0 where /proc is missing."""
+def rss_bytes(key: str = "VmRSS") -> int:
+    """This process's resident set (VmRSS) or its peak (VmHWM) from /proc; 0 where /proc is missing."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def phase_peak() -> int:
+    """The peak RSS since the last call, then reset it (write 5 to clear_refs, Linux 4.0+): a peak per phase."""
+    peak = rss_bytes("VmHWM")
+    try:
+        Path("/proc/self/clear_refs").write_text("5", encoding="ascii")
+    except OSError:
+        pass
+    return peak
 
 
 def convert_flat(
@@ -583,6 +596,11 @@ def convert_flat(
     import faiss
 
     seconds: dict[str, float] = {}
+    peaks: dict[str, int] = {}
+    chunk_log: list[dict[str, float]] = []
+    merge_log: list[tuple[int, int]] = []
+    phase_peak()
+    cpu: dict[str, float] = {}
     faiss.omp_set_num_threads(plan.threads)
     _state(
         work,
@@ -597,7 +615,7 @@ def convert_flat(
             "seed": SEED,
         },
     )
-    started = time.perf_counter()
+    started, cpu_start = time.perf_counter(), time.process_time()
     qpath, qlabel = work / "queries.npz", work / "queries.txt"
     if not qpath.is_file():
         xq, label = queries()
@@ -607,6 +625,8 @@ def convert_flat(
         xq = saved["q"]
     query_source = qlabel.read_text(encoding="utf-8")
     seconds["questions"] = time.perf_counter() - started
+    peaks["questions"] = phase_peak()
+    cpu["questions"] = time.process_time() - sum(cpu.values()) - cpu_start
 
     started = time.perf_counter()
     trained_path = work / "trained.faiss"
@@ -625,6 +645,8 @@ def convert_flat(
             del sample
         _write_index(trained, trained_path)
     seconds["train"] = time.perf_counter() - started
+    peaks["train"] = phase_peak()
+    cpu["train"] = time.process_time() - sum(cpu.values()) - cpu_start
     is_ivf = faiss.try_extract_index_ivf(trained) is not None
     blob = faiss.serialize_index(trained)  # a fresh shard per chunk: deserialising beats re-reading the file
 
@@ -644,7 +666,9 @@ def convert_flat(
                 done_before += 1
                 bar.update(stop - start)
                 continue
+            chunk_started, chunk_cpu = time.perf_counter(), time.process_time()
             x = flat.read(start, stop)
+            read_s = time.perf_counter() - chunk_started
             d, i = faiss.knn(xq, x, min(RECALL_K, len(x)), metric=faiss.METRIC_INNER_PRODUCT)
             # the exact top-k of every question over this chunk, as row ids
             _atomic_save(work / f"truth-{c:05d}.npz", functools.partial(_save_arrays, d=d, i=i + start))
@@ -657,6 +681,15 @@ def convert_flat(
             _write_index(shard, shard_path)
             del shard
             bar.update(stop - start)
+            chunk_log.append(
+                {
+                    "rows": stop - start,
+                    "seconds": time.perf_counter() - chunk_started,
+                    "cpu_s": time.process_time()
+                    - chunk_cpu,  # every thread's CPU time: cores busy, not waited
+                    "read_s": read_s,
+                }
+            )
             new += 1
             if stop_after and new >= stop_after:
                 log.warning(
@@ -664,6 +697,8 @@ def convert_flat(
                 )
                 os.kill(os.getpid(), signal.SIGKILL)
     seconds["add"] = time.perf_counter() - started
+    peaks["add"] = phase_peak()
+    cpu["add"] = time.process_time() - sum(cpu.values()) - cpu_start
     if done_before:
         log.info("convert: resumed: %d of %d chunks were already done", done_before, plan.chunks)
 
@@ -678,6 +713,7 @@ def convert_flat(
         shard = faiss.read_index(str(work / f"shard-{c:05d}.faiss"))
         index.merge_from(shard, 0)
         del shard
+        merge_log.append((int(index.ntotal), rss_bytes()))
         with np.load(work / f"truth-{c:05d}.npz") as t:
             best_d, best_i = _merge_topk(best_d, best_i, t["d"], t["i"], RECALL_K)
     if int(index.ntotal) != flat.count:
@@ -685,12 +721,16 @@ def convert_flat(
             f"merged index holds {index.ntotal} vectors, the Flat index {flat.count}: delete {work}"
         )
     seconds["merge"] = time.perf_counter() - started
+    peaks["merge"] = phase_peak()
+    cpu["merge"] = time.process_time() - sum(cpu.values()) - cpu_start
 
     started = time.perf_counter()
     applied = set_nprobe(index, nprobe)
     _, found = index.search(xq, RECALL_K)
     recall = recall_at_k(found, best_i, RECALL_K)
     seconds["recall"] = time.perf_counter() - started
+    peaks["recall"] = phase_peak()
+    cpu["recall"] = time.process_time() - sum(cpu.values()) - cpu_start
     return ConvertResult(
         plan=plan,
         recall=recall,
@@ -700,7 +740,10 @@ def convert_flat(
         seconds=seconds,
         resumed_chunks=done_before,
         index=index,
-        rss_peak_bytes=rss_peak_bytes(),
+        peak_rss=peaks,
+        cpu_seconds=cpu,
+        chunk_log=chunk_log,
+        merge_log=merge_log,
     )
 
 

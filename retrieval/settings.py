@@ -131,7 +131,7 @@ class RetrievalSettings(StrictSettings):
     encoder_max_length: int = Field(default=256, ge=8)  # tokens per query/passage; longer text is truncated
     encode_batch_size: int = Field(default=64, ge=1)  # passages per forward pass when building an index
 
-    # --- converting a Flat index (issue 48; retrieval/convert.py, arithmetic in docs/deploy.md section 3) -------
+    # --- converting a Flat index (issue 48; retrieval/convert.py, arithmetic in docs/sizing.md) ----------------
     # vectors that train the converted index; 0 = 64 per IVF list, at least 65,536 (IVF16384: 1,048,576 = 3.2 GB)
     convert_train_sample: int = Field(default=0, ge=0)
     convert_chunk: int = Field(default=262_144, ge=1)  # Flat rows read, added, checkpointed together (805 MB)

@@ -114,7 +114,7 @@ def test_validate_passes_on_the_shipped_yamls() -> None:
     proc = searchrl("sky", "validate")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     oks = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok ")]
-    assert len(oks) == 6, proc.stdout
+    assert len(oks) == len(skypilot.TASK_FILES), proc.stdout
     assert "--secret RETRIEVAL_API_KEY" in proc.stdout  # what the launch still needs is reported
 
 
@@ -368,6 +368,47 @@ def test_index_build_copies_into_the_bucket_then_waits_for_the_upload(tmp_path: 
     )
     assert calls.index(build) < calls.index(copy) < calls.index("sleep 10")
     assert calls.splitlines()[-1].startswith("sleep 10")  # the copy is only done once rclone has uploaded it
+
+
+def test_index_convert_is_a_cpu_task_that_converts_then_copies_into_the_bucket(tmp_path: Path) -> None:
+    """sky/index-convert.yaml (issue 48): SkyPilot's parser accepts it with no accelerators, and its run downloads
+    the Flat index, converts it, copies the result into the MOUNT_CACHED bucket, then waits for the upload."""
+    path = SKY / "index-convert.yaml"
+    out = in_sky_python(
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from searchrl.deploy import tasks\n"
+        "report = tasks.validate_file(Path(sys.argv[1]))\n"
+        "task = tasks.load_task(Path(sys.argv[1]), {'SEARCHRL_INDEX_BUCKET': 'my-index'})\n"
+        "print(json.dumps({'problems': report.problems, 'needs': report.needs,\n"
+        "    'accelerators': [r.accelerators for r in task.resources],\n"
+        "    'cpus': [r.cpus for r in task.resources], 'memory': [r.memory for r in task.resources]}))\n",
+        str(path),
+    )
+    parsed = json.loads(out.strip().splitlines()[-1])
+    assert parsed["problems"] == [] and parsed["needs"] == ["--env SEARCHRL_INDEX_BUCKET"]
+    assert parsed["accelerators"] == [None] and parsed["cpus"] == ["16+"] and parsed["memory"] == ["64+"]
+    rc, stdout, calls = run_node("index-convert.yaml", tmp_path, mount_cached="/searchrl-index")
+    assert rc == 0 and _flushed(stdout), stdout[-2000:]
+    steps = [
+        "searchrl index download wiki18\n",
+        "searchrl index download wiki18-e5-index",
+        "searchrl index convert --corpus wiki18 --encoder intfloat/e5-base-v2 --index-type IVF16384,SQ8 --data-dir data",
+        "searchrl index copy --from data --to /searchrl-index --backend dense --corpus wiki18 "
+        "--encoder intfloat/e5-base-v2 --index-type IVF16384,SQ8",
+        "sleep 10",
+    ]
+    at = [calls.index(step) for step in steps]
+    assert at == sorted(at), calls
+    assert calls.splitlines()[-1].startswith("sleep 10")
+    # a failed conversion (recall below the bar: exit 2) copies nothing and fails the job, after the flush loop
+    rc, stdout, calls = run_node(
+        "index-convert.yaml",
+        tmp_path / "failed",
+        mount_cached="/searchrl-index",
+        FAIL_ON=steps[2].removeprefix("searchrl "),
+    )
+    assert rc != 0 and _flushed(stdout) and "searchrl index copy" not in calls
 
 
 def test_a_failed_index_copy_fails_the_build_job(tmp_path: Path) -> None:
@@ -694,7 +735,14 @@ def test_every_sky_launch_the_repo_documents_deletes_its_cluster() -> None:
     assert len(launches) >= 4, launches
     for name, line in launches:
         assert re.search(r"sky launch -c \S+ -i \d+ --down ", line), f"{name}: {line.strip()}"
-    for yaml_name in ("train.yaml", "train-single.yaml", "merge.yaml", "infer.yaml", "index-build.yaml"):
+    for yaml_name in (
+        "train.yaml",
+        "train-single.yaml",
+        "merge.yaml",
+        "infer.yaml",
+        "index-build.yaml",
+        "index-convert.yaml",
+    ):
         autostop = yaml.safe_load((SKY / yaml_name).read_text())["resources"]["autostop"]
         assert autostop["down"] is True and autostop["idle_minutes"] <= 15
 

@@ -135,25 +135,31 @@ def time_search(index: Any, xq: np.ndarray, k: int) -> tuple[float, np.ndarray]:
     return 1000.0 * (time.perf_counter() - started) / len(xq), found
 
 
-def fit_cost(points: list[ScalePoint]) -> np.ndarray:
-    """Non-negative least-squares (a, b, c) of ms = a + b * scanned_bytes + c * coarse_bytes (c = 0 when nlist never
-    varies).
+def fit_nonnegative(columns: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of y on the given columns (each cost term is a count times a non-negative rate).
 
-    Non-negative because none of the three costs can be below zero: with plain least squares, timings taken on
-    cores shared with other work once fitted a negative intercept and predicted -18.1 ms a wiki-18 query. The
-    columns are scaled to 1 before the fit (bytes are ~1e7, the intercept 1), so the solver sees them alike.
+    Non-negative because none of the costs can be below zero: with plain least squares, timings taken on cores
+    shared with other work once fitted a negative intercept and predicted -18.1 ms a wiki-18 query. The columns
+    are scaled to 1 before the fit (bytes are ~1e7, an intercept 1), so the solver sees them alike. Shared by
+    `fit_cost` here and the conversion benchmark (searchrl/bench/convert.py).
     """
     from scipy.optimize import nnls
 
+    design = np.column_stack(columns).astype(float)
+    scale = np.abs(design).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(design / scale, np.asarray(y, dtype=float))
+    return np.asarray(coef / scale)
+
+
+def fit_cost(points: list[ScalePoint]) -> np.ndarray:
+    """(a, b, c) of ms = a + b * scanned_bytes + c * coarse_bytes, non-negative (`fit_nonnegative`); c = 0 when
+    nlist never varies."""
     scanned = np.array([p.scanned_bytes for p in points], dtype=float)
     coarse = np.array([p.coarse_bytes for p in points], dtype=float)
     ms = np.array([p.ms_per_query for p in points], dtype=float)
     columns = [np.ones_like(ms), scanned] + ([coarse] if len(set(coarse.tolist())) > 1 else [])
-    design = np.column_stack(columns)
-    scale = np.abs(design).max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(design / scale, ms)
-    coef = coef / scale
+    coef = fit_nonnegative(columns, ms)
     return np.asarray(coef if len(coef) == 3 else [coef[0], coef[1], 0.0])
 
 
@@ -336,6 +342,7 @@ __all__ = [
     "DEFAULT_NPROBES",
     "DEFAULT_SIZES",
     "fit_cost",
+    "fit_nonnegative",
     "format_scale",
     "parse_sizes",
     "predict_ms",

@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--index-type (manifest with `recall`). Memory and disk needed are printed first; a node with less is "
         "refused (exit 2). A killed run resumes where it stopped when run again with the same flags (work in "
         "`.<index dir>.convert/` next to it), giving the same index. Recall below --min-recall exits 2 and "
-        "installs nothing; the Flat index is only read. Arithmetic and costs: docs/deploy.md section 3.",
+        "installs nothing; the Flat index is only read. Arithmetic: docs/sizing.md, section Converting; costs: docs/deploy.md section 3.",
         argument_default=argparse.SUPPRESS,
     )
     v.add_argument(
@@ -187,11 +187,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     v.set_defaults(handler=_convert)
 
     # benchmarks live in their own modules: index types (eval) and retrieval quality on a QA set (recall)
-    from searchrl.cli.index_eval import register_eval, register_scale
+    from searchrl.cli.index_eval import register_convert_bench, register_eval, register_scale
     from searchrl.cli.index_recall import register_recall
 
     register_eval(verbs)
     register_scale(verbs)
+    register_convert_bench(verbs)
     register_recall(verbs)
 
 

@@ -9,7 +9,13 @@
     searchrl index scale                                  # 250k, 500k, 1M, 2M vectors; nprobe 32,64,128
     searchrl index scale --sizes 100k,200k --nprobe 16,32 --queries 100
 
-Registered under `searchrl index` by `searchrl/cli/index.py` (`register_eval`, `register_scale`).
+`searchrl index convert-bench`: `searchrl index convert` on a 2M x 768 Flat file, per phase, and its fit to wiki-18.
+
+    searchrl index convert-bench                          # 2M vectors; SQ8, IVF1024,SQ8, IVF{nlist},SQ8
+    searchrl index convert-bench --n 200k --types "SQ8;IVF256,SQ8"
+
+Registered under `searchrl index` by `searchrl/cli/index.py` (`register_eval`, `register_scale`,
+`register_convert_bench`).
 """
 
 from __future__ import annotations
@@ -141,4 +147,62 @@ def _scale(args: argparse.Namespace) -> int:
         kwargs["out_dir"] = args.out
     report = run_scale(settings, **kwargs)  # type: ignore[arg-type]
     print(format_scale(report))  # noqa: T201 - results go to stdout
+    return 0
+
+
+def register_convert_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "convert-bench",
+        help="`index convert` on a synthetic 2M x 768 Flat file: time and peak RSS per phase, recall@3, fit to wiki-18",
+        description=(
+            "Write a synthetic Flat index of N 768-dim vectors to disk (around real bundled MiniLM vectors, as "
+            "`searchrl index scale`), convert it to each --types entry with `searchrl index convert`'s code, and "
+            "report seconds and peak RSS per phase, recall@3 against exact search, index size, and the fitted time "
+            "and memory for wiki-18 (21M, IVF16384,SQ8) on 16 cores, labelled an ESTIMATE with its fit. Method: "
+            "searchrl/bench/convert.py."
+        ),
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--n", help="vectors in the Flat file (default 2M)")
+    p.add_argument("--types", help="';'-separated factory strings (default 'SQ8;IVF1024,SQ8;IVF{nlist},SQ8')")
+    p.add_argument("--base", type=int, help="bundled passages whose vectors seed the clusters (default 2000)")
+    p.add_argument("--queries", type=int, help="questions for recall@3 (default 300)")
+    p.add_argument("--chunk", type=int, help="rows per chunk (default 262,144, as `index convert`)")
+    p.add_argument(
+        "--workdir", type=Path, help="where the Flat file and shards go (default outputs/convert-bench)"
+    )
+    p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
+    p.add_argument("--data-dir", dest="data_dir", help="where the bundled corpus lives (default ./data)")
+    p.set_defaults(handler=_convert_bench)
+
+
+def _convert_bench(args: argparse.Namespace) -> int:
+    from searchrl.bench.convert import format_convert_bench, run_convert_bench
+    from searchrl.bench.scale import parse_sizes
+    from searchrl.config import load_settings
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+    from searchrl.retrieval.settings import RetrievalSettings
+
+    setup_logging()
+    settings = load_settings(RetrievalSettings, **given(args, "data_dir"))
+    kwargs: dict[str, object] = {}
+    if hasattr(args, "n"):
+        sizes = parse_sizes(args.n)
+        if len(sizes) != 1:
+            raise ConfigError(f"--n: one count such as 2M, got {args.n!r}")
+        kwargs["n"] = sizes[0]
+    if hasattr(args, "types"):
+        kwargs["types"] = tuple(t.strip() for t in args.types.split(";") if t.strip())
+    for name, dest, low in (("base", "n_base", 10), ("queries", "n_queries", 10), ("chunk", "chunk", 1000)):
+        if hasattr(args, name):
+            if getattr(args, name) < low:
+                raise ConfigError(f"--{name}: must be at least {low}, got {getattr(args, name)}")
+            kwargs[dest] = getattr(args, name)
+    if hasattr(args, "workdir"):
+        kwargs["workdir"] = args.workdir
+    if hasattr(args, "out"):
+        kwargs["out_dir"] = args.out
+    report = run_convert_bench(settings, **kwargs)  # type: ignore[arg-type]
+    print(format_convert_bench(report))  # noqa: T201 - results go to stdout
     return 0

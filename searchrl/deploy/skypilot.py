@@ -25,6 +25,7 @@ SKY_DIR = REPO / "sky"
 TASK_FILES = (
     "retrieval.yaml",
     "index-build.yaml",
+    "index-convert.yaml",
     "train.yaml",
     "train-single.yaml",
     "merge.yaml",
