@@ -136,7 +136,10 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", packed),
         ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", budget),
         ("actor_rollout_ref.ref.fsdp_config.param_offload", True),
-        # multi-node: FSDP inside each node, one gradient sync per mini batch (TrainSettings.fsdp_size)
+        # multi-node: FSDP inside each node, one gradient sync per mini batch (TrainSettings.fsdp_size), on FSDP2,
+        # which accumulates the unsynced micro batches in fp32 where FSDP1 sums them in bf16
+        # (TrainSettings.fsdp_strategy; the reference model follows actor.strategy, verl's ref.yaml)
+        ("actor_rollout_ref.actor.strategy", s.fsdp_strategy),
         ("actor_rollout_ref.actor.fsdp_config.fsdp_size", s.fsdp_size),
         ("actor_rollout_ref.ref.fsdp_config.fsdp_size", s.fsdp_size),
         (

@@ -460,6 +460,22 @@ class TrainSettings(StrictSettings):
         return self.trainer_nodes > 1
 
     @property
+    def fsdp_strategy(self) -> str:
+        """verl's actor.strategy (the reference model follows it): "fsdp2" when gradients sync once per mini batch,
+        verl's default "fsdp" (FSDP1) otherwise.
+
+        Under no-sync torch's FSDP1 keeps the unsharded gradient in the parameter dtype, bf16 with verl's
+        MixedPrecision: its post-backward hook returns before the cast to the fp32 reduce dtype
+        (torch/distributed/fsdp/_runtime_utils.py:743-746 vs 757-764), so a mini batch's micro batches are summed
+        in bf16. FSDP2 upcasts the first unsynced gradient to the reduce dtype and adds the later ones into it
+        (_fully_shard/_fsdp_param.py:802-820), at 4 bytes a parameter per GPU instead of 2 (docs/training.md
+        "Multi-node notes", measured in tests/trainer/test_grad_accumulation.py). verl 0.9.1's
+        engine maps no-sync to FSDP2's set_requires_gradient_sync(False) and builds HSDP from the same 2-D mesh
+        (workers/engine/fsdp/transformer_impl.py:692-722, 450-473).
+        """
+        return "fsdp2" if self.sync_grads_per_mini_batch else "fsdp"
+
+    @property
     def micro_batch_rows(self) -> int:
         """Samples per micro batch (actor update, reference and rollout log-probs) when verl pads.
 

@@ -1,8 +1,9 @@
 """One gradient sync per mini batch on multi-node runs, counted in verl's own FSDP engine (issue 38 item 3).
 
 Four gloo processes stand for two nodes of two GPUs each. Each builds verl 0.9.1's `FSDPEngine` mesh and FSDP module
-with verl's own code (`_init_device_mesh`, `_build_fsdp_module`: the `strategy=fsdp` default, FSDP1, the tiny
-Qwen2) from the actor's `fsdp_config` as our rendered overrides compose it, then runs one mini batch of K micro
+with verl's own code (`_init_device_mesh`, `_build_fsdp_module` on the tiny Qwen2) from the actor's `fsdp_config` as
+our rendered overrides compose it (`strategy=fsdp2`, FSDP2 over an HSDP mesh: tests/trainer/test_grad_accumulation.py
+says why) and as verl's defaults have it (`strategy=fsdp`, FSDP1, one group), then runs one mini batch of K micro
 batches through verl's own `forward_backward_batch` (its micro-batch loop and `_gradient_sync_context`). Only
 `forward_step` is ours (a plain LM loss: the model call verl makes is not what is counted), and only the CPU
 platform is a stand-in (trainer/cpu_plugin.py). The gradient collectives FSDP issues are counted by wrapping
@@ -95,8 +96,9 @@ def _worker(rank: int, world: int, port: int, configs: dict, queue) -> None:  # 
                 dist.reduce_scatter_tensor = originals["reduce_scatter_tensor"]
                 dist.all_reduce = all_reduce
             # the mini batch's gradient norm: each rank's shard (fp32 after the sync), summed over the shard group
+            shards = [p.grad for p in engine.module.parameters() if p.grad is not None]  # FSDP2: DTensors
             squares = sum(
-                p.grad.float().pow(2).sum() for p in engine.module.parameters() if p.grad is not None
+                (g.to_local() if hasattr(g, "to_local") else g).float().pow(2).sum() for g in shards
             )
             mesh = engine.device_mesh
             dist.all_reduce(squares, group=mesh.get_group("fsdp") if mesh.ndim == 2 else None)
@@ -128,12 +130,14 @@ def test_multi_node_overrides_sync_gradients_once_per_mini_batch(compose, tmp_pa
             compose,
             [
                 *ours,
+                "actor_rollout_ref.actor.strategy=fsdp",
                 "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
                 "actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation=False",
             ],
         ),
     }
     assert configs["ours"].fsdp_size == 2 and configs["ours"].use_no_sync_for_gradient_accumulation is True
+    assert (configs["ours"].strategy, configs["verl defaults"].strategy) == ("fsdp2", "fsdp")
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()

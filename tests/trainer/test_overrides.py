@@ -86,6 +86,7 @@ def test_defaults_compose_into_a_search_agent_grpo_run(compose, tmp_path):
     # One node: verl's FSDP defaults (one group over the node's GPUs, a reduce-scatter per micro batch).
     for role in ("actor", "ref"):
         assert cfg.actor_rollout_ref[role].fsdp_config.fsdp_size == -1
+        assert cfg.actor_rollout_ref[role].strategy == "fsdp"  # verl's FSDP1 (fp32 sharded accumulation)
     assert cfg.actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation is False
 
 
@@ -359,6 +360,11 @@ def test_multi_node_shards_inside_a_node_and_syncs_once_per_mini_batch(compose, 
         actor.fsdp_config.fsdp_size == 8 and actor.fsdp_config.use_no_sync_for_gradient_accumulation is True
     )
     assert cfg.actor_rollout_ref.ref.fsdp_config.fsdp_size == 8  # the reference model too (forward only)
+    # FSDP2, so the micro batches between syncs accumulate in fp32, not bf16 (tests/trainer/
+    # test_grad_accumulation.py): the engine config verl's worker builds from (actor_config.engine) says so; the
+    # reference model's strategy interpolates the actor's (verl's ref.yaml) into the same FSDPActorConfig class,
+    # whose __post_init__ copies it into the engine config as it does for the actor
+    assert (actor.strategy, actor.engine.strategy, cfg.actor_rollout_ref.ref.strategy) == ("fsdp2",) * 3
 
 
 @pytest.mark.parametrize("rollout_name", ["vllm", "sglang"])
@@ -492,6 +498,7 @@ def test_separate_async_trains_on_one_node_and_generates_on_the_other(compose, t
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)
     rollout = cfg.actor_rollout_ref.rollout
     assert (rollout.nnodes, rollout.n_gpus_per_node) == (1, 8)
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp"  # one trainer node: a sync per micro batch, FSDP1
     assert cfg.actor_rollout_ref.hybrid_engine is False  # no rollout replicas on the trainer's GPUs
     assert cfg.trainer.v1.separate_async.parameter_sync_step == 2  # 512 / 256
     assert cfg.data.train_batch_size == 2 * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
