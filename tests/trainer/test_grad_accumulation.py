@@ -147,9 +147,15 @@ def _engine(model_dir: str, engine_config: Any) -> Any:  # pragma: no cover (sub
     return engine
 
 
-def _accumulate(engine: Any, rank: int) -> tuple[list[tuple[list[str], int]], Any]:  # pragma: no cover
-    """One mini batch through verl's `forward_backward_batch`; what FSDP held before each micro batch after the
-    first (dtypes, bytes) and the synced gradient. Only `forward_step` is wrapped, to look before calling verl's."""
+def _accumulate(
+    engine: Any, rank: int, save_to: str | None
+) -> dict[str, Any]:  # pragma: no cover (subprocess)
+    """One mini batch through verl's `forward_backward_batch`, then verl's `optimizer_step` (its clip: FSDP1's
+    `clip_grad_norm_`, FSDP2's `fsdp2_clip_grad_norm_` over DTensor shards, transformer_impl.py:805-815), inside
+    `train_mode()` as verl's worker runs them (leaving it zeroes the gradients). Returns what FSDP held before each
+    micro batch after the first (dtypes, bytes), the synced gradient and verl's gradient norm. Only `forward_step` is
+    wrapped, to look before calling verl's. `save_to`: verl's FSDPCheckpointManager writes every rank's shard there
+    before the step, so the checkpoint holds the source weights."""
     held_before: list[tuple[list[str], int]] = []
     verl_forward_step = engine.forward_step
 
@@ -164,7 +170,12 @@ def _accumulate(engine: Any, rank: int) -> tuple[list[tuple[list[str], int]], An
     engine.optimizer_zero_grad()
     with engine.train_mode():
         engine.forward_backward_batch(_batch(rank), _loss)
-        return held_before, _synced_gradient(engine.module)
+        gradient = _synced_gradient(engine.module)
+        if save_to is not None:
+            engine.save_checkpoint(save_to, global_step=1)
+        grad_norm = engine.optimizer_step()
+    # numpy, pickled by value: a torch tensor would travel as a shared-memory handle that dies with the worker
+    return {"held": held_before, "gradient": gradient.numpy(), "grad_norm": grad_norm}
 
 
 def _worker(  # pragma: no cover (subprocess)
@@ -182,11 +193,7 @@ def _worker(  # pragma: no cover (subprocess)
     results: dict[str, Any] = {}
     for name, engine_config in configs.items():
         engine = _engine(model_dir, engine_config)
-        held, gradient = _accumulate(engine, rank)
-        if name in saves:  # verl's FSDPCheckpointManager: every rank writes its shard (2-D mesh: DTensors)
-            engine.save_checkpoint(saves[name], global_step=1)
-        # numpy, pickled by value: a torch tensor would travel as a shared-memory handle that dies with the worker
-        results[name] = {"held": held, "gradient": gradient.numpy(), "mesh": engine.device_mesh.ndim}
+        results[name] = {**_accumulate(engine, rank, saves.get(name)), "mesh": engine.device_mesh.ndim}
     queue.put((rank, results))
     dist.destroy_process_group()
 
@@ -304,6 +311,14 @@ def test_multi_node_overrides_accumulate_gradients_in_fp32(measured: dict[str, A
     for name in ("rendered", "fsdp2 hsdp no-sync"):
         accumulation = _vs(measured, name, "fsdp2 per-micro-sync")
         assert accumulation["max_rel"] < 1e-5 and accumulation["mean_rel"] < 1e-6, (name, accumulation)
+
+
+@pytest.mark.slow
+def test_verls_gradient_norm_is_the_whole_gradients(measured: dict[str, Any]) -> None:
+    """The norm verl clips by and logs (`optimizer_step`) is the whole mini batch gradient's, on either FSDP version
+    and on the HSDP mesh, where FSDP2's shards are DTensors placed (Replicate, Shard)."""
+    for name, run in measured["runs"].items():
+        assert run["grad_norm"] == pytest.approx(float(run["gradient"].norm()), rel=1e-5), name
 
 
 @pytest.mark.slow
