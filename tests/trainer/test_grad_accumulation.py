@@ -9,12 +9,13 @@ trainer/tiny_model.py, and run one mini batch of K packed micro batches through 
 `forward_backward_batch` (its micro-batch loop, `_gradient_sync_context`, `forward_step` with bf16 autocast).
 Only the loss is ours (weighted per-token log-probs summed over tokens) and only the CPU platform is a stand-in
 (trainer/cpu_plugin.py). Before every micro batch after the first, the worker reads what FSDP holds as the unsynced
-gradient (dtype, bytes); after the last it takes the synced gradient. Runs, each one mini batch from the same weights
-and data: FSDP2 as rendered (no-sync), FSDP1 as rendered before (`actor.strategy=fsdp`, no-sync), each also with a
-sync per micro batch (`use_no_sync_for_gradient_accumulation=False`: every micro batch's gradient reduced in fp32 and
-accumulated in fp32 shards, the reference for the accumulation alone) and with fp32 parameters (an fp32 gradient,
-the reference for bf16 arithmetic as a whole), and FSDP2 no-sync on a 2-D (ddp, fsdp) HSDP mesh, whose checkpoint
-verl's merger then merges.
+gradient (dtype, bytes); after the last it takes the synced gradient and the norm verl's `optimizer_step` clips by.
+Runs, each one mini batch from the same weights and data: FSDP2 as rendered (no-sync), FSDP1 as rendered before
+(`actor.strategy=fsdp`, no-sync), each also with a sync per micro batch
+(`use_no_sync_for_gradient_accumulation=False`: every micro batch's gradient reduced in fp32 and accumulated in fp32
+shards, the reference for the accumulation alone) and with fp32 parameters (an fp32 gradient, the reference for bf16
+arithmetic as a whole), and FSDP2 no-sync on a 2-D (ddp, fsdp) HSDP mesh, whose checkpoint verl's merger then
+merges.
 
 What it shows (numbers in docs/training.md "Multi-node notes", "fp32 gradient accumulation"): FSDP1 under no-sync
 holds the unsharded gradient in bf16, because torch's post-backward hook returns before the cast to the reduce dtype
