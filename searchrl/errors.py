@@ -33,9 +33,11 @@ with the error's `exit_code`: 2 (a refusal: fixing the input fixes it), except S
 is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and never contain a secret.
 
 Every exception class lives here (tests/test_errors.py checks the tree above against the classes), except
-trainer/driver.py's `DriverError` and trainer/stack_check.py's `StackError`, which never leave their modules: those
-files run as scripts on the nodes before this package is importable (driver.py with the system python), and
-trainer/lock.py and trainer/launch.py turn them into ConfigError.
+trainer/driver.py's `DriverError`, trainer/stack_check.py's `StackError` and trainer/vllm_cpu_env.py's
+`WheelError`, which never leave their modules: those files run as scripts before this package is importable
+(driver.py on the nodes with the system python, vllm_cpu_env.py before the vLLM CPU venv exists), and
+trainer/lock.py and trainer/launch.py turn the first two into ConfigError; vllm_cpu_env.py prints its one line and
+exits 2 itself.
 """
 
 from __future__ import annotations

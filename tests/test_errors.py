@@ -33,7 +33,11 @@ _BUILTIN_EXCEPTIONS = {
 # Exception classes that stay outside errors.py on purpose (errors.py's docstring says why): trainer/driver.py
 # runs with the system python before anything of ours is installed. Private classes (a leading underscore) never
 # leave their module, so they are no part of the tree either.
-_ELSEWHERE = {("trainer/driver.py", "DriverError"), ("trainer/stack_check.py", "StackError")}
+_ELSEWHERE = {
+    ("trainer/driver.py", "DriverError"),
+    ("trainer/stack_check.py", "StackError"),
+    ("trainer/vllm_cpu_env.py", "WheelError"),
+}
 
 
 def _drawn_tree() -> list[tuple[str, str | None, tuple[str, ...], bool]]:
