@@ -25,7 +25,7 @@ from searchrl.errors import StepCheckError
 from searchrl.trainer import weight_fingerprint
 
 # the group's own timeout: what a rank left behind would wait for (bounded here so the "before" case ends)
-GROUP_TIMEOUT_S = 20
+GROUP_TIMEOUT_S = 12
 
 
 def _free_port() -> int:
@@ -34,7 +34,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, port: int, agree: bool, out: Any) -> None:
+def _rank(rank: int, port: int, out: Any) -> None:
+    """Both cases on one process group (one start-up): with the agreement, then without it (last, because it
+    leaves rank 1 in a barrier until the group's timeout)."""
     from tests.trainer.test_vllm_sync import Adapter, Engine, Server, VerlDroppingServer, Worker, hf_weights
 
     dist.init_process_group(
@@ -44,32 +46,31 @@ def _rank(rank: int, port: int, agree: bool, out: Any) -> None:
         world_size=2,
         timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S),
     )
-    if not agree:  # the behaviour before the fix: each rank decides alone
-        weight_fingerprint.agree_across_ranks = _alone  # type: ignore[assignment]
-        import searchrl.trainer.vllm_sync as vllm_sync
+    for agree in (True, False):
+        if not agree:  # the behaviour before the fix: each rank decides alone
+            import searchrl.trainer.vllm_sync as vllm_sync
 
-        vllm_sync.agree_across_ranks = _alone  # type: ignore[assignment]
-    workers = [Worker(0, 1)]
-    if rank == 0:  # loads the initial sync, then ignores the update (TRL #5312)
-        adapter = Adapter(workers, Server(Engine(workers)), stale_after=1)
-    else:
-        adapter = Adapter(workers, VerlDroppingServer(Engine(workers)), has_server=False)
-    t0 = time.monotonic()
-    outcome = "passed"
-    try:
-        for step in range(2):  # the initial sync, then the update after step 1
-            asyncio.run(adapter.update_weights(iter(hf_weights(step).items()), global_steps=step))
-            dist.barrier()  # verl's next collective
-    except StepCheckError as exc:
-        outcome = f"StepCheckError: {exc}"
-    except RuntimeError as exc:
-        outcome = f"RuntimeError: {str(exc).splitlines()[0]}"
-    out.put((rank, outcome, time.monotonic() - t0))
+            vllm_sync.agree_across_ranks = _alone  # type: ignore[assignment]
+        workers = [Worker(0, 1)]
+        if rank == 0:  # loads the initial sync, then ignores the update (TRL #5312)
+            adapter = Adapter(workers, Server(Engine(workers)), stale_after=1)
+        else:
+            adapter = Adapter(workers, VerlDroppingServer(Engine(workers)), has_server=False)
+        t0 = time.monotonic()
+        outcome = "passed"
+        try:
+            for step in range(2):  # the initial sync, then the update after step 1
+                asyncio.run(adapter.update_weights(iter(hf_weights(step).items()), global_steps=step))
+                dist.barrier()  # verl's next collective
+        except StepCheckError as exc:
+            outcome = f"StepCheckError: {exc}"
+        except RuntimeError as exc:
+            outcome = f"RuntimeError: {str(exc).splitlines()[0]}"
+        out.put((agree, rank, outcome, time.monotonic() - t0))
     out.close()
     out.join_thread()  # the queue's feeder thread delivers before the hard exit below
-    if not agree:
-        # a Ray worker stays alive after its task raised: its peer sees no closed connection, only silence
-        time.sleep(GROUP_TIMEOUT_S + 5)
+    # a Ray worker stays alive after its task raised: its peer sees no closed connection, only silence
+    time.sleep(GROUP_TIMEOUT_S + 5)
     os._exit(0)  # a rank whose peer is gone must not wait in the process group's teardown
 
 
@@ -78,40 +79,45 @@ def _alone(problem: StepCheckError | None, global_steps: int | None) -> None:
         raise problem
 
 
-def _run(agree: bool) -> dict[int, tuple[str, float]]:
+@pytest.fixture(scope="module")
+def outcomes() -> dict[tuple[bool, int], tuple[str, float]]:
+    """{(with the agreement, rank): (how the two syncs ended, seconds)} from one pair of gloo processes."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, agree, out)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
     for p in procs:
         p.start()
     results = {}
-    for _ in procs:
-        rank, outcome, seconds = out.get(timeout=GROUP_TIMEOUT_S + 120)
-        results[rank] = (outcome, seconds)
-    for p in procs:
-        p.join(timeout=GROUP_TIMEOUT_S + 30)
+    try:
+        for _ in range(4):
+            agree, rank, outcome, seconds = out.get(timeout=GROUP_TIMEOUT_S + 240)
+            results[(agree, rank)] = (outcome, seconds)
+    finally:
+        for p in procs:  # every outcome is in: the ranks only wait now (rank 0 as a live Ray worker would)
+            p.kill()
+            p.join(timeout=30)
     return results
 
 
-@pytest.mark.timeout(300)
-def test_a_mismatch_on_one_rank_stops_every_rank_within_seconds() -> None:
-    results = _run(agree=True)
-    (zero, _), (one, seconds) = results[0], results[1]
+@pytest.mark.timeout(400)
+def test_a_mismatch_on_one_rank_stops_every_rank_within_seconds(outcomes: dict[Any, Any]) -> None:
+    (zero, _), (one, seconds) = outcomes[(True, 0)], outcomes[(True, 1)]
     assert zero.startswith("StepCheckError: weight sync check failed at step 2 (the update after step 1)"), (
         zero
     )
     assert one.startswith("StepCheckError: weight sync check failed at step 2 on another trainer rank"), one
-    assert seconds < GROUP_TIMEOUT_S / 2, results  # the agreement, not the group's timeout
+    assert seconds < GROUP_TIMEOUT_S / 2, outcomes  # the agreement, not the group's timeout
 
 
-@pytest.mark.timeout(300)
-def test_before_the_agreement_the_rank_without_the_server_waited_for_the_group_timeout() -> None:
+@pytest.mark.timeout(400)
+def test_before_the_agreement_the_rank_without_the_server_waited_for_the_group_timeout(
+    outcomes: dict[Any, Any],
+) -> None:
     """The failure the fix removes, measured with the same ranks: rank 1 learns nothing until the timeout."""
-    results = _run(agree=False)
-    assert results[0][0].startswith("StepCheckError: weight sync check failed at step 2")
-    outcome, seconds = results[1]
-    assert outcome.startswith("RuntimeError") and seconds >= GROUP_TIMEOUT_S - 1, results
+    assert outcomes[(False, 0)][0].startswith("StepCheckError: weight sync check failed at step 2")
+    outcome, seconds = outcomes[(False, 1)]
+    assert outcome.startswith("RuntimeError") and seconds >= GROUP_TIMEOUT_S - 1, outcomes
 
 
 def test_a_rank_that_never_reaches_the_agreement_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
