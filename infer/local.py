@@ -252,7 +252,8 @@ class LocalLLM:
             raise InferenceError(
                 f"cannot load model {name_or_path!r} locally ({exc.__class__.__name__}: {exc})"
             ) from exc
-        model.to(dev).eval()
+        # transformers decorates PreTrainedModel.to with functools.wraps(nn.Module.to), which mypy reads unbound
+        model.to(dev).eval()  # type: ignore[arg-type]
         log.info(
             "loaded %s on %s (%d parameters)", name_or_path, dev, sum(p.numel() for p in model.parameters())
         )
@@ -321,7 +322,8 @@ class LocalLLM:
         steps = int(out.shape[1]) - width
         results = []
         for i, r in enumerate(rows):
-            n = ends.ended_at[i] if ends.ended_at[i] is not None else steps
+            ended = ends.ended_at[i]
+            n = ended if ended is not None else steps
             new_ids = out[i, width : width + n].tolist()
             self.stats.generated_tokens += len(new_ids)
             self.stats.padded_tokens += steps - len(new_ids)

@@ -239,8 +239,8 @@ def _flip_draws(diffs: Sequence[np.ndarray], n_perm: int, rng: np.random.Generat
 
 
 def macro_paired(
-    a_groups: Sequence[Sequence[float]],
-    b_groups: Sequence[Sequence[float]],
+    a_groups: Sequence[Scores],
+    b_groups: Sequence[Scores],
     *,
     n_boot: int = N_BOOT,
     n_perm: int = N_PERM,

@@ -143,6 +143,14 @@ def test_eval_problems_name_every_way_a_question_went_wrong() -> None:
     )
 
 
+def test_unknown_backend_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["smoke", "--backend", "nope", "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: backend (env SEARCHRL_RETRIEVAL_BACKEND): Input should be 'dense'")
+    assert "Traceback" not in err
+
+
 def test_unreachable_hub_is_skipped_or_fails_never_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

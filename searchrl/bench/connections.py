@@ -16,7 +16,7 @@ from searchrl.bench.replicas import replicas
 from searchrl.retrieval.settings import RetrievalSettings
 
 
-def big_body(settings: RetrievalSettings, workdir: Path, *, megabytes: int = 200) -> dict:
+def big_body(settings: RetrievalSettings, workdir: Path, *, megabytes: int = 200) -> dict[str, Any]:
     """Stream a `megabytes` chunked JSON body (no Content-Length) while timing /health every 20 ms."""
     with replicas(settings, 1, workdir / "big-body") as (r,):
         rss_before = r.rss()
@@ -73,7 +73,7 @@ def big_body(settings: RetrievalSettings, workdir: Path, *, megabytes: int = 200
 
 def slow_clients(
     settings: RetrievalSettings, workdir: Path, *, n: int = 400, header_timeout_s: float = 3.0
-) -> dict:
+) -> dict[str, Any]:
     """`n` connections sending one byte a second: half still in the headers, half in a declared body."""
     env = {
         "SEARCHRL_RETRIEVAL_HEADER_TIMEOUT_S": str(header_timeout_s),

@@ -81,7 +81,7 @@ def hostile_pages(
     health_every_s: float = 0.05,
     health_p99_ms: float = HOSTILE_HEALTH_P99_MS,
     rss_bound_mb: float | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Issue 26: the service (serper backend, page mode, private addresses allowed so it reaches the loopback
     hostile web) with `in_flight` concurrent /retrieve calls for `seconds`, each call's first result a hostile
     page (400 MiB of HTML, a gzip bomb inflating to 1 GiB, one byte a second, an endless redirect chain: worker

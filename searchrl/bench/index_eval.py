@@ -67,7 +67,8 @@ class IndexEval:
 def auto_nlist(n: int) -> int:
     """A power of two near 4*sqrt(n) with at least 39 training points per list."""
     target = 4 * math.sqrt(n)
-    nlist = 2 ** max(0, round(math.log2(max(1.0, target))))
+    # annotated: typeshed types int ** int as Any (a negative exponent gives a float); this one is >= 0
+    nlist: int = 2 ** max(0, round(math.log2(max(1.0, target))))
     while nlist > 1 and n / nlist < 39:
         nlist //= 2
     return max(1, nlist)

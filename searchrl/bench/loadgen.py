@@ -23,7 +23,7 @@ import json
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -293,6 +293,7 @@ def drive(url: str, sc: Any, queries: list[str]) -> dict[str, Any]:
     if sc.client not in CLIENTS:
         raise ValueError(f"unknown load generator {sc.client!r}; use one of {', '.join(CLIENTS)}")
     driver = drive_raw if sc.client == "raw" else drive_aiohttp
+    run: Callable[[Coroutine[Any, Any, dict[str, Any]]], dict[str, Any]]  # uvloop's run, or asyncio's
     try:
         from uvloop import run
     except ImportError:  # pragma: no cover - uvloop is in the retrieval extra

@@ -53,7 +53,9 @@ from searchrl.retrieval.settings import RetrievalSettings
 # --- scenarios ---------------------------------------------------------------------------------------------
 
 
-async def soak(settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 128) -> dict:
+async def soak(
+    settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 128
+) -> dict[str, Any]:
     with replicas(settings, 1, workdir / "soak") as (r,):
         async with RetrievalClient(r.url, timeout_s=10, max_retries=5) as client:
             call = client_call(client)
@@ -77,7 +79,7 @@ async def soak(settings: RetrievalSettings, workdir: Path, *, seconds: float, cl
 
 async def overload(
     settings: RetrievalSettings, workdir: Path, *, seconds: float, queue: int = 16, factor: int = 10
-) -> dict:
+) -> dict[str, Any]:
     """Offered concurrency = factor x the queue bound (each client keeps one unique query in flight)."""
     env = {
         "SEARCHRL_RETRIEVAL_QUEUE_SIZE": str(queue),
@@ -115,12 +117,14 @@ async def _with_fault(
     seconds: float,
     clients: int,
     fault: str,
-    make_call: Callable[[list[str]], tuple[Call, Callable[[], dict], Callable[[], Awaitable[None]]]] | None,
+    make_call: Callable[[list[str]], tuple[Call, Callable[[], dict[str, Any]], Callable[[], Awaitable[None]]]]
+    | None,
     timeout_s: float,
-) -> dict:
+) -> dict[str, Any]:
     """3 replicas; at 1/3 of the run SIGKILL (or SIGSTOP) replica 0; at 2/3 restart (or SIGCONT) it."""
     with replicas(settings, 3, workdir / fault) as reps:
         urls = [r.url for r in reps]
+        close: Callable[[], Awaitable[None]]
         if make_call is None:
             client = RetrievalClient(urls, timeout_s=timeout_s, max_retries=3, breaker_reset_s=0.5)
             call, stats, close = client_call(client), client.stats, client.aclose
@@ -174,7 +178,7 @@ async def _with_fault(
 
 async def replica_kill(
     settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 32, make_call: Any = None
-) -> dict:
+) -> dict[str, Any]:
     return await _with_fault(
         settings, workdir, seconds=seconds, clients=clients, fault="kill", make_call=make_call, timeout_s=10
     )
@@ -182,7 +186,7 @@ async def replica_kill(
 
 async def replica_hang(
     settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 32, make_call: Any = None
-) -> dict:
+) -> dict[str, Any]:
     return await _with_fault(
         settings, workdir, seconds=seconds, clients=clients, fault="hang", make_call=make_call, timeout_s=2
     )
@@ -195,7 +199,7 @@ async def replica_freeze(
     calls: int = 1500,
     clients: int = 32,
     make_call: Any = None,
-) -> dict:
+) -> dict[str, Any]:
     """Issue 26: 2 replicas, `clients` concurrent callers, `calls` calls in all, replica 0 SIGSTOPped once a fifth
     of the calls have finished and never resumed, through `RetrievalClient` with the defaults users get (or
     `make_call`). Without hedging every call in flight on the frozen replica waits out `timeout_s` (10 s)."""
@@ -235,7 +239,9 @@ async def replica_freeze(
     )
 
 
-async def drain(settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 64) -> dict:
+async def drain(
+    settings: RetrievalSettings, workdir: Path, *, seconds: float, clients: int = 64
+) -> dict[str, Any]:
     """SIGTERM under load, no client retries: every request is answered, refused (503 / connection refused,
     i.e. never accepted) or lost (accepted, then no answer). Lost must be 0."""
     import aiohttp
@@ -317,8 +323,8 @@ async def run_all(
     seconds: float,
     only: Sequence[str] = SCENARIOS,
     make_call: Any = None,
-) -> list[dict]:
-    rows: list[dict] = []
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     for name in only:
         if name == "soak":
             rows.append(await soak(settings, workdir, seconds=seconds))
@@ -341,7 +347,7 @@ async def run_all(
     return rows
 
 
-def render_table(rows: Sequence[dict]) -> str:
+def render_table(rows: Sequence[dict[str, Any]]) -> str:
     """The markdown table docs/operations.md shows: one line per scenario, extra fields as key=value."""
     lines = [
         "| scenario | sent | answered | wrong | lost | 5xx | p99 s | other |",

@@ -72,7 +72,7 @@ def replicas(
     """Start `n` replicas (index prepared once, before), stop every one on exit."""
     from searchrl.retrieval.indexing import ensure_index
 
-    ensure_index(settings, settings.backend if settings.backend in ("bm25", "dense") else "bm25")  # type: ignore[arg-type]
+    ensure_index(settings, settings.backend if settings.backend in ("bm25", "dense") else "bm25")
     workdir.mkdir(parents=True, exist_ok=True)
     env = {"SEARCHRL_RETRIEVAL_CACHE_SIZE": "0", **(env or {})}
     started: list[Replica] = []

@@ -184,8 +184,8 @@ def run_bench(
     best = max(ceiling_rows, key=lambda r: r["qps"])
     index_dir = index_dir_for(settings, "dense", corpus_path)
     # The choice is measured in this run, on this machine now: drop cached choices (exports are kept).
-    for cached in (index_dir / "encoders").glob("*/tuning-*.json"):
-        cached.unlink()
+    for stale in (index_dir / "encoders").glob("*/tuning-*.json"):
+        stale.unlink()
     # The service tunes its own encoder (backend, precision, workers, threads, forward batch) at start-up;
     # the batch bound is the ceiling's best (a batch only fills that far when that many queries wait).
     server_env = {

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
 
 from searchrl.cli import given
 from searchrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +205,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _settings(args: argparse.Namespace, *names: str):  # -> RetrievalSettings
+def _settings(args: argparse.Namespace, *names: str) -> RetrievalSettings:
     from searchrl.config import load_settings
     from searchrl.retrieval.settings import RetrievalSettings
 

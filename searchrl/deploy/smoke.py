@@ -287,6 +287,7 @@ def run_smoke(
     out_dir: Path = Path("outputs/smoke"),
 ) -> SmokeReport:
     """Run the steps in order; a failed step ends the run (later steps are not attempted)."""
+    from searchrl.config import load_settings
     from searchrl.retrieval.client import check_health
     from searchrl.retrieval.download import CORPORA, INDEXES, download_corpus
     from searchrl.retrieval.indexing import resolve_corpus
@@ -294,7 +295,8 @@ def run_smoke(
     from searchrl.retrieval.settings import RetrievalSettings
 
     report = SmokeReport(corpus, backend)
-    settings = RetrievalSettings(backend=backend, corpus=corpus, data_dir=data_dir)
+    # a bad --backend (or corpus) is a ConfigError naming the knob, not pydantic's traceback
+    settings = load_settings(RetrievalSettings, backend=backend, corpus=corpus, data_dir=data_dir)
 
     started = time.monotonic()
     if corpus in CORPORA:

@@ -286,7 +286,7 @@ def render_task(task: sky.Task, secrets: Mapping[str, str]) -> str:
 def _block_dumper() -> type:
     import yaml
 
-    class BlockDumper(yaml.SafeDumper):
+    class BlockDumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no types: SafeDumper is Any
         """Multi-line strings (setup, run) as `|` blocks, so the printed task reads like the file."""
 
     def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
