@@ -37,6 +37,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from transformers import PreTrainedTokenizerBase
 from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
@@ -138,6 +139,11 @@ class _LastOutput:
 @register(AGENT_NAME)
 class SearchToolAgentLoop(ToolAgentLoop):
     """ToolAgentLoop whose scripted first turn (when enabled) is environment, not policy (module docstring)."""
+
+    # verl annotates `tokenizer` as AutoTokenizer, the factory class; it holds the tokenizer the factory returned
+    tokenizer: PreTrainedTokenizerBase  # type: ignore[assignment]
+    # wrapped in __init__; verl's code calls the wrapper as it would its LLMServerClient (every name forwards)
+    server_manager: _LastOutput  # type: ignore[assignment]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

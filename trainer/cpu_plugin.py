@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import types
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -179,7 +180,7 @@ class PlatformCPU(PlatformBase):
         return "CUDA_VISIBLE_DEVICES"
 
     @contextmanager
-    def nvtx_range(self, msg: str):  # type: ignore[override]
+    def nvtx_range(self, msg: str) -> Iterator[None]:
         yield
 
     def profiler_start(self) -> None:
@@ -223,7 +224,8 @@ def _patch_for_cpu() -> None:
     """The two patches of the module docstring; only on the CPU platform."""
     from verl.utils import distributed, fsdp_utils
 
-    original_init = distributed.initialize_global_process_group_ray
+    # typed here: verl leaves it unannotated
+    original_init: Callable[..., None] = distributed.initialize_global_process_group_ray
 
     def initialize_gloo(timeout_second: int | None = None, backend: str | None = None) -> None:
         original_init(timeout_second=timeout_second, backend=backend or "gloo")
@@ -239,7 +241,7 @@ def _patch_for_cpu() -> None:
             def __init__(self, pin_memory: bool = False) -> None:
                 super().__init__(pin_memory=False)
 
-        fsdp_utils.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+        fsdp_utils.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy  # type: ignore[misc]  # the patch: a class global
 
 
 _register_rollout()

@@ -119,7 +119,8 @@ def _read_table(path: Path) -> list[dict[str, Any]]:
         raise DataError(
             f"{path} lacks column(s) {sorted(missing)}: QA files need question, golden_answers, data_source"
         )
-    return frame.to_dict(orient="records")
+    records: list[dict[str, Any]] = frame.to_dict(orient="records")
+    return records
 
 
 def _find_split(folder: Path, split: str) -> Path | None:

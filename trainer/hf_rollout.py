@@ -428,7 +428,8 @@ class HFRolloutReplica(RolloutReplica):
 
     async def launch_servers(self) -> None:
         name = SERVER_NAME.format(rank=self.replica_rank)
-        server = (
+        # Any: ray types an actor's methods (`server.ready.remote`) only where @ray.method declares them
+        server: Any = (
             ray.remote(HFGenerateServer)
             .options(name=name, num_cpus=1, max_concurrency=self.max_concurrency)
             .remote(

@@ -27,9 +27,10 @@ import functools
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from searchrl.errors import ConfigError
 from searchrl.trainer import driver
@@ -129,11 +130,15 @@ def write_locks(specs: Sequence[LockSpec] | None = None, *, cwd: Path = REPO) ->
     return written
 
 
-def _config_error(fn):  # type: ignore[no-untyped-def]
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _config_error(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """trainer/driver.py's functions, raising our ConfigError (one line) instead of its stdlib-only DriverError."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return fn(*args, **kwargs)
         except driver.DriverError as exc:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from verl.workers.rollout.replica import TokenOutput
 
 from searchrl.chat_template import use_repo_template
 from searchrl.prompt import build_messages, format_passages
@@ -95,7 +96,7 @@ def batched(server: HFGenerateServer, prompts: list[list[int]], threads: int) ->
     """The engine now: the turns sent concurrently, as verl's agent loop sends them."""
     torch.set_num_threads(threads)
 
-    async def turn() -> list[object]:
+    async def turn() -> list[TokenOutput]:
         return await asyncio.gather(
             *[server.generate(str(i), p, {"temperature": 1.0}) for i, p in enumerate(prompts)]
         )
@@ -103,7 +104,7 @@ def batched(server: HFGenerateServer, prompts: list[list[int]], threads: int) ->
     started = time.perf_counter()
     outs = asyncio.run(turn())
     seconds = time.perf_counter() - started
-    tokens = sum(len(o.token_ids) for o in outs)  # type: ignore[attr-defined]
+    tokens = sum(len(o.token_ids) for o in outs)
     return BenchPoint(f"batched, {threads} threads, sampling-pass log-probs", len(prompts), tokens, seconds)
 
 

@@ -91,7 +91,7 @@ class SearchBufferMixin:
 
     _tokenizer: Any = None
 
-    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict[str, Any]]:
         batch, metrics = super().sample(global_steps, partition_id, batch_size)  # type: ignore[misc]
         if partition_id == TRAIN_PARTITION and self.checks_versions:
             metrics = {**metrics, **self._version_metrics(batch, global_steps)}

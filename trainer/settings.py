@@ -535,9 +535,9 @@ class TrainSettings(StrictSettings):
 
         meta = self.split_dir / "meta.json"
         if meta.is_file():
-            rows = json.loads(meta.read_text()).get("train_rows")
-            if isinstance(rows, int):
-                return rows
+            stored = json.loads(meta.read_text()).get("train_rows")
+            if isinstance(stored, int):
+                return stored
         rows = DATASET_SIZES[self.dataset_size][0]
         if rows is None and self.qa_source == SEARCH_R1_DATASET:
             rows = FULL_TRAIN_ROWS

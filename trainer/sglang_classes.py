@@ -12,7 +12,9 @@ from verl.workers.rollout.sglang_rollout.sglang_rollout import ServerAdapter
 from searchrl.trainer.sglang_sync import SglangFingerprintMixin
 
 
-class FingerprintServerAdapter(SglangFingerprintMixin, ServerAdapter):
+# verl's BaseRollout.update_weights has no global_steps; its adapters, and the mixin with them, put it second (verl
+# passes it by keyword: workers/engine_workers.py)
+class FingerprintServerAdapter(SglangFingerprintMixin, ServerAdapter):  # type: ignore[misc]
     """verl's sglang adapter that reads back and compares a block of every tensor after each full update."""
 
 

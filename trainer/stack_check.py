@@ -90,7 +90,8 @@ def unmet_requirements(package: str) -> list[str]:
         from packaging.requirements import Requirement
     except ImportError:  # pip's vendored copy: `uv venv --seed` puts pip in every venv
         try:
-            from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+            # the same class, vendored: mypy reads pip's copy as a distinct type
+            from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
         except ImportError:
             raise StackError(
                 "neither packaging nor pip is importable here: cannot read version ranges"

@@ -22,7 +22,8 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from searchrl.chat_template import CHATML_HERMES_TEMPLATE  # re-exported: trainer/cpu_smoke.py uses it
+# re-exported (the `as` form says so to mypy): trainer/cpu_smoke.py and the tests import it from here
+from searchrl.chat_template import CHATML_HERMES_TEMPLATE as CHATML_HERMES_TEMPLATE
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>"]

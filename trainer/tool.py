@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 from uuid import uuid4
 
 from pydantic import ValidationError
@@ -42,6 +43,15 @@ from searchrl.trainer.toolconfig import SearchToolConfig
 log = logging.getLogger(__name__)
 
 FAILURE_PREFIX = "search failed: "
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _traced(func: _F) -> _F:
+    """verl's `rollout_trace_op`, typed: unannotated there, it returns a functools.wraps wrapper of `func` taking
+    the same arguments."""
+    trace: Callable[[_F], Any] = rollout_trace_op
+    return cast(_F, trace(func))
 
 
 class SearchTool(BaseTool):
@@ -82,7 +92,7 @@ class SearchTool(BaseTool):
         self._instances[instance_id] = dict(kwargs.get("create_kwargs") or {})
         return instance_id, ToolResponse()
 
-    @rollout_trace_op  # as on BaseTool.execute: searches show up in verl's rollout traces (weave/mlflow)
+    @_traced  # as on BaseTool.execute: searches show up in verl's rollout traces (weave/mlflow)
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict[str, Any]]:

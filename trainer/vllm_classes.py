@@ -36,7 +36,9 @@ class FingerprintReplica(vLLMReplica):
         self.server_class = ray.remote(FingerprintHttpServer)
 
 
-class FingerprintServerAdapter(FingerprintAdapterMixin, ServerAdapter):
+# verl's BaseRollout.update_weights has no global_steps; its adapters, and the mixin with them, put it second (verl
+# passes it by keyword: workers/engine_workers.py)
+class FingerprintServerAdapter(FingerprintAdapterMixin, ServerAdapter):  # type: ignore[misc]
     """verl's vLLM adapter that checks the workers' fingerprint after every full update."""
 
 

@@ -24,7 +24,7 @@ guards against (ignored or partial updates, the wrong source's weights) change v
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -82,7 +82,7 @@ def tensor_print(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> Tens
     bits = flat.view(_INT_VIEW[flat.element_size()]) if flat.is_floating_point() else flat
     s1 = torch.zeros((), dtype=torch.int64, device=flat.device)
     s2 = torch.zeros((), dtype=torch.int64, device=flat.device)
-    for chunk in bits.split(CHUNK):
+    for chunk in torch.split(bits, CHUNK):
         wide = chunk.to(torch.int64)
         s1 += wide.sum()
         s2 += (wide * wide).sum()
@@ -164,7 +164,7 @@ def group_sent(
 
 
 def merge_ranks(
-    sent: Mapping[str, TensorPrint], ranks: list[Mapping[str, TensorPrint]]
+    sent: Mapping[str, TensorPrint], ranks: Sequence[Mapping[str, TensorPrint]]
 ) -> dict[str, TensorPrint]:
     """One print per rollout parameter from its tensor-parallel ranks' prints.
 
