@@ -250,10 +250,10 @@ test-unit: $(VENV)/.dev $(SKY_VENV)/.sky  ## tests that start no server
 	$(BIN)/python -m pytest -m "not live and not slow" $(ARGS)
 
 # mypy reads the package as it installs (searchrl.retrieval is retrieval/): a tree of links under build/mypy/
-check: $(VENV)/.dev  ## lint, format and type check (never edits): ruff, then mypy strict on searchrl/*.py and retrieval/
+check: $(VENV)/.dev  ## lint, format and type check (never edits): ruff, then mypy strict on every product module (it prints their count)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	rm -rf build/mypy && mkdir -p build/mypy/searchrl && ln -s $(CURDIR)/searchrl/*.py build/mypy/searchrl/ && for d in retrieval trainer infer; do ln -s $(CURDIR)/$$d build/mypy/searchrl/$$d; done
+	rm -rf build/mypy && mkdir -p build/mypy/searchrl && ln -s $(CURDIR)/searchrl/*.py $(patsubst %/__init__.py,%,$(wildcard $(CURDIR)/searchrl/*/__init__.py)) build/mypy/searchrl/ && for d in retrieval trainer infer; do ln -s $(CURDIR)/$$d build/mypy/searchrl/$$d; done
 	$(BIN)/mypy
 
 fmt: $(VENV)/.dev  ## format and fix

@@ -1,11 +1,14 @@
-"""The Makefile's GPU targets fail in seconds on a machine without a GPU, before any download (issue 27 item 6)."""
+"""The Makefile's GPU targets fail in seconds on a machine without a GPU, before any download (issue 27 item 6);
+`make check` type-checks every product module (issue 47 item 1)."""
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -57,3 +60,37 @@ def test_gpu_venv_uses_the_pinned_uv_not_path(tmp_path: Path) -> None:
     )
     assert f'{tmp_path}/tools/bin/pip install -q "uv>=0.13,<0.14"' in "\n".join(plan)
     assert not any(line.startswith("uv ") for line in plan)
+
+
+def test_check_reads_every_product_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tree `make check` links under build/mypy/, read as mypy reads [tool.mypy] `files`, holds one module per
+    .py file of searchrl/ (sub-packages included) and of each folder package-dir maps (retrieval/, trainer/,
+    infer/): the count mypy prints."""
+    from mypy.find_sources import create_source_list
+    from mypy.options import Options
+
+    plan = _make("-n", "check", tmp_path=tmp_path).stdout.splitlines()
+    link = next(line for line in plan if line.startswith("rm -rf build/mypy "))
+    subprocess.run(
+        ["bash", "-c", link], cwd=tmp_path, check=True, timeout=60
+    )  # relative build/mypy: in tmp_path
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    config = pyproject["tool"]["mypy"]
+    options = Options()
+    options.explicit_package_bases = config["explicit_package_bases"]
+    options.mypy_path = [str(tmp_path / config["mypy_path"])]
+    monkeypatch.chdir(tmp_path)
+    files = [
+        name for pattern in config["files"] for name in sorted(glob.glob(pattern))
+    ]  # as mypy expands them
+    read = [source.module for source in create_source_list(files, options)]
+    folders = {
+        "searchrl": "searchrl",
+        **{f: p for p, f in pyproject["tool"]["setuptools"]["package-dir"].items()},
+    }
+    expected = set()
+    for folder, package in folders.items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = path.relative_to(REPO / folder).with_suffix("").parts
+            expected.add(".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)]))
+    assert len(read) == len(set(read)) and set(read) == expected
