@@ -52,6 +52,7 @@ import numpy as np
 from tqdm import tqdm
 
 from searchrl.errors import ConfigError, IndexLoadError, first_line
+from searchrl.retrieval.heap import trim_heap
 from searchrl.retrieval.indexing import (
     FAISS_FILE,
     MANIFEST,
@@ -294,7 +295,7 @@ def code_bytes_per_vector(index: Any) -> tuple[int, int]:
     if ivf is not None:
         fixed = (
             int(ivf.nlist) * int(ivf.d) * 4 * 2
-        )  # centroids (and a refine/residual table's worth of slack)
+        )  # the centroids, twice: the quantizer and its copy in a shard
         return int(ivf.code_size) + 8, fixed
     codes = (
         faiss.try_extract_index_flat_codes(index) if hasattr(faiss, "try_extract_index_flat_codes") else None
@@ -314,13 +315,16 @@ def make_plan(
     flat: FlatFile, index_type: str, *, train_sample: int = 0, chunk: int = 262_144, threads: int = 0
 ) -> tuple[ConvertPlan, Any]:
     """The plan and the empty index it was made from (a bad factory string is a ConfigError here, before work)."""
+    import faiss
+
     index = new_faiss_index(flat.dim, index_type)
     per_vector, fixed = code_bytes_per_vector(index)
     sample = min(flat.count, train_sample or default_train_sample(index_type, flat.count))
     if not index.is_trained:
         check_trainable(index_type, flat.count, sample)
     chunk = min(chunk, flat.count)
-    nlist = min_training_points(index_type) if "IVF" in index_type else 0
+    ivf = faiss.try_extract_index_ivf(index)
+    nlist = int(ivf.nlist) if ivf is not None else 0
     row = flat.dim * 4
     index_bytes = flat.count * per_vector + fixed
     shard = chunk * per_vector + fixed
@@ -329,9 +333,9 @@ def make_plan(
     add = (
         chunk * row * 2 + chunk * 16 + shard * 2
     )  # the chunk, its residuals, the shard and its serialisation
-    merge = (
-        int(index_bytes * 1.15) + shard
-    )  # lists grow by reallocation: ~15% slack was measured (bench-convert)
+    # the whole result, plus slack for lists that grow by reallocation (IVF1024/IVF4096,SQ8 at 2M: 987-993 resident
+    # bytes per 776-byte entry, +27%; docs/sizing.md), plus the shard being merged
+    merge = int(index_bytes * 1.3) + shard
     phases = {"train": train + BASE_BYTES, "add": add + BASE_BYTES, "merge": merge + BASE_BYTES}
     chunks = -(-flat.count // chunk)
     disk = (flat.count * per_vector + chunks * fixed) + index_bytes + flat.count * 8
@@ -352,8 +356,11 @@ def make_plan(
     return plan, index
 
 
-def check_resources(plan: ConvertPlan, where: Path, *, memory_gb: float = 0.0) -> None:
-    """ConfigError in one line when memory or disk is short, before anything is read or written."""
+def check_resources(plan: ConvertPlan, where: Path, *, memory_gb: float = 0.0, already: int = 0) -> None:
+    """ConfigError in one line when memory or disk is short, before anything is read or written.
+
+    `already`: bytes a resumed conversion has written (its shards count against the disk it needs, not twice).
+    """
     if memory_gb > 0:
         avail, source = int(memory_gb * 1e9), "--memory-gb"
     else:
@@ -367,9 +374,9 @@ def check_resources(plan: ConvertPlan, where: Path, *, memory_gb: float = 0.0) -
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    if plan.disk_bytes > free:
+    if plan.disk_bytes - already > free:
         raise ConfigError(
-            f"convert to {plan.index_type} needs ~{plan.disk_bytes / 1e9:.1f} GB of disk under {probe}, "
+            f"convert to {plan.index_type} needs ~{(plan.disk_bytes - already) / 1e9:.1f} GB more disk under {probe}, "
             f"{free / 1e9:.1f} GB are free: free space or use a bigger --disk-size"
         )
 
@@ -438,21 +445,18 @@ def encode_questions(
 
     texts, label = question_texts(settings, source.corpus_path, n, questions)
     try:
-        encoder = Encoder.load(source.encoder.name, device="cpu", precision="fp32")
-        vectors = encoder.encode_queries(texts)
+        encoder = Encoder.load(
+            source.encoder.name, device="cpu", precision="fp32", max_length=settings.encoder_max_length
+        )
+        vectors = np.ascontiguousarray(encoder.encode_queries(texts), dtype=np.float32)
         del encoder
-        return np.ascontiguousarray(
-            vectors, dtype=np.float32
-        ), f"{label}, encoded with {source.encoder.name} on CPU"
-    except (OSError, ConfigError, ValueError) as exc:
+        return vectors, f"{label}, encoded with {source.encoder.name} on CPU"
+    except (OSError, ImportError, ConfigError, ValueError) as exc:
         log.warning(
             "encoder %s unavailable (%s): recall uses passage vectors", source.encoder.name, first_line(exc)
         )
-        rows = np.sort(
-            np.random.default_rng(SEED + 1).choice(
-                source.flat.count, size=min(n, source.flat.count), replace=False
-            )
-        )
+        count = source.flat.count
+        rows = np.sort(np.random.default_rng(SEED + 1).choice(count, size=min(n, count), replace=False))
         return source.flat.rows(
             rows
         ), f"passage vectors (FALLBACK: encoder {source.encoder.name} unavailable)"
@@ -643,6 +647,7 @@ def convert_flat(
             )
             trained.train(sample)
             del sample
+            trim_heap()  # the 3.2 GB sample goes back to the OS, not into malloc's arenas (retrieval/heap.py)
         _write_index(trained, trained_path)
     seconds["train"] = time.perf_counter() - started
     peaks["train"] = phase_peak()
@@ -697,6 +702,7 @@ def convert_flat(
                 )
                 os.kill(os.getpid(), signal.SIGKILL)
     seconds["add"] = time.perf_counter() - started
+    trim_heap()  # chunks and shards freed: the merge then grows from what the process really holds
     peaks["add"] = phase_peak()
     cpu["add"] = time.process_time() - sum(cpu.values()) - cpu_start
     if done_before:
@@ -796,7 +802,8 @@ def convert_index(
         log.info("convert: %s already exists (pass --force to convert again)", index_dir)
         return index_dir, load_manifest(index_dir), plan
     work = work_dir_for(index_dir)
-    check_resources(plan, index_dir.parent, memory_gb=memory_gb)
+    already = sum(p.stat().st_size for p in work.glob("*") if p.is_file()) if work.is_dir() else 0
+    check_resources(plan, index_dir.parent, memory_gb=memory_gb, already=already)
     if plan_only:
         return index_dir, None, plan
 

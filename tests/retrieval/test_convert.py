@@ -121,7 +121,7 @@ def test_plan_for_wiki18_matches_the_documented_arithmetic(tmp_path: Path) -> No
     assert plan.code_bytes == 768 + 8  # SQ8: one byte per dim, plus the id in the IVF list
     assert 16.3e9 < plan.index_bytes < 16.5e9
     assert plan.chunks == 81
-    assert 18e9 < plan.memory_bytes < 22e9  # the merge phase: the whole result in memory, plus slack
+    assert 20e9 < plan.memory_bytes < 24e9  # the merge phase: the whole result in memory, plus 30% slack
     assert plan.memory_bytes == max(plan.phases.values())
     text = "\n".join(plan.lines())
     assert "64.6 GB, read once" in text and "16.4" in text
