@@ -798,13 +798,14 @@ def convert_index(
     index_dir = index_dir_for(target_settings, "dense", source.corpus_path)
     for line in plan.lines():
         log.info("%s", line)
-    if (index_dir / MANIFEST).is_file() and not force:
+    installed = (index_dir / MANIFEST).is_file() and not force
+    if installed and not plan_only:
         log.info("convert: %s already exists (pass --force to convert again)", index_dir)
         return index_dir, load_manifest(index_dir), plan
     work = work_dir_for(index_dir)
     already = sum(p.stat().st_size for p in work.glob("*") if p.is_file()) if work.is_dir() else 0
     check_resources(plan, index_dir.parent, memory_gb=memory_gb, already=already)
-    if plan_only:
+    if plan_only:  # the plan and the resource check only, whether or not the index exists
         return index_dir, None, plan
 
     started = time.perf_counter()
