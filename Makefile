@@ -89,6 +89,13 @@ SCALE_ARGS ?=
 bench-scale: $(VENV)/.retrieval  ## IVF-SQ8 at 250k..2M x 768 dims: build, memory, recall, one-core q/s per nprobe, fit to wiki-18
 	$(BIN)/searchrl index scale $(SCALE_ARGS)
 
+# issue 48: a 2M x 768 Flat file on disk (6.1 GB), converted to SQ8, IVF1024,SQ8 and IVF4096,SQ8 (docs/sizing.md
+# "Converting the Flat index on CPU" has the numbers; ~20-30 min on 2 cores); CONVERT_BENCH_ARGS="--n 200k" is quick
+CONVERT_BENCH_ARGS ?=
+.PHONY: bench-convert sky-index-convert
+bench-convert: $(VENV)/.retrieval  ## Flat -> SQ8 / IVF-SQ8 conversion at 2M x 768: seconds and peak RSS per phase, recall@3, fit to wiki-18 on 16 cores
+	$(BIN)/searchrl index convert-bench $(CONVERT_BENCH_ARGS)
+
 # issue 13; e.g. make bench-reliability RELIABILITY_ARGS="--seconds 60 --only soak,kill" (~20 min at defaults)
 RELIABILITY_ARGS ?=
 bench-reliability: $(VENV)/.dev  ## soak, 10x overload, SIGKILL/SIGSTOP replicas, SIGTERM drain, big body, slow clients, hostile pages
@@ -122,6 +129,13 @@ ROLLOUT_NODES ?=
 serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkyServe (ENV="SEARCHRL_INDEX_BUCKET=..." mounts the index bucket; CPUS/MEMORY/DISK_SIZE size the replica) and print its endpoint
 	$(SKY_VENV)/bin/python -m searchrl sky serve --name $(SERVICE) --secret RETRIEVAL_API_KEY $(if $(DRY_RUN),--dry-run) $(if $(CPUS),--cpus $(CPUS)) $(if $(MEMORY),--memory $(MEMORY)) $(if $(DISK_SIZE),--disk-size $(DISK_SIZE)) $(addprefix --env ,$(ENV))
 	$(if $(DRY_RUN),@echo "dry run: not waiting for $(SERVICE)",$(SKY_VENV)/bin/python -m searchrl sky endpoint $(SERVICE))
+
+# make sky-index-convert INDEX_BUCKET=my-searchrl-index   (wiki-18's Flat index -> IVF16384,SQ8 on one CPU node, no GPU)
+INDEX_BUCKET ?=
+sky-index-convert: $(SKY_VENV)/.sky  ## download Search-R1's wiki-18 Flat index and convert it to IVF16384,SQ8 on a CPU node into INDEX_BUCKET (sky/index-convert.yaml; the node is deleted after)
+	$(if $(INDEX_BUCKET),,$(error INDEX_BUCKET is required: make sky-index-convert INDEX_BUCKET=my-searchrl-index))
+	$(SKY_VENV)/bin/python -m searchrl sky validate sky/index-convert.yaml --env SEARCHRL_INDEX_BUCKET=$(INDEX_BUCKET) $(addprefix --env ,$(ENV))
+	$(SKY_VENV)/bin/sky launch -c searchrl-index-convert -i 10 --down sky/index-convert.yaml --env SEARCHRL_INDEX_BUCKET=$(INDEX_BUCKET) $(addprefix --env ,$(ENV))
 
 train: $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed job on NODES nodes (NETWORK_TIER=standard|best)
 	$(SKY_VENV)/bin/python -m searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) --network-tier $(NETWORK_TIER) $(if $(INFRA),--infra $(INFRA)) $(if $(TRAINER_MODE),--env TRAINER_MODE=$(TRAINER_MODE)) $(if $(ROLLOUT_NODES),--env ROLLOUT_NODES=$(ROLLOUT_NODES)) $(if $(filter-out vllm,$(ROLLOUT)),--env ROLLOUT=$(ROLLOUT)) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
