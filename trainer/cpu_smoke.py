@@ -13,7 +13,9 @@ shows that the loop runs; `make learn-cpu` (trainer/cpu_learn.py) shows that it 
    run (trainer/overrides.py), then the CPU ones below: verl's own entry point, `RayPPOTrainer`'s V1 sync
    trainer, its agent loop (`ToolAgentLoop` + our SearchTool), reward workers, TransferQueue, replay buffer
    (our SearchReplayBuffer), FSDP2 actor and reference on gloo, the naive weight sync into the `hf` rollout
-   engine (trainer/hf_rollout.py, registered by trainer/cpu_plugin.py), checkpoints.
+   engine (trainer/hf_rollout.py, registered by trainer/cpu_plugin.py), checkpoints. `--rollout vllm` (`make
+   train-cpu ROLLOUT=vllm`): verl's own vLLM server with the GPU run's fingerprint check instead of `hf`
+   (trainer/cpu_vllm_run.py says what differs from a GPU run and why).
    First to `resume_step` (a checkpoint there), then a second invocation that resumes from it to `steps`.
 5. **Merge**: `searchrl train merge`'s code (verl's model merger) on the last checkpoint.
 6. **Eval**: `searchrl eval` of the merged model with the local HF engine against the same service.
@@ -41,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from searchrl.devset import dev_qa_path
 from searchrl.errors import ConfigError, SmokeCheckError
@@ -59,6 +61,9 @@ from searchrl.trainer.cpu_report import (
 )
 from searchrl.trainer.overrides import hydra_value, merge_overrides
 from searchrl.trainer.settings import TrainSettings
+
+if TYPE_CHECKING:
+    from searchrl.trainer.cpu_vllm_run import Leftovers
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +251,12 @@ def tokenizer_texts(qa_path: Path) -> list[str]:
 
 
 def run_main_ppo(
-    command: list[str], log_path: Path, timeout_s: float, on_step: StepCheck | None = None, label: str = ""
+    command: list[str],
+    log_path: Path,
+    timeout_s: float,
+    on_step: StepCheck | None = None,
+    label: str = "",
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     """verl's trainer in a subprocess, the CPU plugin in its environment (Ray workers inherit it).
 
@@ -260,7 +270,7 @@ def run_main_ppo(
     from searchrl.trainer.launch import stop_process
     from searchrl.trainer.verl_progress import StartupProgress
 
-    env = {**os.environ, **ENV, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, **ENV, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         command,
@@ -355,6 +365,7 @@ def run_training(
     label: str,
     timeout_s: float,
     on_step: StepCheck | None = sync_and_mask_problems,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[list[StepRow], str]:
     """One verl invocation through `searchrl train`'s own launch path: its step rows and its log.
 
@@ -365,7 +376,7 @@ def run_training(
     plan = prepare_launch(settings, extra_overrides=extra, check_device=False)
     if plan.state is not None and plan.state.step is not None:
         log.info("%s: resuming from the checkpoint of step %d", label, plan.state.step)
-    code, text = run_main_ppo(plan.command, log_path, timeout_s, on_step, label)
+    code, text = run_main_ppo(plan.command, log_path, timeout_s, on_step, label, extra_env)
     if code != 0:
         raise SmokeCheckError(f"{label}: verl exited {code}: {first_error(text)} (log: {log_path})")
     return parse_steps(text, label), text
@@ -407,13 +418,38 @@ def run_cpu_smoke(
     questions: int = 12,
     timeout_s: float = 1200.0,
     mode: str = "sync",
+    rollout: str = "hf",
 ) -> CpuRun:
-    """The whole CPU run (module docstring); raises SmokeCheckError with one line on the first miss."""
+    """The whole CPU run (module docstring); raises SmokeCheckError with one line on the first miss.
+
+    `rollout="vllm"`: verl's own vLLM server instead of the hf engine (trainer/cpu_vllm_run.py), in the CPU vLLM
+    venv; what it leaves in /dev/shm, /tmp and its scratch folder is removed however the run ends."""
+    from searchrl.trainer.cpu_vllm_run import Leftovers, check_rollout
+
+    check_mode(mode)
+    check_rollout(rollout, mode)
+    if rollout == "hf":
+        return _run_cpu_smoke(out_dir, qa_source, questions, timeout_s, mode)
+    leftovers = Leftovers.start()
+    try:
+        return _run_cpu_smoke(out_dir, qa_source, questions, timeout_s, mode, leftovers)
+    finally:
+        leftovers.clean()
+
+
+def _run_cpu_smoke(
+    out_dir: Path,
+    qa_source: Path,
+    questions: int,
+    timeout_s: float,
+    mode: str,
+    vllm: Leftovers | None = None,  # a vLLM run's scratch and leftovers; None for the hf engine
+) -> CpuRun:
     from searchrl.retrieval.process import served
+    from searchrl.trainer.cpu_vllm_run import vllm_cpu_env, vllm_cpu_overrides
     from searchrl.trainer.merge import merge_latest
     from searchrl.trainer.tiny_model import write_tiny_model
 
-    check_mode(mode)
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)  # a CPU run always starts from nothing: its resume is its own
     out_dir.mkdir(parents=True)
@@ -431,6 +467,10 @@ def run_cpu_smoke(
         settings = cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode)
         started = time.monotonic()
         overrides = merge_overrides(cpu_overrides(), async_cpu_overrides(settings))
+        extra_env = None
+        if vllm is not None:
+            overrides = merge_overrides(overrides, vllm_cpu_overrides(settings, vllm.ray_temp_dir))
+            extra_env = vllm_cpu_env(vllm.scratch)
         on_step: StepCheck = (
             sync_and_mask_problems
             if mode == "sync"
@@ -441,12 +481,14 @@ def run_cpu_smoke(
             )
         )
         stop_early = [*overrides, f"trainer.total_training_steps={RESUME_STEP}"]
-        rows, text_1 = run_training(settings, stop_early, out_dir / "train-1.log", "1", timeout_s, on_step)
+        rows, text_1 = run_training(
+            settings, stop_early, out_dir / "train-1.log", "1", timeout_s, on_step, extra_env
+        )
         run.rows += rows
         _phase(run, f"train to step {RESUME_STEP}", started)
         started = time.monotonic()
         rows, text_2 = run_training(
-            settings, overrides, out_dir / "train-2.log", "2 (resumed)", timeout_s, on_step
+            settings, overrides, out_dir / "train-2.log", "2 (resumed)", timeout_s, on_step, extra_env
         )
         run.rows += rows
         _phase(run, f"resume to step {settings.total_steps}", started)

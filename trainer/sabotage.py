@@ -6,7 +6,8 @@ learning check must notice; each is a bug a peer shipped:
 - `stale_sync`: the rollout server ignores weight updates and keeps sampling the initial policy (TRL #5312:
   vLLM kept stale weights after sleep mode). Caught by the exact weight fingerprint at the first sync after
   step 1, before step 2 samples (trainer/weight_fingerprint.py); `training/rollout_probs_diff_max` would see it
-  at step 2.
+  at step 2. On verl's own vLLM server (`make train-cpu ROLLOUT=vllm`) the workers load none of the buckets they
+  receive (`stale_vllm_weights`): the fingerprint stops the run at the initial sync, before step 1.
 - `flip_advantage`: GRPO's advantages come out with the wrong sign, so the update pushes away from reward.
   Caught by the reward curve and the probe.
 - `shuffle_rewards`: each step's scores are joined to the wrong trajectories before the advantage (a prompt/answer
@@ -115,6 +116,25 @@ def shuffle_rewards(seed: int = SHUFFLE_SEED) -> None:
     core_algos.compute_grpo_outcome_advantage = shuffled
 
 
+def stale_vllm_weights() -> bool:
+    """`stale_sync` on verl's own vLLM server (the CPU vLLM run, trainer/cpu_vllm.py, in each vLLM worker): the
+    worker extension receives every bucket verl sends and loads none (verl's `vLLMColocateWorkerExtension.
+    _update_weights`, workers/rollout/vllm_rollout/utils.py:367-415, becomes a no-op), so the engine keeps the
+    weights it started with, as after TRL #5312. Our fingerprint check (trainer/vllm_sync.py) must stop the run at
+    the first sync."""
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+
+    if getattr(vLLMColocateWorkerExtension._update_weights, _WRAPPED, None):
+        return True
+
+    def ignore_update(self, weights, peft_config, base_sync_done):  # type: ignore[no-untyped-def]
+        return None
+
+    setattr(ignore_update, _WRAPPED, STALE_SYNC)
+    vLLMColocateWorkerExtension._update_weights = ignore_update  # type: ignore[method-assign]
+    return True
+
+
 __all__ = [
     "ENV",
     "FLIP_ADVANTAGE",
@@ -129,4 +149,5 @@ __all__ = [
     "flip_advantages",
     "misjoin",
     "shuffle_rewards",
+    "stale_vllm_weights",
 ]

