@@ -83,7 +83,7 @@ from searchrl.trainer.learn_epochs import (
     read_dumps,
 )
 from searchrl.trainer.overrides import hydra_value, merge_overrides
-from searchrl.trainer.settings import TrainSettings
+from searchrl.trainer.settings import TrainerMode, TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def learn_settings(
     seed: int,
     steps: int = STEPS,
     lr: float = LR,
-    mode: str = "sync",
+    mode: TrainerMode = "sync",
 ) -> TrainSettings:
     """The smoke run's settings, then: 2 prompts x 8 samples a step, one Adam step each, no KL or entropy term,
     no warm-up (DESIGN.md 3c). In an async `mode` the step's trajectories may come from older weights (at most
@@ -484,7 +484,7 @@ def run_learn(
     steps: int = STEPS,
     lr: float = LR,
     timeout_s: float = 1200.0,
-    mode: str = "sync",
+    mode: TrainerMode = "sync",
 ) -> LearnRun:
     """One seed's learning run (module docstring) in verl's trainer `mode`; the checks are LearnRun.problems()."""
     from transformers import AutoTokenizer

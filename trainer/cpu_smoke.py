@@ -60,7 +60,7 @@ from searchrl.trainer.cpu_report import (
     sync_and_mask_problems,
 )
 from searchrl.trainer.overrides import hydra_value, merge_overrides
-from searchrl.trainer.settings import TrainSettings
+from searchrl.trainer.settings import TrainerMode, TrainSettings
 
 if TYPE_CHECKING:
     from searchrl.trainer.cpu_vllm_run import Leftovers
@@ -174,7 +174,7 @@ def async_cpu_overrides(settings: TrainSettings) -> list[str]:
 
 
 def cpu_settings(
-    out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS, mode: str = "sync"
+    out_dir: Path, model_dir: Path, url: str, *, steps: int = STEPS, mode: TrainerMode = "sync"
 ) -> TrainSettings:
     """TrainSettings for the CPU run: 2 prompts x 2 samples a step, short episodes, a checkpoint every 2 steps.
 
@@ -187,7 +187,8 @@ def cpu_settings(
     from searchrl.trainer.overrides import GLOO_ENGINE, GLOO_ENGINE_MODULE
 
     separate = mode == "separate_async"
-    return TrainSettings(
+    # _env_file: pydantic-settings' init option, outside the fields-only __init__ mypy derives for a model
+    return TrainSettings(  # type: ignore[call-arg]
         _env_file=None,
         model_name=str(model_dir),
         qa_source=str(out_dir / "qa.jsonl"),
@@ -417,7 +418,7 @@ def run_cpu_smoke(
     qa_source: Path = DEV_QA,
     questions: int = 12,
     timeout_s: float = 1200.0,
-    mode: str = "sync",
+    mode: TrainerMode = "sync",
     rollout: str = "hf",
 ) -> CpuRun:
     """The whole CPU run (module docstring); raises SmokeCheckError with one line on the first miss.
@@ -442,7 +443,7 @@ def _run_cpu_smoke(
     qa_source: Path,
     questions: int,
     timeout_s: float,
-    mode: str,
+    mode: TrainerMode,
     vllm: Leftovers | None = None,  # a vLLM run's scratch and leftovers; None for the hf engine
 ) -> CpuRun:
     from searchrl.retrieval.process import served

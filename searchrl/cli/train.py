@@ -18,8 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from searchrl.cli import given
+
+if TYPE_CHECKING:
+    from searchrl.trainer.settings import TrainSettings
 
 # (flag, field, type, help) shared by every verb that builds TrainSettings.
 _SETTINGS_FLAGS: list[tuple[str, str, type, str]] = [
@@ -62,7 +66,7 @@ def _add_settings_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _settings(args: argparse.Namespace):  # -> TrainSettings
+def _settings(args: argparse.Namespace) -> TrainSettings:
     from searchrl.config import load_settings
     from searchrl.trainer.settings import TrainSettings
 
