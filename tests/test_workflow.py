@@ -55,6 +55,7 @@ def test_jobs_run_the_make_targets_users_run() -> None:
     assert "make test" in (REPO / "README.md").read_text()
     assert _runs(jobs["check"]) == ["make check"]
     assert _runs(jobs["gpu-lock"]) == ["make lock-check"]
+    assert _runs(jobs["vllm-cpu"]) == ["make test-vllm"]  # opt-in outside make test (issue 46 item 6)
     (smoke,) = _runs(jobs["smoke-100k"])
     assert (
         smoke.startswith("make smoke ") and "--corpus wiki18-100k" in smoke and "--require-download" in smoke
