@@ -58,7 +58,7 @@ def real_settings(out_dir: Path, model_dir: Path, url: str, chat_template: str) 
         "max_response_length": 256,
         "lr": 1e-5,
     }
-    return base.model_copy(update=update)
+    return base.with_changes(**update)
 
 
 def precision_overrides(dtype: str) -> list[str]:

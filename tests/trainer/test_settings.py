@@ -358,3 +358,16 @@ def test_the_cpu_runs_keep_sdpa_whatever_the_environment_says(monkeypatch, tmp_p
         overrides = render_overrides(settings, train_rows=8)
         assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in overrides
         assert "actor_rollout_ref.model.use_remove_padding=False" in overrides
+
+
+def test_presets_built_on_other_settings_validate_their_changes():
+    """Issue 47: `model_copy(update=...)` validates nothing, so a preset's misspelled key passed silently."""
+    base = TrainSettings()
+    assert base.model_copy(update={"rollout_nn": 4}).rollout_n == base.rollout_n  # the bug class: no error
+    with pytest.raises(ValueError, match="rollout_nn"):
+        base.with_changes(rollout_nn=4)
+    with pytest.raises(ValueError, match="rollout_n"):
+        base.with_changes(rollout_n=0)
+    changed = base.with_changes(rollout_n=4, lr=1e-5)
+    assert (changed.rollout_n, changed.lr) == (4, 1e-5)
+    assert changed.model_dump() == {**base.model_dump(), "rollout_n": 4, "lr": 1e-5}
