@@ -146,8 +146,10 @@ def build_index(index_type: str, xb: np.ndarray, *, train_sample: int, seed: int
 
 
 def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
-    hits = [len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth, strict=True)]
-    return float(np.mean(hits)) / k
+    """Mean share of the exact top-k a search found: `index convert`'s own measure, one definition."""
+    from searchrl.retrieval.convert import recall_at_k
+
+    return recall_at_k(found, truth, k)
 
 
 def evaluate(

@@ -121,6 +121,19 @@ def register_scale(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.set_defaults(handler=_scale)
 
 
+def _bounded(args: argparse.Namespace, *flags: tuple[str, str, int]) -> dict[str, object]:
+    """The whole-number flags given, keyed by their keyword (flag, keyword, lowest allowed); one line below it."""
+    from searchrl.errors import ConfigError
+
+    out: dict[str, object] = {}
+    for name, dest, low in flags:
+        if hasattr(args, name):
+            if getattr(args, name) < low:
+                raise ConfigError(f"--{name}: must be at least {low}, got {getattr(args, name)}")
+            out[dest] = getattr(args, name)
+    return out
+
+
 def _scale(args: argparse.Namespace) -> int:
     from searchrl.bench.scale import format_scale, parse_sizes, run_scale
     from searchrl.config import load_settings
@@ -138,11 +151,7 @@ def _scale(args: argparse.Namespace) -> int:
             kwargs["nprobes"] = tuple(int(x) for x in args.nprobe.split(",") if x.strip())
         except ValueError:
             raise ConfigError(f"--nprobe: expected integers such as 32,64,128, got {args.nprobe!r}") from None
-    for name, dest, low in (("queries", "n_queries", 1), ("k", "k", 1), ("dim", "dim", 8)):
-        if hasattr(args, name):
-            if getattr(args, name) < low:
-                raise ConfigError(f"--{name}: must be at least {low}, got {getattr(args, name)}")
-            kwargs[dest] = getattr(args, name)
+    kwargs.update(_bounded(args, ("queries", "n_queries", 1), ("k", "k", 1), ("dim", "dim", 8)))
     if hasattr(args, "out"):
         kwargs["out_dir"] = args.out
     report = run_scale(settings, **kwargs)  # type: ignore[arg-type]
@@ -194,11 +203,9 @@ def _convert_bench(args: argparse.Namespace) -> int:
         kwargs["n"] = sizes[0]
     if hasattr(args, "types"):
         kwargs["types"] = tuple(t.strip() for t in args.types.split(";") if t.strip())
-    for name, dest, low in (("base", "n_base", 10), ("queries", "n_queries", 10), ("chunk", "chunk", 1000)):
-        if hasattr(args, name):
-            if getattr(args, name) < low:
-                raise ConfigError(f"--{name}: must be at least {low}, got {getattr(args, name)}")
-            kwargs[dest] = getattr(args, name)
+    kwargs.update(
+        _bounded(args, ("base", "n_base", 10), ("queries", "n_queries", 10), ("chunk", "chunk", 1000))
+    )
     if hasattr(args, "workdir"):
         kwargs["workdir"] = args.workdir
     if hasattr(args, "out"):
