@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import queue as queue_module
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -147,3 +149,20 @@ def flash_attn_2(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.syspath_prepend(str(root))
     yield root
     forget_flash_attn()
+
+
+def gather_ranks(procs: list[Any], queue: Any, deadline_s: float) -> dict[int, Any]:
+    """{rank: result} from spawned gloo ranks that each put `(rank, result)` on `queue` and exit 0; a rank that
+    dies fails at once (its traceback is above) instead of after the deadline."""
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + deadline_s
+    while len(results) < len(procs) and time.monotonic() < deadline:
+        try:
+            rank, got = queue.get(timeout=2)
+            results[rank] = got
+        except queue_module.Empty:
+            assert all(p.exitcode in (None, 0) for p in procs), "a worker failed (its traceback is above)"
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    return results

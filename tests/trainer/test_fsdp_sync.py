@@ -13,14 +13,12 @@ the overrides one per mini batch, and the gradients agree.
 
 from __future__ import annotations
 
-import queue as queue_module
-import time
-
 import pytest
 
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
 from tests.live import free_port
+from tests.trainer.conftest import gather_ranks
 
 K = 4  # micro batches in the mini batch
 WORLD = 4  # 2 nodes x 2 GPUs
@@ -144,17 +142,7 @@ def test_multi_node_overrides_sync_gradients_once_per_mini_batch(compose, tmp_pa
     procs = [ctx.Process(target=_worker, args=(rank, WORLD, port, configs, queue)) for rank in range(WORLD)]
     for proc in procs:
         proc.start()
-    results: dict = {}
-    deadline = time.monotonic() + 300
-    while len(results) < len(procs) and time.monotonic() < deadline:
-        try:
-            rank, got = queue.get(timeout=2)
-            results[rank] = got
-        except queue_module.Empty:
-            assert all(p.exitcode in (None, 0) for p in procs), "a worker failed (its traceback is above)"
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
+    results = gather_ranks(procs, queue, 300)
     for rank in range(WORLD):
         got = results[rank]
         old_one, old_mesh, old_norm = got[("verl defaults", 1)]

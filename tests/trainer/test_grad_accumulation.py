@@ -27,7 +27,6 @@ sync-per-micro-batch gradient to fp32 rounding.
 
 from __future__ import annotations
 
-import queue as queue_module
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import pytest
 
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
+from tests.trainer.conftest import gather_ranks
 
 K = 8  # micro batches in the mini batch (a GPU run's mini batch has ~16 per GPU)
 ROWS = 2  # samples per micro batch
@@ -259,18 +259,8 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         procs = [ctx.Process(target=_worker, args=(rank, *args)) for rank in range(WORLD)]
         for proc in procs:
             proc.start()
-    results: dict[int, Any] = {}
     try:
-        deadline = time.monotonic() + 240
-        while len(results) < WORLD and time.monotonic() < deadline:
-            try:
-                rank, got = queue.get(timeout=2)
-                results[rank] = got
-            except queue_module.Empty:
-                assert all(p.exitcode in (None, 0) for p in procs), "a worker failed (its traceback is above)"
-        for proc in procs:
-            proc.join(timeout=60)
-            assert proc.exitcode == 0
+        results = gather_ranks(procs, queue, 240)
     finally:
         for proc in procs:  # a rank left waiting in a collective for one that failed
             if proc.is_alive():
