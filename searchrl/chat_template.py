@@ -11,7 +11,7 @@ in its hash).
 
 `CHATML_HERMES_TEMPLATE` is the layout Qwen2.5-Instruct uses: tools in the system turn inside `<tools></tools>`,
 assistant calls as `<tool_call>{json}</tool_call>`, tool results as a user turn of `<tool_response>` blocks. The
-tiny training model (trainer/tiny_model.py) ships it too.
+tiny training model (trainer/cpu/tiny_model.py) ships it too.
 """
 
 from __future__ import annotations

@@ -8,13 +8,13 @@ Two ways a service burns a training run although it answers:
 - **A Flat index over ~1M+ passages on CPU**: exact search scans every vector per query (~200 ms a query on 2
   cores at wiki-18's 21M x 768, docs/sizing.md), ~40 q/s per 16-core replica. Step 1's 2,560 first searches
   (512 prompts x 5 samples) then wait ~32 s on two replicas against the tool's 10 s timeout, the failure guard
-  (5% of searches failed, trainer/reward.py) stops the run, and the restarts repeat it. IVF16384,SQ8 (the
+  (5% of searches failed, trainer/plugins/reward.py) stops the run, and the restarts repeat it. IVF16384,SQ8 (the
   documented wiki-18 build) answers the same searches in ~6 s. Refused unless ALLOW_FLAT_INDEX=1. A Flat index
   searched on a GPU (the encoder's device is cuda: the service moves the index there, fp16) is fast and allowed.
 
 `searchrl sky train` applies `check_service` to the service's `GET /` before launching (retrieval/corpus_check.py),
 and the first check of sky/train.yaml's setup runs this module, so a by-hand `sky jobs launch` refuses the same
-services before the lock install (exit 2 through trainer/refusal.py: a refusal, never restarted twice). A service
+services before the lock install (exit 2 through trainer/node/refusal.py: a refusal, never restarted twice). A service
 this module cannot reach is left to the run's health step (it waits for a replica to start): it says so and
 exits 0.
 

@@ -9,7 +9,7 @@
     │   ├── CacheMissError             replay mode and the query was never recorded (HTTP 404: no retry helps)
     │   └── PageFetchError             web page mode refused or could not read a result page (`reason` label)
     ├── RetrievalUnavailableError      /retrieve unreachable, timed out, or answered with an error
-    │   ├── SearchFailureRateError     too many failed searches during training: the run stops (trainer/reward.py)
+    │   ├── SearchFailureRateError     too many failed searches during training: the run stops (trainer/plugins/reward.py)
     │   ├── ServiceUnavailableError    an outage (refused, timed out, 5xx/429) until the deadline: exit 75, not 2
     │   └── FatalSearchError           an eval search failure no later search can fix (401, 403, 404, 429, dead)
     ├── OverloadedError                the service is past its queue bound (HTTP 503 + Retry-After)
@@ -29,14 +29,14 @@
 
 `searchrl.cli.main()` catches `SearchRLError` only: it prints `error: <message>` as one line on stderr and exits
 with the error's `exit_code`: 2 (a refusal: fixing the input fixes it), except ServiceUnavailableError's 75
-(EX_TEMPFAIL: the same command may pass later; trainer/refusal.py never counts it as a refusal). Anything else
+(EX_TEMPFAIL: the same command may pass later; trainer/node/refusal.py never counts it as a refusal). Anything else
 is a bug and keeps its traceback. Messages say what is wrong and how to fix it, and never contain a secret.
 
 Every exception class lives here (tests/test_errors.py checks the tree above against the classes), except
-trainer/driver.py's `DriverError`, trainer/stack_check.py's `StackError` and trainer/vllm_cpu_env.py's
+trainer/node/nvidia_driver.py's `DriverError`, trainer/node/stack_check.py's `StackError` and trainer/cpu/vllm_env.py's
 `WheelError`, which never leave their modules: those files run as scripts before this package is importable
 (driver.py on the nodes with the system python, vllm_cpu_env.py before the vLLM CPU venv exists), and
-trainer/lock.py and trainer/launch.py turn the first two into ConfigError; vllm_cpu_env.py prints its one line and
+trainer/lockfiles.py and trainer/launch.py turn the first two into ConfigError; vllm_cpu_env.py prints its one line and
 exits 2 itself.
 """
 

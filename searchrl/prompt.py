@@ -35,7 +35,7 @@ TOOL_NAME = "search"
 # Search failure kinds the model causes, not the service: a call whose arguments hold no usable query
 # (`bad_arguments`), an empty Search-R1 `<search> </search>` (`empty_query`), a body the service refuses by its
 # schema (`http_422`: a query over the length limit, too many queries; the pre-flight search already proved the
-# client's own requests pass). Training does not count them against the service (trainer/reward.py) and
+# client's own requests pass). Training does not count them against the service (trainer/plugins/reward.py) and
 # evaluation reports them as model behaviour, never against a run's validity (infer/summary.py).
 POLICY_FAILURES = frozenset({"bad_arguments", "empty_query", "http_422"})
 

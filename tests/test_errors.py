@@ -30,13 +30,13 @@ _BUILTIN_EXCEPTIONS = {
     for name, value in vars(builtins).items()
     if isinstance(value, type) and issubclass(value, BaseException)
 }
-# Exception classes that stay outside errors.py on purpose (errors.py's docstring says why): trainer/driver.py
+# Exception classes that stay outside errors.py on purpose (errors.py's docstring says why): trainer/node/nvidia_driver.py
 # runs with the system python before anything of ours is installed. Private classes (a leading underscore) never
 # leave their module, so they are no part of the tree either.
 _ELSEWHERE = {
-    ("trainer/driver.py", "DriverError"),
-    ("trainer/stack_check.py", "StackError"),
-    ("trainer/vllm_cpu_env.py", "WheelError"),
+    ("trainer/node/nvidia_driver.py", "DriverError"),
+    ("trainer/node/stack_check.py", "StackError"),
+    ("trainer/cpu/vllm_env.py", "WheelError"),
 }
 
 

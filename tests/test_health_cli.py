@@ -87,7 +87,7 @@ def test_stopped_service_fails_fast_as_unreachable(capsys: pytest.CaptureFixture
     url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     rc, _, err = run(capsys, url, "--deadline", "1.5")
-    assert rc == 75  # an outage (EX_TEMPFAIL), not a refusal: trainer/refusal.py never counts it
+    assert rc == 75  # an outage (EX_TEMPFAIL), not a refusal: trainer/node/refusal.py never counts it
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: {url}: unreachable")
     assert time.monotonic() - started < 6

@@ -139,14 +139,14 @@ def test_wheel_beside_a_pypi_trainer_package(tmp_path: Path, searchrl_wheel: Pat
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     probe = (
-        "import trainer, searchrl.trainer.toolconfig as t, searchrl.trainer.reward as r, searchrl.infer;"
+        "import trainer, searchrl.trainer.toolconfig as t, searchrl.trainer.plugins.reward as r, searchrl.infer;"
         "assert trainer.IS_DUMMY;"
         "print(t.TOOL_CLASS, r.__file__)"
     )
     out = run_outside([python, "-c", probe], tmp_path)
     assert out.returncode == 0, out.stderr
     tool_class, reward_file = out.stdout.split()
-    assert tool_class == "searchrl.trainer.tool.SearchTool"
+    assert tool_class == "searchrl.trainer.plugins.tool.SearchTool"
     assert reward_file.startswith(str(site))
 
     searchrl = venv / "bin" / "searchrl"

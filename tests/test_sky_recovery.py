@@ -3,7 +3,7 @@
 - Recovery: the task's `job_recovery` goes through `StrategyExecutor.make` (what the jobs controller calls) and
   its restart decision is `should_restart_on_failure(exit_codes)`, the controller's own call after a failed run.
   SkyPilot has no "never restart this exit code" setting (its `recover_on_exit_codes` restarts without limit), so
-  trainer/refusal.py turns the same failure of a step twice in a row (a refusal, an outage, a crash with no new
+  trainer/node/refusal.py turns the same failure of a step twice in a row (a refusal, an outage, a crash with no new
   checkpoint in between) into a clean stop; the loop below is the controller's decision fed with the real guard's
   exit codes.
 - Autostop: every task file that asks for a GPU is parsed by SkyPilot and launched the way a plain `sky launch`
@@ -30,7 +30,7 @@ from tests.conftest import REPO
 from tests.sky_code import sky_json
 from tests.trainer.conftest import write_flash_attn, write_image_site
 
-GUARD = REPO / "trainer" / "refusal.py"
+GUARD = REPO / "trainer" / "node" / "refusal.py"
 
 EXECUTOR = r"""
 import asyncio, json, sys
@@ -86,7 +86,7 @@ def refuse(state: Path, task_id: str | None, message: str = "EXPERIMENT_NAME=x w
 
 
 def guard(state: Path, task_id: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """trainer/refusal.py with these arguments, as one attempt of managed job `task_id` runs it."""
+    """trainer/node/refusal.py with these arguments, as one attempt of managed job `task_id` runs it."""
     return subprocess.run(
         [sys.executable, str(GUARD), "--state", str(state), *args],
         env={**os.environ, "SKYPILOT_TASK_ID": task_id}, capture_output=True, text=True, timeout=120,
@@ -340,11 +340,11 @@ def test_unreadable_progress_never_stops_a_crashing_job(tmp_path: Path) -> None:
 
 
 def test_crash_signatures_ignore_what_differs_between_runs() -> None:
-    sys.path.insert(0, str(REPO / "trainer"))
+    sys.path.insert(0, str(REPO / "trainer" / "node"))
     try:
         import refusal
     finally:
-        sys.path.remove(str(REPO / "trainer"))
+        sys.path.remove(str(REPO / "trainer" / "node"))
     a = "(WorkerDict pid=4242, ip=10.0.0.7) RuntimeError: NCCL timeout at 2026-11-27 07:01:02.123 on 10.0.0.7:29500 (actor 3e1f5c2a8d7b9c0e, 0x7f2b3c4d5e60)"
     b = "(WorkerDict pid=77, ip=10.0.1.9) RuntimeError: NCCL timeout at 2026-11-28 11:22:33.9 on 10.0.1.9:29511 (actor 9a8b7c6d5e4f3a2b, 0x7f00aa11bb22)"
     assert refusal.normalise(a) == refusal.normalise(b)
@@ -557,7 +557,7 @@ IMAGE_PYTHON = "/usr/bin/python3"  # what setup's `command -v python3` finds on 
 
 
 def _stand_in_image(tmp_path: Path, transformers: str) -> Path:
-    """The image's packages on PYTHONPATH: a CUDA torch as trainer/driver.py --torch reads it, flash-attn 2's module
+    """The image's packages on PYTHONPATH: a CUDA torch as trainer/node/nvidia_driver.py --torch reads it, flash-attn 2's module
     names, and verl's declared requirements with this transformers (tests/trainer/conftest.py)."""
     plain = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONNOUSERSITE": "1"}
     if (
@@ -575,7 +575,7 @@ def _stand_in_image(tmp_path: Path, transformers: str) -> Path:
 def test_image_below_verls_transformers_stops_setup_before_the_long_part(tmp_path: Path) -> None:
     """verlai/verl:sgl0512.dev4 carries transformers 5.3.0; verl 0.9.1 needs >=5.5.3. `--no-deps` installed verl over
     it unchecked, so the run failed inside Ray after data prep. Now setup stops right after the verl install: one
-    line, exit 2 (a refusal: trainer/refusal.py stops the job on the second), no data prep, no package install."""
+    line, exit 2 (a refusal: trainer/node/refusal.py stops the job on the second), no data prep, no package install."""
     site = _stand_in_image(tmp_path, transformers="5.3.0")
     code, output, calls = harness.run_setup(  # type: ignore[misc]
         "train.yaml",
@@ -625,11 +625,11 @@ def test_image_setup_pins_the_images_packages_and_run_notices_a_replaced_one(tmp
         "VIRTUAL_ENV": str(venv),
         "PYTHONPATH": str(fake_torch),  # the image's packages, as in setup (a task env: run has it too)
     }
-    check = subprocess.run(["bash", str(REPO / "trainer/pins.sh"), "check"], cwd=home / "sky_workdir", env=env,
+    check = subprocess.run(["bash", str(REPO / "trainer/node/pins.sh"), "check"], cwd=home / "sky_workdir", env=env,
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert check.returncode == 1
     assert f"error: start_cluster changed packages setup installed: {name}=={version}" in check.stderr
     shutil.rmtree(dist)
-    same = subprocess.run(["bash", str(REPO / "trainer/pins.sh"), "check"], cwd=home / "sky_workdir", env=env,
+    same = subprocess.run(["bash", str(REPO / "trainer/node/pins.sh"), "check"], cwd=home / "sky_workdir", env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert same.returncode == 0, same.stderr

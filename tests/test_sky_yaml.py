@@ -263,7 +263,7 @@ NODE_HELPERS = (
     "refusal.py",
     "pins.sh",
     "stack_check.py",
-)  # trainer/ scripts the train tasks' setup and run call on a node
+)  # trainer/node/ scripts the train tasks' setup and run call on a node
 
 
 def run_node(
@@ -298,9 +298,9 @@ def run_node(
     stop.write_text('#!/bin/bash\necho "stop_cluster" >> "$HOME/calls.log"\n')
     stop.chmod(0o755)
     (home / "sky_workdir/.venv/bin/activate").write_text("")
-    (home / "sky_workdir/trainer").mkdir(exist_ok=True)
+    (home / "sky_workdir/trainer/node").mkdir(parents=True, exist_ok=True)
     for helper in NODE_HELPERS:  # what the run sections call from the synced workdir
-        shutil.copy(REPO / "trainer" / helper, home / "sky_workdir" / "trainer" / helper)
+        shutil.copy(REPO / "trainer" / "node" / helper, home / "sky_workdir" / "trainer" / "node" / helper)
     (home / "sky_workdir/.venv/searchrl-pins.txt").write_text("click==8.5.1\nray==2.60.0\n")
     # A real-sized rclone log (≈200 KB, more than a pipe buffer): `tac | grep -m 1` then really gets SIGPIPE.
     lines = [
@@ -510,9 +510,9 @@ def run_setup(
     (home / "sky_workdir").mkdir()
     # What SkyPilot syncs from the workdir that setup reads before anything is installed: the driver check and
     # the locks (a fake nvidia-smi reports a driver new enough for them).
-    (home / "sky_workdir" / "trainer").mkdir()
-    for helper in ("driver.py", *NODE_HELPERS):
-        shutil.copy(REPO / "trainer" / helper, home / "sky_workdir" / "trainer" / helper)
+    (home / "sky_workdir" / "trainer" / "node").mkdir(parents=True)
+    for helper in ("nvidia_driver.py", *NODE_HELPERS):
+        shutil.copy(REPO / "trainer" / "node" / helper, home / "sky_workdir" / "trainer" / "node" / helper)
     shutil.copytree(REPO / "requirements", home / "sky_workdir" / "requirements")
     # and the standard-library corpus gate the train tasks run first (python3 -m searchrl.corpus_gate)
     shutil.copytree(
@@ -811,7 +811,7 @@ def test_a_by_hand_train_launch_refuses_the_bundled_service_before_installing_an
     """Trap (issue 38 item 5): `sky jobs launch sky/train.yaml` by hand skipped the plan's corpus check, so a
     service on the bundled 10k summaries was found only by `searchrl train local`, after the lock install, the
     data prep and Ray on 2 x 8 H100. The first check of setup now reads the service's GET / with the system python
-    and refuses it (exit 2 through trainer/refusal.py, one line) before the driver check and any install."""
+    and refuses it (exit 2 through trainer/node/refusal.py, one line) before the driver check and any install."""
     home = tmp_path / "node"
     stdout, calls = run_setup("train.yaml", home, attempts=1, rc=2, RETRIEVAL_SERVICE_URL=bundled_service)
     err = (home / "setup.err").read_text()

@@ -105,11 +105,11 @@ def documented_wiki18_index_types() -> list[str]:
 
 def _step1_failure_share(lb: str, fns: list[Any], index_type: str, tag: str) -> tuple[float, str]:
     """Set the replicas to `index_type`'s scaled rate, send step 1's scaled searches from AGENT_WORKERS clients built
-    as trainer/tool.py builds them (SearchToolConfig's defaults, time-scaled), feed each outcome to the trainer's own
-    failure guard (trainer/reward.py FailureWindow at TrainSettings' max rate), and return (failure share, the
+    as trainer/plugins/tool.py builds them (SearchToolConfig's defaults, time-scaled), feed each outcome to the trainer's own
+    failure guard (trainer/plugins/reward.py FailureWindow at TrainSettings' max rate), and return (failure share, the
     guard's message or "")."""
     from searchrl.errors import RetrievalUnavailableError, SearchFailureRateError
-    from searchrl.trainer.reward import FailureWindow
+    from searchrl.trainer.plugins.reward import FailureWindow
     from searchrl.trainer.settings import TrainSettings
     from searchrl.trainer.toolconfig import SearchToolConfig
 

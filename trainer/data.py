@@ -11,7 +11,7 @@ Each row carries what verl 0.9's agent loop needs (../shared/DESIGN.md section 3
   data_source        searchR1_<source>, which verl's reward routing and our reward both understand
   prompt             chat messages whose instructions teach the hermes <tool_call> format the parser reads
   agent_name         searchrl_tool_agent (TrainSettings.agent_loop): verl's multi-turn tool loop, recording what
-                     the server generated (trainer/agent_loop.py)
+                     the server generated (trainer/plugins/agent_loop.py)
                      this row
   reward_model       {"style": "rule", "ground_truth": {"target": [answers]}}
   extra_info         split, index, and tools_kwargs["search"]["create_kwargs"] for the tool
@@ -35,7 +35,7 @@ from searchrl.trainer.settings import DATASET_SIZES, TrainSettings
 log = logging.getLogger(__name__)
 
 HF_REPO_TYPE = "dataset"
-AGENT_NAME = "searchrl_tool_agent"  # trainer/agent_loop.py (registered in every Ray process)
+AGENT_NAME = "searchrl_tool_agent"  # trainer/plugins/agent_loop.py (registered in every Ray process)
 ABILITY = "fact-reasoning"
 _SUFFIXES = (".parquet", ".jsonl", ".json")
 

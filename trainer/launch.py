@@ -4,12 +4,12 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   1. GPU check: verl needs NVIDIA GPUs (it ships no CPU rollout; `searchrl train cpu` brings its own for the CPU
      runs); without them we stop before touching anything.
   2. Stack check: the NVIDIA driver is new enough for the CUDA in the lock this environment was installed from
-     (trainer/lock.py); with FLASH_ATTN=1 (the default) flash-attn 2's CUDA extension and varlen function import
-     (trainer/stack_check.py).
+     (trainer/lockfiles.py); with FLASH_ATTN=1 (the default) flash-attn 2's CUDA extension and varlen function import
+     (trainer/node/stack_check.py).
   3. Resume check: a run folder that already holds a record must have been started with the same settings
      (RESUME_KEYS); a finished run says so instead of training again. The step verl resumes from has every
      rank's shard (trainer/checkpoint.py), else verl is pointed at the newest complete step (resume_overrides).
-  4. Chat template: the model's template must render the search tool (trainer/template.py), or CHAT_TEMPLATE=
+  4. Chat template: the model's template must render the search tool (trainer/template_check.py), or CHAT_TEMPLATE=
      searchrl trains with the repo's ChatML/hermes template. Then data: `trainer/data.py` writes (or reuses) <data_dir>/<size>/{train,test}.parquet; the train rows set
      verl's epochs so training reaches TOTAL_STEPS (TrainSettings.epochs_for).
   5. Tool config: `trainer/toolconfig.py` writes the verl tool YAML for the current RETRIEVAL_SERVICE_URL.
@@ -21,9 +21,9 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours, except that a
      step line failing a check (tool responses in the loss, a search with no tool-response token seen, verl's
      rollout/actor limit, a missing check metric) stops verl there with one line, and weights the rollout does not
-     hold as sent fail inside verl at the sync (ROLLOUT=vllm: the workers' fingerprint, trainer/vllm_sync.py;
-     ROLLOUT=sglang: a block of every tensor read back by name, trainer/sglang_sync.py). SMOKE=1 then checks the
-     run (trainer/smoke.py): a search happened, a checkpoint was written, merged, and loads.
+     hold as sent fail inside verl at the sync (ROLLOUT=vllm: the workers' fingerprint, trainer/weight_sync/vllm_sync.py;
+     ROLLOUT=sglang: a block of every tensor read back by name, trainer/weight_sync/sglang_sync.py). SMOKE=1 then checks the
+     run (trainer/smoke_checks.py): a search happened, a checkpoint was written, merged, and loads.
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ from searchrl.retrieval.corpus_check import (
 )
 from searchrl.trainer.checkpoint import check_resume as check_checkpoint
 from searchrl.trainer.data import prepare_data
-from searchrl.trainer.lock import check_driver, check_driver_for, current_lock, installed_cuda
+from searchrl.trainer.lockfiles import check_driver, check_driver_for, current_lock, installed_cuda
 from searchrl.trainer.merge import TRACKER_FILE
+from searchrl.trainer.node.stack_check import StackError, check_flash_attn_2
 from searchrl.trainer.overrides import hydra_value, merge_overrides, render_overrides, verl_command
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
-from searchrl.trainer.stack_check import StackError, check_flash_attn_2
-from searchrl.trainer.template import check_train_template
+from searchrl.trainer.template_check import check_train_template
 from searchrl.trainer.toolconfig import write_tool_config
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def check_stack(settings: TrainSettings, *, nvidia_smi: str = "nvidia-smi") -> s
     log.info("NVIDIA driver %s is new enough for CUDA %s", driver, cuda or "in the lock")
     if settings.flash_attn:
         # flash-attn 2 itself (its CUDA extension and varlen function), not any importable `flash_attn`:
-        # flash-attn-4's package is one without FA2's kernels (trainer/stack_check.py)
+        # flash-attn-4's package is one without FA2's kernels (trainer/node/stack_check.py)
         try:
             version = check_flash_attn_2()
         except StackError as exc:
@@ -192,7 +192,7 @@ def check_retrieval(settings: TrainSettings) -> list[str]:
             reasons.append(f"{redact_url(url)}: {result.reason}")
             outages += result.outage
     if not healthy:
-        # every URL down (not one refusing) is an outage: exit 75, which a managed job restarts (trainer/refusal.py)
+        # every URL down (not one refusing) is an outage: exit 75, which a managed job restarts (trainer/node/refusal.py)
         unavailable = ServiceUnavailableError if outages == len(reasons) else RetrievalUnavailableError
         raise unavailable(
             "no retrieval service answers /retrieve (" + "; ".join(reasons) + "); start one with "
@@ -261,12 +261,12 @@ STOP_GRACE_S = 30.0
 
 def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
     """verl in the foreground, its output passed through; each step line is also appended to `steps_log` and
-    checked as it arrives (trainer/cpu_report.py `gpu_step_problems`). A warning is logged at once; the first
+    checked as it arrives (trainer/step_checks.py `gpu_step_problems`). A warning is logged at once; the first
     failure stops verl at that step and raises StepCheckError: a GPU run never trains on past tool responses in its
     loss or a check that did not run. A stale rollout is not what stops it here: the mean probability difference
     cannot see one in bf16 (docs/training.md); the weight sync check does, inside verl at the sync (hf, vLLM:
-    trainer/vllm_sync.py; sglang, sampled rows of every tensor: trainer/sglang_sync.py)."""
-    from searchrl.trainer.cpu_report import gpu_step_problems, parse_steps
+    trainer/weight_sync/vllm_sync.py; sglang, sampled rows of every tensor: trainer/weight_sync/sglang_sync.py)."""
+    from searchrl.trainer.step_checks import gpu_step_problems, parse_steps
 
     log.info("starting verl: %s -m verl.trainer.main_ppo (%d overrides)", cmd[0], len(cmd) - 3)
     if steps_log is None:
@@ -344,7 +344,7 @@ def prepare_launch(
 ) -> LaunchPlan:
     """Steps 1-8: everything up to the verl command, which is returned (not run).
 
-    `extra_overrides` replace or add hydra overrides after ours (the CPU run's, trainer/cpu_smoke.py), and
+    `extra_overrides` replace or add hydra overrides after ours (the CPU run's, trainer/proofs/train_cpu.py), and
     `check_device=False` skips the GPU and driver checks (steps 1-2) for that run; every other step, the resume
     guards included, is the same.
     """
@@ -413,7 +413,7 @@ def train_local(
 
     Every step line verl prints is kept in <run>/searchrl/steps.log and checked as it arrives: the first step past
     verl's rollout/actor consistency limit, with tool-response tokens in the loss, or missing a check's metric stops
-    verl (StepCheckError). SMOKE=1 then checks the finished run (trainer/smoke.py).
+    verl (StepCheckError). SMOKE=1 then checks the finished run (trainer/smoke_checks.py).
     """
     plan = prepare_launch(settings, gpus=gpus, nvidia_smi=nvidia_smi)
     if not plan.command:
@@ -421,7 +421,7 @@ def train_local(
     steps_log = plan.record_dir / STEPS_LOG if plan.record_dir is not None else None
     code = (runner or (lambda cmd: _run_trainer(cmd, steps_log)))(plan.command)
     if code == 0 and settings.smoke:
-        from searchrl.trainer.smoke import check_smoke_run
+        from searchrl.trainer.smoke_checks import check_smoke_run
 
         report = check_smoke_run(settings)
         log.info("smoke run passed: %s", report.summary())

@@ -5,7 +5,7 @@ tests/trainer/test_overrides.py composes them with verl's own `ppo_trainer` conf
 test instead of a GPU job. The ones that decide whether the model ever searches (../shared/DESIGN.md section 3):
 `rollout.name=sglang|vllm`, `multi_turn.enable=True`, `multi_turn.format=hermes`, `multi_turn.tool_config_path`,
 `agent.default_agent_loop=searchrl_tool_agent` (verl's ToolAgentLoop plus the record of what the rollout server
-generated, trainer/agent_loop.py), `max_tool_response_length` sized to top-k passages (verl's default 256
+generated, trainer/plugins/agent_loop.py), `max_tool_response_length` sized to top-k passages (verl's default 256
 characters would cut every observation to a stub), and `data.return_raw_chat=True`. Resume needs
 `resume_mode=auto`, `save_freq>0`, `max_actor_ckpt_to_keep>=2` and a per-experiment `default_local_dir`.
 `trainer.total_epochs` comes from the train rows (TrainSettings.epochs_for), because verl stops at
@@ -24,31 +24,34 @@ from searchrl.chat_template import CHATML_HERMES_TEMPLATE
 from searchrl.trainer.settings import TrainSettings
 
 # Where verl finds our reward function: an importable module, so it works on every Ray node without paths.
-REWARD_FN_PATH = "pkg://searchrl.trainer.reward"
+REWARD_FN_PATH = "pkg://searchrl.trainer.plugins.reward"
 REWARD_FN_NAME = "compute_score"
-# verl's sync trainer, by its own name: verl compares the mode with the literal "sync" (trainer/sampler.py).
+# verl's sync trainer, by its own name: verl compares the mode with the literal "sync" (trainer/plugins/sampler.py).
 # The default of TrainSettings.trainer_mode; the async modes are rendered by render_mode_overrides.
 TRAINER_MODE = "sync"
-# Its replay buffer plus a stop on failed rollout groups and per-step search metrics (trainer/sampler.py).
-SAMPLER_PATH = "pkg://searchrl.trainer.sampler"
+# Its replay buffer plus a stop on failed rollout groups and per-step search metrics (trainer/plugins/sampler.py).
+SAMPLER_PATH = "pkg://searchrl.trainer.plugins.sampler"
 SAMPLER_NAME = "SearchReplayBuffer"
-# The async modes' replay buffer (verl's ReplayBufferAsync with the same stop and metrics, trainer/sampler.py):
+# The async modes' replay buffer (verl's ReplayBufferAsync with the same stop and metrics, trainer/plugins/sampler.py):
 # verl loads a custom sampler by name whatever the mode (trainer_base.py _build_replay_buffer), so a sync class
 # named here would run an async trainer without stale-sample eviction.
 SAMPLER_ASYNC_NAME = "SearchReplayBufferAsync"
 # A CPU separate_async run's weight transfer: gloo, registered by this module when verl imports it
 # (rollout.checkpoint_engine.custom_backend_module).
 GLOO_ENGINE = "gloo"
-GLOO_ENGINE_MODULE = "searchrl.trainer.gloo_engine"
+GLOO_ENGINE_MODULE = "searchrl.trainer.cpu.gloo_engine"
 # Modules every Ray process imports at `import verl` (comma-separated, verl/__init__.py): our agent loop, which
-# registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/agent_loop.py), and the
-# weight-sync check of the rollout engine (vLLM: trainer/vllm_sync.py; sglang: trainer/sglang_sync.py).
-AGENT_LOOP_PLUGIN = "searchrl.trainer.agent_loop"
-VLLM_SYNC_PLUGIN = "searchrl.trainer.vllm_sync"
+# registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/plugins/agent_loop.py), and the
+# weight-sync check of the rollout engine (vLLM: trainer/weight_sync/vllm_sync.py; sglang: trainer/weight_sync/sglang_sync.py).
+AGENT_LOOP_PLUGIN = "searchrl.trainer.plugins.agent_loop"
+VLLM_SYNC_PLUGIN = "searchrl.trainer.weight_sync.vllm_sync"
 # separate_async: the old-policy clone guard (with parameter offload verl's saved pi_old is the live weights) and the
-# fix for its trainer's start-up TypeError (trainer/old_policy_guard.py, trainer/separate_async_patch.py).
-SEPARATE_ASYNC_PLUGINS = ("searchrl.trainer.old_policy_guard", "searchrl.trainer.separate_async_patch")
-SGLANG_SYNC_PLUGIN = "searchrl.trainer.sglang_sync"
+# fix for its trainer's start-up TypeError (trainer/patches/old_policy_guard.py, trainer/patches/separate_async.py).
+SEPARATE_ASYNC_PLUGINS = (
+    "searchrl.trainer.patches.old_policy_guard",
+    "searchrl.trainer.patches.separate_async",
+)
+SGLANG_SYNC_PLUGIN = "searchrl.trainer.weight_sync.sglang_sync"
 SYNC_PLUGINS = {"vllm": VLLM_SYNC_PLUGIN, "sglang": SGLANG_SYNC_PLUGIN}
 VLLM_SYNC_KEY = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
 
@@ -192,20 +195,20 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         # --- verl's trainer mode; our replay buffer stops on a failed group and logs search/* per step
         *mode_pairs(s),
         ("trainer.v1.sampler.custom_sampler.path", SAMPLER_PATH),
-        # its loss-mask metrics read the response tokens' strings (trainer/masks.py)
+        # its loss-mask metrics read the response tokens' strings (trainer/plugins/masks.py)
         ("+trainer.v1.sampler.sampler_kwargs.tokenizer", s.model_name),
     ]
     if s.rollout_data_dir is not None:
         pairs.append(("trainer.rollout_data_dir", _abs(s.rollout_data_dir)))
     # after every sync the rollout reports what it holds and the trainer compares (vLLM: the workers' fingerprints,
-    # trainer/vllm_sync.py; sglang: a block of every tensor read back by name, trainer/sglang_sync.py)
+    # trainer/weight_sync/vllm_sync.py; sglang: a block of every tensor read back by name, trainer/weight_sync/sglang_sync.py)
     sync_plugin = SYNC_PLUGINS.get(s.rollout_name)
     plugins = [AGENT_LOOP_PLUGIN, *([sync_plugin] if sync_plugin else [])]
     if s.trainer_mode == "separate_async":
         plugins += SEPARATE_ASYNC_PLUGINS
     pairs.append((VLLM_SYNC_KEY, ",".join(plugins)))
     if s.chat_template == "searchrl":
-        # verl's agent loop renders every prompt with it (trainer/template.py checked it fits the tokenizer)
+        # verl's agent loop renders every prompt with it (trainer/template_check.py checked it fits the tokenizer)
         pairs.append(("actor_rollout_ref.model.custom_chat_template", CHATML_HERMES_TEMPLATE))
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
 

@@ -135,7 +135,7 @@ class TrainSettings(StrictSettings):
     # on/off force it. flash-attn always packs.
     remove_padding: Literal["auto", "on", "off"] = "auto"
     # verl's agent loop for every row (the parquet's agent_name and rollout.agent.default_agent_loop): ours, verl's
-    # ToolAgentLoop recording the tokens the server generated for the mask invariant (trainer/agent_loop.py)
+    # ToolAgentLoop recording the tokens the server generated for the mask invariant (trainer/plugins/agent_loop.py)
     agent_loop: str = Field(default="searchrl_tool_agent", pattern=r"^[A-Za-z0-9_]+$")
     rollout_tp: int = Field(default=1, ge=1)  # tensor parallel size of the rollout engine
     gpu_memory_utilization: float = Field(default=0.6, gt=0, lt=1)  # KV-cache share of rollout GPU memory
@@ -203,7 +203,7 @@ class TrainSettings(StrictSettings):
     retrieval_max_retries: int = Field(default=3, ge=0)  # retries after the first try, over all URLs
     health_deadline_s: float = Field(default=120.0, gt=0)  # how long launch waits for /retrieve to answer
     # Abort when more than this share of the last `search_failure_window` searches failed (0 disables): a policy
-    # trained against a failing service learns not to search (trainer/reward.py)
+    # trained against a failing service learns not to search (trainer/plugins/reward.py)
     max_search_failure_rate: float = Field(default=0.05, ge=0, le=1)
     search_failure_window: int = Field(default=200, ge=10)  # searches per rate window, per rollout worker
     allow_small_corpus: bool = Field(
@@ -308,7 +308,7 @@ class TrainSettings(StrictSettings):
                 f"rollout_tp ({self.rollout_tp}) must divide GPUS_PER_NODE ({self.gpus_per_node})"
             )
         if self.rollout_name == "sglang":
-            from searchrl.trainer.sglang_readback import readback_refusal  # standard library only
+            from searchrl.trainer.weight_sync.sglang_readback import readback_refusal  # standard library only
 
             refusal = readback_refusal(self.model_name)
             if refusal:

@@ -21,7 +21,7 @@ from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-TOOL_CLASS = "searchrl.trainer.tool.SearchTool"
+TOOL_CLASS = "searchrl.trainer.plugins.tool.SearchTool"
 
 
 class SearchToolConfig(BaseModel):

@@ -8,7 +8,7 @@ one line each, with the seconds since the launch, so a reader sees where the run
 itself take minutes; a rollout batch that took `slow_batch_s` or more gets its own line too.
 
 The markers are verl 0.9.1's (`trainer/ppo/v1/trainer_base.py`, `utils/model.py`, Ray's start-up line) and our hf rollout's
-(trainer/hf_rollout.py); a marker a later verl drops only makes the run quieter, never wrong.
+(trainer/cpu/hf_rollout.py); a marker a later verl drops only makes the run quieter, never wrong.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Callable
 
-from searchrl.trainer.hf_rollout import BATCH_PATTERN, UPDATE_PATTERN
+from searchrl.trainer.cpu.hf_rollout import BATCH_PATTERN, UPDATE_PATTERN
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -7,7 +7,7 @@
 Exit 0 only when every URL answers the query with well-formed passages (and, with --expect, one of them
 contains the text); otherwise one line saying why and exit 2 (401, malformed response, wrong shape, no
 passages: a refusal) or 75 (unreachable, timed out, 5xx/429 until the deadline: an outage, e.g. SkyServe's load
-balancer answering 503 while a replica is replaced; trainer/refusal.py never counts it as a refusal). The token is read from the environment variable named by --api-key-env
+balancer answering 503 while a replica is replaced; trainer/node/refusal.py never counts it as a refusal). The token is read from the environment variable named by --api-key-env
 (RETRIEVAL_API_KEY by default), never from argv. Used by sky/train.yaml to fail fast before GPUs spin.
 """
 

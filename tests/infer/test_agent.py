@@ -251,8 +251,8 @@ def test_observations_match_the_trainers_tool(
 ) -> None:
     """With default settings on both sides, the eval loop shows the model what the training tool showed it."""
     from searchrl.infer.settings import InferSettings
+    from searchrl.trainer.plugins.tool import SearchTool
     from searchrl.trainer.settings import TrainSettings
-    from searchrl.trainer.tool import SearchTool
     from searchrl.trainer.toolconfig import render_tool_config
 
     tool_cfg = render_tool_config(TrainSettings(retrieval_urls=[live_bm25_url]))["tools"][0]["config"]

@@ -1,6 +1,6 @@
 """Byte parity with training: one trajectory through the training agent loop and through `infer`, same token ids.
 
-Training side: verl 0.9.1's ToolAgentLoop as every run uses it (`searchrl_tool_agent`, trainer/agent_loop.py, no
+Training side: verl 0.9.1's ToolAgentLoop as every run uses it (`searchrl_tool_agent`, trainer/plugins/agent_loop.py, no
 scripted turn), built from our composed config and tool YAML, with a scripted
 token server (the one fake: no GPU here), searching the live BM25 service through our SearchTool.
 Eval side: infer's SearchAgent with the same scripted replies as text, the same tokenizer and the same live

@@ -141,7 +141,7 @@ def test_sky_train_without_the_certificate_refuses_in_one_line(https_url: str, t
 def test_the_verl_search_tool_on_a_node_trusts_the_mounted_certificate(
     https_url: str, cert_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from searchrl.trainer.tool import SearchTool
+    from searchrl.trainer.plugins.tool import SearchTool
 
     monkeypatch.setenv("RETRIEVAL_API_KEY", TOKEN)
     monkeypatch.setenv(CA_BUNDLE_ENV, str(cert_pair[1]))  # as the task's envs set it on every node

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_user_prompt
-from searchrl.trainer.tiny_model import CHATML_HERMES_TEMPLATE
+from searchrl.trainer.cpu.tiny_model import CHATML_HERMES_TEMPLATE
 from tests.conftest import FIXTURES, TINY_CORPUS
 
 QA_SAMPLE = FIXTURES / "qa_train_sample.jsonl"
@@ -62,7 +62,7 @@ def _training_texts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def offline_tokenizer():  # -> PreTrainedTokenizerFast
-    from searchrl.trainer.tiny_model import build_tokenizer
+    from searchrl.trainer.cpu.tiny_model import build_tokenizer
 
     return build_tokenizer(_training_texts())
 
@@ -110,7 +110,7 @@ def write_flash_attn(
 
 
 def write_image_site(root: Path, transformers: str) -> Path:
-    """An image's site-packages as far as trainer/stack_check.py reads it: verl 0.9.1 with its REAL metadata
+    """An image's site-packages as far as trainer/node/stack_check.py reads it: verl 0.9.1 with its REAL metadata
     (copied from the installed verl, so the ranges are verl's own), each of its versioned requirements at the
     version installed here (they satisfy it), and transformers at `transformers`."""
     import importlib.metadata

@@ -1,7 +1,7 @@
 """Packed vs padded micro batches through verl 0.9.1's own FSDP engine on CPU (gloo, world size 1, fp32, sdpa).
 
 Run by tests/trainer/test_packed_sdpa.py as `python -m tests.trainer.packed_engine OUT_DIR`, in a process of its own:
-verl reads VERL_PLATFORM at import (trainer/cpu_plugin.py's CPU platform) and the engine needs a process group.
+verl reads VERL_PLATFORM at import (trainer/cpu/plugin.py's CPU platform) and the engine needs a process group.
 Prints one JSON object: for each way of running the same samples, the largest difference from the padded run in
 per-token log-probs, entropy and (when it trains) every parameter's gradient.
 
@@ -38,14 +38,14 @@ FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 def _setup(out: Path) -> None:
     import os
 
-    from searchrl.trainer.cpu_plugin import ENV
+    from searchrl.trainer.cpu.plugin import ENV
 
     os.environ.update(ENV)  # before verl is imported: the CPU platform, FSDP engine registered for "cuda"
     import torch
     import torch.distributed as dist
     from transformers import Qwen2ForCausalLM
 
-    from searchrl.trainer.tiny_model import tiny_qwen2_config
+    from searchrl.trainer.cpu.tiny_model import tiny_qwen2_config
 
     torch.manual_seed(0)
     Qwen2ForCausalLM(tiny_qwen2_config(VOCAB, hidden_size=64, attn_implementation="sdpa")).save_pretrained(

@@ -3,7 +3,7 @@
 The only fake is the LLM (it cannot run here): a server_manager whose generate() returns verl's TokenOutput with
 the token ids of scripted replies. Everything else is real: data prep -> parquet -> verl's RLHFDataset row ->
 ToolAgentLoop.run() with the tool verl loads from our YAML -> uvicorn BM25 service -> observation tokens ->
-verl's reward manager calling our reward function through `pkg://searchrl.trainer.reward`.
+verl's reward manager calling our reward function through `pkg://searchrl.trainer.plugins.reward`.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ async def _run_loop(
     from verl.tools.tool_registry import load_all_tools
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from searchrl.trainer.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
 
     # verl's own loader builds our tool from the YAML that trainer/toolconfig.py wrote.
     tools = load_all_tools(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path, None)
@@ -164,8 +164,8 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).multi_turn.enable
     row = _dataset_row(settings, cfg, tok, tmp_path)
     assert row["agent_name"] == "searchrl_tool_agent"  # a GPU run's loop: ours, no scripted turn
-    from searchrl.trainer.agent_loop import SearchToolAgentLoop
-    from searchrl.trainer.generated_spans import SPANS, parse_spans, span_step_metrics
+    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.plugins.generated_spans import SPANS, parse_spans, span_step_metrics
 
     async def both():
         results = {}
@@ -210,7 +210,7 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     assert len(spans) == 2 and [i for s, e in spans for i in range(s, e)] == np.flatnonzero(mask).tolist()
     assert set(span_step_metrics([(output.extra_fields, mask.tolist())]).values()) == {0.0}
 
-    # verl's reward manager, loading our reward via pkg://searchrl.trainer.reward: EM 1.0, with F1/format/search metrics.
+    # verl's reward manager, loading our reward via pkg://searchrl.trainer.plugins.reward: EM 1.0, with F1/format/search metrics.
     assert reward["reward_score"] == 1.0
     info = reward["reward_extra_info"]
     assert info["em"] == 1.0 and info["f1"] == 1.0 and info["format_valid"] == 1.0
@@ -227,11 +227,11 @@ def test_failed_searches_stop_the_run_through_verls_reward_path(
 ):
     """Dead service -> our tool's failure kinds in the loop's extra_fields -> verl's reward manager -> our reward
     function with the limits from reward_kwargs -> SearchFailureRateError out of verl's scoring call."""
-    import searchrl.trainer.reward
+    import searchrl.trainer.plugins.reward
     from searchrl.errors import SearchFailureRateError
     from tests.live import free_port
 
-    monkeypatch.setattr(searchrl.trainer.reward, "_windows", {})
+    monkeypatch.setattr(searchrl.trainer.plugins.reward, "_windows", {})
     settings = _settings(tmp_path, qa_sample, f"http://127.0.0.1:{free_port()}").model_copy(
         update={"retrieval_max_retries": 0, "max_search_failure_rate": 0.5, "search_failure_window": 10}
     )
@@ -257,7 +257,7 @@ def test_failed_searches_stop_the_run_through_verls_reward_path(
 def _scripted_cfg(
     tmp_path: Path, qa_sample: Path, url: str, compose: Any, extra: tuple[str, ...] | list[str] = ()
 ) -> tuple[TrainSettings, Any]:
-    from searchrl.trainer.agent_loop import AGENT_NAME
+    from searchrl.trainer.plugins.agent_loop import AGENT_NAME
 
     settings = _settings(tmp_path, qa_sample, url).model_copy(update={"agent_loop": AGENT_NAME})
     prepare_data(settings)
@@ -279,9 +279,9 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
     """The CPU runs' agent loop writes the first call itself with loss mask 0; the model's own turn is the only
     mask-1 text; the sampler's mask metric (from the token strings) finds the tool response and counts 0 trained
     tokens in it, and counts them all when the observations-in-loss sabotage is on."""
-    from searchrl.trainer import sabotage
-    from searchrl.trainer.agent_loop import SearchToolAgentLoop, scripted_tool_call
-    from searchrl.trainer.generated_spans import (
+    from searchrl.trainer.cpu import sabotage
+    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop, scripted_tool_call
+    from searchrl.trainer.plugins.generated_spans import (
         LAST_TURN,
         MISSING,
         OUTSIDE,
@@ -291,8 +291,8 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
         parse_spans,
         span_step_metrics,
     )
-    from searchrl.trainer.masks import mask_step_metrics
-    from searchrl.trainer.metrics import search_step_metrics
+    from searchrl.trainer.plugins.masks import mask_step_metrics
+    from searchrl.trainer.plugins.metrics import search_step_metrics
 
     if sabotaged:
         monkeypatch.setenv(sabotage.ENV, sabotage.OBSERVATIONS_IN_LOSS)
@@ -335,7 +335,7 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
 
 
 def _old_own_turn(solution_str: str) -> str:
-    """trainer/learn_task.py's own turn before issue 39: the text after the last `</tool_response>`."""
+    """trainer/proofs/learn_task.py's own turn before issue 39: the text after the last `</tool_response>`."""
     import re
 
     return re.sub(r"^\s*assistant\s*", "", solution_str.rpartition("</tool_response>")[2], count=1)
@@ -348,10 +348,10 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
     the normal trajectory scores as before; a made-up `<tool_response>` block in the model's turn no longer hides
     the text before it; a tool response verl drops for overrunning response_length scores 0, where the old split
     scored the scripted call."""
-    from searchrl.trainer.agent_loop import SearchToolAgentLoop
-    from searchrl.trainer.generated_spans import LAST_TURN, SPANS, TOOL_RESPONSES
-    from searchrl.trainer.learn_task import answer_char_share
     from searchrl.trainer.overrides import merge_overrides
+    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.plugins.generated_spans import LAST_TURN, SPANS, TOOL_RESPONSES
+    from searchrl.trainer.proofs.learn_task import answer_char_share
 
     tok = offline_tokenizer
     settings = _settings(tmp_path, qa_sample, live_bm25_url).model_copy(
@@ -360,7 +360,7 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
     prepare_data(settings)
     write_tool_config(settings)
     learn = [
-        "reward.custom_reward_function.path=pkg://searchrl.trainer.learn_task",
+        "reward.custom_reward_function.path=pkg://searchrl.trainer.proofs.learn_task",
         "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True",
     ]
     cfg = compose(merge_overrides(render_overrides(settings), learn))
@@ -409,12 +409,12 @@ def test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_
     tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample, reply, score
 ):
     """`make learn-cpu-real`'s path for one trajectory: our loop puts the turn budget into the request verl sends
-    the server (verl sets no max_tokens), and verl's reward manager, loading trainer/real_task.py by pkg://, scores
+    the server (verl sets no max_tokens), and verl's reward manager, loading trainer/proofs/real_task.py by pkg://, scores
     the own turn after the live service's response: 1 when clean, 0 when it invents a tool response or says
     nothing. The mask metric counts the invented span as the model's, apart from the observation."""
-    from searchrl.trainer.agent_loop import SearchToolAgentLoop
-    from searchrl.trainer.cpu_real_learn import REWARD_FN_NAME, REWARD_FN_PATH
-    from searchrl.trainer.masks import mask_step_metrics
+    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.plugins.masks import mask_step_metrics
+    from searchrl.trainer.proofs.real_learn import REWARD_FN_NAME, REWARD_FN_PATH
 
     tok = offline_tokenizer
     settings, cfg = _scripted_cfg(
@@ -460,12 +460,12 @@ def test_the_query_stage_scripts_the_call_opening_as_environment_and_scores_the_
     writes the search-call opening after the generation prompt with loss mask 0, the server continues it (its
     prompt ends with the opening), the model's text is the only mask-1 span and the recorded own turn, verl runs
     no tool (the trajectory ends with the model's one turn), and verl's reward manager, loading
-    trainer/real_query.py by pkg://, searches the live BM25 service with the closed call's query: 1.0 when the
+    trainer/proofs/real_query.py by pkg://, searches the live BM25 service with the closed call's query: 1.0 when the
     top-3 holds a golden answer ("Ingmar Bergman"), 0.5 for a closed call whose query finds none, 0 unclosed."""
-    from searchrl.trainer.agent_loop import SearchToolAgentLoop
-    from searchrl.trainer.cpu_real_learn import learn_overrides
-    from searchrl.trainer.generated_spans import LAST_TURN, SPANS, parse_spans
-    from searchrl.trainer.real_query import OPENING
+    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.plugins.generated_spans import LAST_TURN, SPANS, parse_spans
+    from searchrl.trainer.proofs.real_learn import learn_overrides
+    from searchrl.trainer.proofs.real_query import OPENING
 
     tok = offline_tokenizer
     stage = [

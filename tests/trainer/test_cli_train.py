@@ -143,7 +143,7 @@ def test_lock_prints_the_written_locks_and_fails_in_one_line(capsys, monkeypatch
     from searchrl.errors import ConfigError
 
     monkeypatch.setattr(
-        "searchrl.trainer.lock.write_locks", lambda: [Path("requirements/gpu-vllm-py311.txt")]
+        "searchrl.trainer.lockfiles.write_locks", lambda: [Path("requirements/gpu-vllm-py311.txt")]
     )
     assert main(["train", "lock"]) == 0
     assert capsys.readouterr().out.splitlines() == ["requirements/gpu-vllm-py311.txt"]
@@ -151,7 +151,7 @@ def test_lock_prints_the_written_locks_and_fails_in_one_line(capsys, monkeypatch
     def no_solution():
         raise ConfigError("requirements/gpu-vllm-py311.txt does not resolve: No solution found ...")
 
-    monkeypatch.setattr("searchrl.trainer.lock.write_locks", no_solution)
+    monkeypatch.setattr("searchrl.trainer.lockfiles.write_locks", no_solution)
     assert main(["train", "lock"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: requirements/gpu-vllm-py311.txt does not resolve: No solution found ..."

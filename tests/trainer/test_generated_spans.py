@@ -1,14 +1,14 @@
 """The mask invariant from the agent loop's record (issue 39 item 3): mask 1 exactly on the generated tokens.
 
 The agent loop's side (recording the spans through verl's real merges) is tests/trainer/test_agent_loop.py; here
-the check itself, in milliseconds, including the case the `<tool_response>` heuristic (trainer/masks.py) exempts.
+the check itself, in milliseconds, including the case the `<tool_response>` heuristic (trainer/plugins/masks.py) exempts.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from searchrl.trainer.generated_spans import (
+from searchrl.trainer.plugins.generated_spans import (
     MISSING,
     OUTSIDE,
     SPANS,
@@ -20,7 +20,7 @@ from searchrl.trainer.generated_spans import (
     record_of,
     span_step_metrics,
 )
-from searchrl.trainer.masks import mask_step_metrics
+from searchrl.trainer.plugins.masks import mask_step_metrics
 
 
 def test_the_record_round_trips_as_a_string_and_is_cut_where_verl_truncates():

@@ -1,4 +1,4 @@
-"""The gloo checkpoint engine (trainer/gloo_engine.py) moves weights between two processes the way verl drives it.
+"""The gloo checkpoint engine (trainer/cpu/gloo_engine.py) moves weights between two processes the way verl drives it.
 
 Two spawned processes stand in for actor rank 0 and one standalone rollout worker: each has its own default gloo
 group first (as the FSDP actor and verl's rollout worker do), then the engine builds its standalone group beside
@@ -57,8 +57,8 @@ def _corrupt(engine: Any) -> None:
 def _worker(role: str, default_port: int, commands: Any, results: Any) -> None:
     import torch.distributed as dist
 
-    from searchrl.trainer.gloo_engine import GlooCheckpointEngine
-    from searchrl.trainer.weight_fingerprint import digest, fingerprint
+    from searchrl.trainer.cpu.gloo_engine import GlooCheckpointEngine
+    from searchrl.trainer.weight_sync.fingerprint import digest, fingerprint
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{default_port}", rank=0, world_size=1)
     engine = GlooCheckpointEngine(bucket_size=BUCKET, is_master=role == "actor", timeout_s=60)
@@ -102,7 +102,7 @@ def _get(results: Any, kind: str) -> tuple[Any, ...]:
 
 
 def test_two_processes_sync_twice_and_a_corrupted_transfer_fails_with_one_line() -> None:
-    from searchrl.trainer.gloo_engine import GlooCheckpointEngine
+    from searchrl.trainer.cpu.gloo_engine import GlooCheckpointEngine
 
     ctx = mp.get_context("spawn")
     commands = {role: ctx.Queue() for role in ("actor", "rollout")}
@@ -156,7 +156,7 @@ def test_two_processes_sync_twice_and_a_corrupted_transfer_fails_with_one_line()
 
 
 def test_topology_has_one_sender_and_refuses_metadata_without_a_master() -> None:
-    from searchrl.trainer.gloo_engine import GlooCheckpointEngine
+    from searchrl.trainer.cpu.gloo_engine import GlooCheckpointEngine
 
     master = {"host": "127.0.0.1", "port": 1234}
     actor, rollout = GlooCheckpointEngine.build_topology(3, 2, [{"master": master}, {}, {}, {}, {}])
@@ -168,7 +168,7 @@ def test_topology_has_one_sender_and_refuses_metadata_without_a_master() -> None
 
 def test_an_actor_rank_outside_the_group_still_walks_the_weights() -> None:
     """Each item of verl's actor stream is a collective gather: a rank that skipped it would hang the others."""
-    from searchrl.trainer.gloo_engine import GlooCheckpointEngine
+    from searchrl.trainer.cpu.gloo_engine import GlooCheckpointEngine
 
     engine = GlooCheckpointEngine(bucket_size=BUCKET)
     engine.init_process_group(rank=-1, world_size=2, master_metadata={"host": "127.0.0.1", "port": 1})
@@ -189,7 +189,7 @@ def test_verl_imports_our_module_and_builds_the_engine_from_its_own_config(compo
     kwargs verl's actor worker (engine_workers.py:686) and rollout worker (checkpoint_engine/base.py:337) pass."""
     from omegaconf import OmegaConf
 
-    from searchrl.trainer.gloo_engine import engine_overrides
+    from searchrl.trainer.cpu.gloo_engine import engine_overrides
 
     cfg = compose(
         [*engine_overrides(), "+actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.gloo.timeout_s=30"]
@@ -202,7 +202,7 @@ from verl.checkpoint_engine.base import CheckpointEngineRegistry
 from verl.utils.import_utils import import_external_libs
 conf = omega_conf_to_dataclass(OmegaConf.create({OmegaConf.to_container(section, resolve=True)!r}))
 import sys
-assert "searchrl.trainer.gloo_engine" not in sys.modules
+assert "searchrl.trainer.cpu.gloo_engine" not in sys.modules
 import_external_libs(conf.custom_backend_module or None)
 bucket = conf.update_weights_bucket_megabytes << 20
 kwargs = conf.engine_kwargs.get(conf.backend, {{}})
@@ -216,7 +216,7 @@ print(type(conf).__name__, type(actor).__module__, type(actor).__name__, actor.i
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [
         "CheckpointEngineConfig",
-        "searchrl.trainer.gloo_engine",
+        "searchrl.trainer.cpu.gloo_engine",
         "GlooCheckpointEngine",
         "True",
         "False",
@@ -228,7 +228,7 @@ print(type(conf).__name__, type(actor).__module__, type(actor).__name__, actor.i
 def test_the_master_holds_its_published_port_from_prepare_on() -> None:
     """Two separate_async runs started together once lost a pick-then-bind race (EADDRINUSE at
     init_process_group): the port the master publishes is already its listening store's, so nobody can take it."""
-    from searchrl.trainer.gloo_engine import GlooCheckpointEngine
+    from searchrl.trainer.cpu.gloo_engine import GlooCheckpointEngine
 
     engine = GlooCheckpointEngine(bucket_size=BUCKET, is_master=True, timeout_s=10)
     port = engine.prepare()["master"]["port"]

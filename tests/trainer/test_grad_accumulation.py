@@ -5,10 +5,10 @@ Two gloo processes on CPU each build verl 0.9.1's whole `FSDPEngineWithLMHead` a
 (`EngineRegistry.new(...)` then `initialize()`: `_build_module`, `_build_fsdp_module` with verl's own
 `MixedPrecision` (FSDP1) or `apply_fsdp2` + `MixedPrecisionPolicy` (FSDP2), bf16 parameters and fp32 reduction as
 on the GPUs) from the actor's `fsdp_config` as our rendered overrides compose it, on the tiny Qwen2 of
-trainer/tiny_model.py, and run one mini batch of K packed micro batches through verl's own
+trainer/cpu/tiny_model.py, and run one mini batch of K packed micro batches through verl's own
 `forward_backward_batch` (its micro-batch loop, `_gradient_sync_context`, `forward_step` with bf16 autocast).
 Only the loss is ours (weighted per-token log-probs summed over tokens) and only the CPU platform is a stand-in
-(trainer/cpu_plugin.py). Before every micro batch after the first, the worker reads what FSDP holds as the unsynced
+(trainer/cpu/plugin.py). Before every micro batch after the first, the worker reads what FSDP holds as the unsynced
 gradient (dtype, bytes); after the last it takes the synced gradient and the norm verl's `optimizer_step` clips by.
 Runs, each one mini batch from the same weights and data: FSDP2 as rendered (no-sync), FSDP1 as rendered before
 (`actor.strategy=fsdp`, no-sync), each also with a sync per micro batch
@@ -229,8 +229,8 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import torch.multiprocessing as mp
     from transformers import Qwen2ForCausalLM
 
-    from searchrl.trainer.cpu_plugin import ENV
-    from searchrl.trainer.tiny_model import tiny_qwen2_config
+    from searchrl.trainer.cpu.plugin import ENV
+    from searchrl.trainer.cpu.tiny_model import tiny_qwen2_config
 
     tmp = tmp_path_factory.mktemp("grad_accumulation")
     torch.manual_seed(0)

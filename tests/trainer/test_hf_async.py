@@ -17,15 +17,15 @@ import torch
 from omegaconf import OmegaConf
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
-from searchrl.trainer import sabotage
-from searchrl.trainer.hf_rollout import HFGenerateServer
+from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.cpu.hf_rollout import HFGenerateServer
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0}
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from searchrl.trainer.tiny_model import write_tiny_model
+    from searchrl.trainer.cpu.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny"), ["hello world", "<tool_call>search</tool_call>"])
 

@@ -1,7 +1,7 @@
 """`make learn-cpu`: verl's GRPO loop on CPU learns, and each of four deliberate bugs makes it fail (issues 31, 39).
 
 The learning run is in `make test` (minutes on 2 cores): as a user runs it, the CLI, its exit code, its last line
-and its reward curve. Each sabotage switches on one bug a peer shipped (trainer/sabotage.py) and must end in exit 2
+and its reward curve. Each sabotage switches on one bug a peer shipped (trainer/cpu/sabotage.py) and must end in exit 2
 with the one line that names the check it broke: `stale_sync` (at the weight sync after step 1) and
 `observations_in_loss` (at step 1) stop early and run in `make test`; `flip_advantage` and `shuffle_rewards` need
 the whole curve (~4 min each on a quiet 2-core Xeon) and run in `make test-sabotage` (all four).
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.trainer import sabotage
-from searchrl.trainer.cpu_learn import MIN_RISE, MIN_VARYING, STEPS
+from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.proofs.learn import MIN_RISE, MIN_VARYING, STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 LEARNED = re.compile(

@@ -1,4 +1,4 @@
-"""The learning run's per-question figures (trainer/learn_epochs.py), on dumps written by verl's own dump writer.
+"""The learning run's per-question figures (trainer/proofs/learn_epochs.py), on dumps written by verl's own dump writer.
 
 Whole-epoch windows are refused when the settings cannot give them (issue 39 item 7: `--questions 7` silently
 compared unbalanced windows before), and a run whose dumps show unequal windows fails instead of reporting.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.learn_epochs import (
+from searchrl.trainer.proofs.learn_epochs import (
     Trajectory,
     epoch_steps,
     groups_varying,
@@ -157,7 +157,7 @@ def test_an_async_run_compares_each_questions_first_trained_group_with_its_last(
     """verl's async modes train whichever groups finished first, so windows of whole epochs do not exist (the
     separate_async learning run's last 5 steps trained two questions twice and two not at all): the async
     comparison is each question's first group against its last, and a sync run keeps its epoch windows."""
-    from searchrl.trainer.cpu_learn import LearnRun
+    from searchrl.trainer.proofs.learn import LearnRun
 
     q0, q1, q2 = QUESTIONS
     trajectories = _epochs(

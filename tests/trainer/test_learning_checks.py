@@ -14,11 +14,8 @@ import pytest
 import torch
 
 from searchrl.errors import ConfigError
-from searchrl.trainer import sabotage
-from searchrl.trainer.cpu_learn import MIN_VARYING, WINDOW, LearnRun, count_updates, learned_line, summarize
-from searchrl.trainer.cpu_report import SYNC_MAX_PROB_DIFF, StepRow, gpu_step_problems, sync_and_mask_problems
-from searchrl.trainer.generated_spans import LAST_TURN, TOOL_RESPONSES
-from searchrl.trainer.hf_rollout import (
+from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.cpu.hf_rollout import (
     BATCH_PATTERN,
     UPDATE_LINE,
     HFGenerateServer,
@@ -26,15 +23,30 @@ from searchrl.trainer.hf_rollout import (
     missing_weights,
     sampled_log_probs,
 )
-from searchrl.trainer.learn_epochs import Trajectory
-from searchrl.trainer.learn_task import answer_char_share, compute_score, own_turn
-from searchrl.trainer.masks import (
+from searchrl.trainer.plugins.generated_spans import LAST_TURN, TOOL_RESPONSES
+from searchrl.trainer.plugins.masks import (
     mask_step_metrics,
     observation_counts,
     observation_spans,
     tool_response_spans,
 )
-from searchrl.trainer.weight_fingerprint import fingerprint
+from searchrl.trainer.proofs.learn import (
+    MIN_VARYING,
+    WINDOW,
+    LearnRun,
+    count_updates,
+    learned_line,
+    summarize,
+)
+from searchrl.trainer.proofs.learn_epochs import Trajectory
+from searchrl.trainer.proofs.learn_task import answer_char_share, compute_score, own_turn
+from searchrl.trainer.step_checks import (
+    SYNC_MAX_PROB_DIFF,
+    StepRow,
+    gpu_step_problems,
+    sync_and_mask_problems,
+)
+from searchrl.trainer.weight_sync.fingerprint import fingerprint
 
 # ---- loss-mask spans -----------------------------------------------------------------------------------------
 
@@ -150,7 +162,7 @@ def test_only_a_tied_lm_head_may_be_missing_from_an_update():
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from searchrl.trainer.tiny_model import write_tiny_model
+    from searchrl.trainer.cpu.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny"), ["hello world", "<tool_call>search</tool_call>"])
 
@@ -461,7 +473,7 @@ def _learn_run(rewards: list[float], spread: float = 0.05, **values: float) -> L
 
 
 def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch):
-    import searchrl.trainer.cpu_learn as cpu_learn
+    import searchrl.trainer.proofs.learn as cpu_learn
 
     monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps: [])  # columns are check_steps' own test
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
@@ -518,7 +530,7 @@ def test_an_async_mode_judges_the_rise_and_probe_on_the_seeds_mean_and_every_oth
 ):
     """One async seed is too noisy to judge alone (separate_async seeds rose +0.014 to +0.124): the rise and the
     probe are judged on the mean over at least 3 seeds, every other check on each seed, and sync stays per seed."""
-    import searchrl.trainer.cpu_learn as cpu_learn
+    import searchrl.trainer.proofs.learn as cpu_learn
 
     monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps, bound=None: [])
 
@@ -558,7 +570,7 @@ def test_an_async_mode_judges_the_rise_and_probe_on_the_seeds_mean_and_every_oth
 def test_the_modes_beside_each_other_are_one_table_and_one_plot(tmp_path):
     """`--beside-sync`: each mode's seeds' mean rise and each seed's, the probe, how many steps trained on stale
     samples (verl's worst staleness above 0), drawn with the per-step curves."""
-    from searchrl.trainer.cpu_learn import modes_table, plot_modes
+    from searchrl.trainer.proofs.learn import modes_table, plot_modes
 
     def runs(end: float, mode: str, stale: float) -> list[LearnRun]:
         out = []
@@ -583,7 +595,7 @@ def test_the_modes_beside_each_other_are_one_table_and_one_plot(tmp_path):
 def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_collapsed(monkeypatch):
     """Issue 39 item 6: at lr 3e-2 every group scored alike from step ~15 (no advantage, no gradient), and the
     rise was measured over a window in which nothing was learning any more."""
-    import searchrl.trainer.cpu_learn as cpu_learn
+    import searchrl.trainer.proofs.learn as cpu_learn
 
     monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps: [])
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
@@ -621,8 +633,8 @@ def test_the_probe_gives_the_end_of_turn_token_and_other_special_tokens_no_chara
     the probe is the plain mean of the per-token rewards, checked against that rule exactly."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from searchrl.trainer.cpu_learn import probe_score, token_rewards
-    from searchrl.trainer.tiny_model import write_tiny_model
+    from searchrl.trainer.cpu.tiny_model import write_tiny_model
+    from searchrl.trainer.proofs.learn import probe_score, token_rewards
 
     model_dir = write_tiny_model(
         tmp_path / "m", ["Mike and Emma met at the time of the mime."], vocab_size=300

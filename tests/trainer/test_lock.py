@@ -16,7 +16,7 @@ import yaml
 from packaging.requirements import Requirement
 
 from searchrl.errors import ConfigError
-from searchrl.trainer.lock import (
+from searchrl.trainer.lockfiles import (
     ENGINES,
     PYTHONS,
     LockSpec,
@@ -298,10 +298,10 @@ def test_sglang_needs_its_override(tmp_path):
 
 
 def _driver_script(*args: str, path: str) -> subprocess.CompletedProcess[str]:
-    """trainer/driver.py as setup runs it: the system python, no venv, nothing of ours importable."""
+    """trainer/node/nvidia_driver.py as setup runs it: the system python, no venv, nothing of ours importable."""
     env = {"PATH": path, "PYTHONNOUSERSITE": "1"}
     return subprocess.run(
-        ["/usr/bin/env", "python3", "-I", str(REPO / "trainer" / "driver.py"), *args],
+        ["/usr/bin/env", "python3", "-I", str(REPO / "trainer" / "node" / "nvidia_driver.py"), *args],
         capture_output=True, text=True, timeout=60, cwd=REPO, env=env, check=False,
     )  # fmt: skip
 
@@ -310,7 +310,7 @@ def _driver_script(*args: str, path: str) -> subprocess.CompletedProcess[str]:
 def test_setup_checks_the_driver_before_installing_anything(yaml_name):
     """Every node runs setup: the driver check must come before the first install line, not after Ray starts."""
     setup = yaml.safe_load((REPO / "sky" / yaml_name).read_text())["setup"].splitlines()
-    check = next(i for i, line in enumerate(setup) if "trainer/driver.py" in line)
+    check = next(i for i, line in enumerate(setup) if "trainer/node/nvidia_driver.py" in line)
     install = next(
         i for i, line in enumerate(setup) if "install" in line and not line.lstrip().startswith("#")
     )

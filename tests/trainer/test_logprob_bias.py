@@ -1,4 +1,4 @@
-"""`make bench-logprobs` (trainer/logprob_bias.py): the per-cell statistics are verl's |p_rollout - p_actor|, the
+"""`make bench-logprobs` (trainer/proofs/logprob_bias.py): the per-cell statistics are verl's |p_rollout - p_actor|, the
 table keeps fp32 noise visible, and bad input is one line and exit 2. The measurement itself needs vLLM's CPU
 build and ~1 h on 2 shared cores (docs/training.md has its table)."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from searchrl.trainer import logprob_bias as bias
+from searchrl.trainer.proofs import logprob_bias as bias
 
 
 def test_summarize_is_verls_probability_difference():

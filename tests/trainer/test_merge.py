@@ -26,7 +26,7 @@ def _tiny_qwen2(seed: int):
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from searchrl.trainer.tiny_model import tiny_qwen2_config
+    from searchrl.trainer.cpu.tiny_model import tiny_qwen2_config
 
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(tiny_qwen2_config(2048, max_position_embeddings=256, tie_word_embeddings=False))

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from searchrl.trainer.metrics import BASE_FAILURE_KINDS, search_step_metrics
 from searchrl.trainer.overrides import SAMPLER_NAME, SAMPLER_PATH, TRAINER_MODE, render_overrides
+from searchrl.trainer.plugins.metrics import BASE_FAILURE_KINDS, search_step_metrics
 from searchrl.trainer.settings import TrainSettings
 
 
@@ -73,7 +73,7 @@ def test_overrides_keep_verls_sync_mode_and_select_our_sampler(compose, tmp_path
     assert cfg.trainer.v1.sampler.custom_sampler.name == SAMPLER_NAME
     from verl.utils.import_utils import load_extern_type
 
-    from searchrl.trainer.sampler import SearchReplayBuffer
+    from searchrl.trainer.plugins.sampler import SearchReplayBuffer
 
     assert load_extern_type(SAMPLER_PATH, SAMPLER_NAME) is SearchReplayBuffer  # how verl loads it
 
@@ -98,7 +98,7 @@ def test_search_metrics_arrive_in_verls_step_log(
     from verl.utils.tracking import Tracking
 
     from searchrl.trainer.data import prepare_data
-    from searchrl.trainer.sampler import SearchReplayBuffer
+    from searchrl.trainer.plugins.sampler import SearchReplayBuffer
     from searchrl.trainer.toolconfig import write_tool_config
     from tests.live import free_port
     from tests.trainer.test_agent_loop import (

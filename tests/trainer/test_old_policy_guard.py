@@ -1,4 +1,4 @@
-"""verl's saved old policy aliases the live weights on CPU, and trainer/old_policy_guard.py makes it a copy.
+"""verl's saved old policy aliases the live weights on CPU, and trainer/patches/old_policy_guard.py makes it a copy.
 
 A world-1 gloo group and a `fully_shard`ed Linear: verl's own `fsdp2_sharded_save_to_cpu` and its
 `DetachActorWorker.save_model_to_cpu` / `restore_model_from_cpu` (what `separate_async` calls around each local
@@ -73,7 +73,7 @@ def test_verls_worker_restores_the_old_policy_with_the_guard(sharded) -> None:
     """verl's DetachActorWorker save/restore sequence of one decoupled-PPO local step, through verl's own lookup."""
     from verl.experimental.separation.engine_workers import DetachActorWorker
 
-    from searchrl.trainer import old_policy_guard
+    from searchrl.trainer.patches import old_policy_guard
 
     old_policy_guard.install()
     worker = DetachActorWorker.__new__(DetachActorWorker)  # its __init__ builds a whole FSDP actor
@@ -96,7 +96,7 @@ def test_verls_worker_restores_the_old_policy_with_the_guard(sharded) -> None:
 
 def test_every_process_of_a_cpu_run_installs_the_guard_and_the_logger_fix() -> None:
     """verl imports VERL_USE_EXTERNAL_MODULES at `import verl`, in the driver and every Ray worker."""
-    from searchrl.trainer.cpu_plugin import ENV
+    from searchrl.trainer.cpu.plugin import ENV
 
     script = (
         "import verl\n"

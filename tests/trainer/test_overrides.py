@@ -159,8 +159,8 @@ def test_override_keys_are_existing_and_unique(tmp_path, compose):
         "+actor_rollout_ref.model.override_config.attn_implementation",
         "+reward.custom_reward_function.reward_kwargs.max_failure_rate",
         "+reward.custom_reward_function.reward_kwargs.failure_window",
-        "+trainer.v1.sampler.sampler_kwargs.tokenizer",  # the sampler's loss-mask metrics (trainer/masks.py)
-        VLLM_SYNC_KEY,  # the exact weight-sync check on vLLM (trainer/vllm_sync.py)
+        "+trainer.v1.sampler.sampler_kwargs.tokenizer",  # the sampler's loss-mask metrics (trainer/plugins/masks.py)
+        VLLM_SYNC_KEY,  # the exact weight-sync check on vLLM (trainer/weight_sync/vllm_sync.py)
     }
     bare = compose([])
     from omegaconf import OmegaConf
@@ -188,7 +188,7 @@ def test_kl_zero_drops_the_reference_model(compose, tmp_path):
         (1e-6, "1e-06"),
         (["console", "wandb"], "[console,wandb]"),
         ("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-3B-Instruct"),
-        ("pkg://searchrl.trainer.reward", "pkg://searchrl.trainer.reward"),
+        ("pkg://searchrl.trainer.plugins.reward", "pkg://searchrl.trainer.plugins.reward"),
         ("/a b/c", "'/a b/c'"),
         ("it's", "'it\\'s'"),
         ("null", "'null'"),
@@ -210,7 +210,7 @@ def test_verl_builds_the_policy_with_the_chosen_attention(compose, tmp_path, off
     FLASH_ATTN or by its older spelling attn_implementation."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from searchrl.trainer.tiny_model import tiny_qwen2_config
+    from searchrl.trainer.cpu.tiny_model import tiny_qwen2_config
 
     model = tmp_path / "model"
     tiny_qwen2_config(2048).save_pretrained(model)
@@ -381,7 +381,7 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
             TrainSettings(
                 data_dir=tmp_path,
                 rollout_name=rollout_name,
-                # sglang 0.5.12 reads back Llama, not the default Qwen2 (trainer/sglang_readback.py)
+                # sglang 0.5.12 reads back Llama, not the default Qwen2 (trainer/weight_sync/sglang_readback.py)
                 model_name="meta-llama/Llama-3.2-3B-Instruct"
                 if rollout_name == "sglang"
                 else "Qwen/Qwen2.5-3B-Instruct",
@@ -402,8 +402,8 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     loop, rollout = done.stdout.strip().splitlines()[-2:]
-    assert loop == "searchrl.trainer.agent_loop.SearchToolAgentLoop"
-    # and the weight-sync check of the run's engine (trainer/vllm_sync.py, trainer/sglang_sync.py)
+    assert loop == "searchrl.trainer.plugins.agent_loop.SearchToolAgentLoop"
+    # and the weight-sync check of the run's engine (trainer/weight_sync/vllm_sync.py, trainer/weight_sync/sglang_sync.py)
     assert rollout == f"searchrl.trainer.{rollout_name}_classes.FingerprintServerAdapter"
 
 
@@ -411,8 +411,8 @@ def test_a_gpu_run_in_separate_async_installs_the_clone_guard_and_the_logger_fix
     tmp_path,
 ):
     """verl's saved old policy aliases the live weights wherever they sit on CPU (parameter offload on GPUs) and its
-    separate_async trainer dies at start-up on a `flush=` kwarg (trainer/old_policy_guard.py,
-    trainer/separate_async_patch.py): a fresh Python given the run's VERL_USE_EXTERNAL_MODULES, as each Ray process
+    separate_async trainer dies at start-up on a `flush=` kwarg (trainer/patches/old_policy_guard.py,
+    trainer/patches/separate_async.py): a fresh Python given the run's VERL_USE_EXTERNAL_MODULES, as each Ray process
     is, has both patches; a sync run names neither module."""
     import subprocess
     import sys
@@ -446,7 +446,7 @@ def _verl_trainer(cfg):
 
     Its constructor runs the mode's own checks (separate_async: batch == parameter_sync_step x mini batch, a
     rollout pool, a checkpoint engine other than naive; trainer_separate_async.py) and PPOTrainer.__init__,
-    which builds only the checkpoint callback and the replay buffer (ours, trainer/sampler.py).
+    which builds only the checkpoint callback and the replay buffer (ours, trainer/plugins/sampler.py).
     """
     from verl.trainer.ppo.v1 import get_trainer_cls
 
@@ -524,7 +524,7 @@ def test_a_cpu_separate_async_run_names_the_gloo_engine_and_its_module(compose, 
     )
     cfg = compose(render_overrides(settings))
     engine = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine)
-    assert (engine.backend, engine.custom_backend_module) == ("gloo", "searchrl.trainer.gloo_engine")
+    assert (engine.backend, engine.custom_backend_module) == ("gloo", "searchrl.trainer.cpu.gloo_engine")
     assert (
         cfg.trainer.nnodes,
         cfg.actor_rollout_ref.rollout.nnodes,

@@ -15,7 +15,10 @@ import pytest
 
 from searchrl.cli import main
 from searchrl.errors import ConfigError
-from searchrl.trainer.cpu_real_learn import (
+from searchrl.trainer.cpu.hf_rollout import turn_budget
+from searchrl.trainer.plugins.generated_spans import LAST_TURN, TOOL_RESPONSES
+from searchrl.trainer.proofs.real_gate import GateResult, check_gate, null_rise
+from searchrl.trainer.proofs.real_learn import (
     MIN_DROP,
     RealLearnRun,
     distinct_openings,
@@ -23,11 +26,8 @@ from searchrl.trainer.cpu_real_learn import (
     learn_overrides,
     pick_lr,
 )
-from searchrl.trainer.cpu_report import COLUMNS, StepRow
-from searchrl.trainer.generated_spans import LAST_TURN, TOOL_RESPONSES
-from searchrl.trainer.hf_rollout import turn_budget
-from searchrl.trainer.real_gate import GateResult, check_gate, null_rise
-from searchrl.trainer.real_task import compute_score, turn_score
+from searchrl.trainer.proofs.real_task import compute_score, turn_score
+from searchrl.trainer.step_checks import COLUMNS, StepRow
 
 REPO = Path(__file__).resolve().parents[2]
 GOLD = {"target": ["Ingmar Bergman"]}
@@ -185,14 +185,14 @@ def test_the_rollout_server_honours_a_requests_max_tokens_as_vllm_does():
 
 def test_the_run_overrides_carry_the_reward_the_budget_and_bf16(monkeypatch):
     overrides = learn_overrides("bfloat16", 3, 96)
-    assert "reward.custom_reward_function.path=pkg://searchrl.trainer.real_task" in overrides
+    assert "reward.custom_reward_function.path=pkg://searchrl.trainer.proofs.real_task" in overrides
     assert "+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens=96" in overrides
     assert "+actor_rollout_ref.rollout.engine_kwargs.hf.dtype=bfloat16" in overrides
     assert "actor_rollout_ref.rollout.seed=3" in overrides
 
 
 def test_the_cli_routes_model_learn_and_gate_to_the_real_run(monkeypatch, tmp_path, capsys):
-    import searchrl.trainer.cpu_real_learn as real
+    import searchrl.trainer.proofs.real_learn as real
 
     seen: list[dict] = []
 

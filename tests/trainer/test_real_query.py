@@ -1,4 +1,4 @@
-"""`make learn-cpu-real --stage query` (trainer/real_query.py): the reward, the overrides and the gate's wiring.
+"""`make learn-cpu-real --stage query` (trainer/proofs/real_query.py): the reward, the overrides and the gate's wiring.
 
 Fast: no verl process, no model. The reward's search goes to a localhost stand-in answering POST /retrieve in the
 service's `return_scores: true` shape (retrieval/schemas.py); trainer/test_agent_loop.py runs the stage through
@@ -16,10 +16,15 @@ from typing import Any
 import pytest
 
 from searchrl.errors import ConfigError
-from searchrl.trainer.agent_loop import OPENINGS, scripted_opening, scripted_tool_call, search_call_opening
-from searchrl.trainer.generated_spans import LAST_TURN
-from searchrl.trainer.real_gate import GateResult
-from searchrl.trainer.real_query import OPENING, compute_score, holds_answer, parse_query, query_score
+from searchrl.trainer.plugins.agent_loop import (
+    OPENINGS,
+    scripted_opening,
+    scripted_tool_call,
+    search_call_opening,
+)
+from searchrl.trainer.plugins.generated_spans import LAST_TURN
+from searchrl.trainer.proofs.real_gate import GateResult
+from searchrl.trainer.proofs.real_query import OPENING, compute_score, holds_answer, parse_query, query_score
 
 PASSAGES = {
     "the seventh seal": [
@@ -122,7 +127,7 @@ def test_verls_compute_score_reads_the_recorded_turn_and_needs_the_service(
 
 
 def test_the_query_stage_overrides_script_the_opening_not_the_call() -> None:
-    from searchrl.trainer.cpu_real_learn import QUERY_REWARD_FN_PATH, REWARD_FN_PATH, learn_overrides
+    from searchrl.trainer.proofs.real_learn import QUERY_REWARD_FN_PATH, REWARD_FN_PATH, learn_overrides
 
     own = learn_overrides("float32", 0, 96)
     query = learn_overrides("float32", 0, 48, stage="query", retrieval_url="http://127.0.0.1:1")
@@ -154,7 +159,7 @@ def test_the_query_stages_own_tool_response_is_the_models_not_an_observation() -
     stage 2 stopped at step 1 with `observation tokens in loss 44`: the model's own invented `<tool_response>`
     after the call it closed, read by the strict no-marker rule as an observation. With the agent loop's record
     of the generated range it is the model's own; without the record (or outside it) the strict rule stands."""
-    from searchrl.trainer.masks import MODEL_TOOL_RESPONSE_TOKENS, mask_step_metrics
+    from searchrl.trainer.plugins.masks import MODEL_TOOL_RESPONSE_TOKENS, mask_step_metrics
 
     pieces = [
         "<tool_call>",

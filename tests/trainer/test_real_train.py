@@ -14,13 +14,13 @@ import pytest
 
 from searchrl.chat_template import CHATML_HERMES_TEMPLATE
 from searchrl.errors import ConfigError
-from searchrl.trainer.cpu_precision import MIN_SPEEDUP, choose_cpu_dtype
-from searchrl.trainer.cpu_real import check_real_steps, precision_overrides
-from searchrl.trainer.cpu_report import COLUMNS, PROB_DIFF_MEAN, SYNC_MAX_PROB_DIFF, StepRow
-from searchrl.trainer.generated_spans import MISSING, OUTSIDE, UNRECORDED
+from searchrl.trainer.cpu.precision import MIN_SPEEDUP, choose_cpu_dtype
 from searchrl.trainer.overrides import hydra_value, render_overrides
+from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
+from searchrl.trainer.proofs.real import check_real_steps, precision_overrides
 from searchrl.trainer.settings import TrainSettings
-from searchrl.trainer.template import check_train_template
+from searchrl.trainer.step_checks import COLUMNS, PROB_DIFF_MEAN, SYNC_MAX_PROB_DIFF, StepRow
+from searchrl.trainer.template_check import check_train_template
 
 # SmolLM2-135M-Instruct's template in essence: ChatML that never looks at `tools`
 NO_TOOLS_TEMPLATE = (

@@ -1,11 +1,11 @@
-"""trainer/reward.py against verl's own Search-R1 scorer and routing."""
+"""trainer/plugins/reward.py against verl's own Search-R1 scorer and routing."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from searchrl.trainer.reward import SEARCH_R1_SOURCES, TOOL_COUNTERS, compute_score, golden_answers
+from searchrl.trainer.plugins.reward import SEARCH_R1_SOURCES, TOOL_COUNTERS, compute_score, golden_answers
 
 GOLD = {"target": ["Ingmar Bergman", "Bergman"]}
 
@@ -82,9 +82,9 @@ def test_golden_answers_accepts_parquet_shapes():
 
 @pytest.fixture(autouse=True)
 def _fresh_failure_windows(monkeypatch):
-    import searchrl.trainer.reward
+    import searchrl.trainer.plugins.reward
 
-    monkeypatch.setattr(searchrl.trainer.reward, "_windows", {})
+    monkeypatch.setattr(searchrl.trainer.plugins.reward, "_windows", {})
 
 
 def _trajectory(calls: int, failures: int, kinds: str = "") -> dict:

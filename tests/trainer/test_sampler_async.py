@@ -12,8 +12,8 @@ import pytest
 import transfer_queue
 
 from searchrl.errors import RolloutFailedError, StepCheckError
-from searchrl.trainer import sampler, versions
-from searchrl.trainer.sampler import SearchReplayBuffer, SearchReplayBufferAsync
+from searchrl.trainer.plugins import sampler, versions
+from searchrl.trainer.plugins.sampler import SearchReplayBuffer, SearchReplayBufferAsync
 
 
 def _buffer(cls: type, refill: Any = None, threshold: int | None = 2, **sampler_kwargs: Any) -> Any:

@@ -20,7 +20,7 @@ def test_pythons_logger_refuses_flush() -> None:
 def test_verls_separate_async_logger_takes_flush_and_still_logs(caplog: pytest.LogCaptureFixture) -> None:
     from verl.trainer.ppo.v1 import trainer_separate_async
 
-    from searchrl.trainer import separate_async_patch
+    from searchrl.trainer.patches import separate_async as separate_async_patch
 
     separate_async_patch.install()
     separate_async_patch.install()  # idempotent

@@ -41,7 +41,9 @@ def test_defaults_are_the_search_r1_recipe():
 )
 def test_env_names(monkeypatch, env, value, field, expected):
     monkeypatch.setenv(env, value)
-    if env == "ROLLOUT":  # sglang 0.5.12 reads back Llama, not the default Qwen2 (trainer/sglang_readback.py)
+    if (
+        env == "ROLLOUT"
+    ):  # sglang 0.5.12 reads back Llama, not the default Qwen2 (trainer/weight_sync/sglang_readback.py)
         monkeypatch.setenv("MODEL_NAME", "meta-llama/Llama-3.2-3B-Instruct")
     assert getattr(TrainSettings(), field) == expected
 
@@ -345,9 +347,9 @@ def test_attn_implementation_still_works_and_is_folded_into_flash_attn(monkeypat
 
 def test_the_cpu_runs_keep_sdpa_whatever_the_environment_says(monkeypatch, tmp_path):
     """`searchrl train cpu` (and learn-cpu, train-cpu-real, built on the same settings) has no flash-attn."""
-    from searchrl.trainer.cpu_learn import learn_settings
-    from searchrl.trainer.cpu_smoke import cpu_settings
     from searchrl.trainer.overrides import render_overrides
+    from searchrl.trainer.proofs.learn import learn_settings
+    from searchrl.trainer.proofs.train_cpu import cpu_settings
 
     monkeypatch.setenv("FLASH_ATTN", "1")
     for settings in (

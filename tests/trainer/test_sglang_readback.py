@@ -1,4 +1,4 @@
-"""Which models sglang 0.5.12 reads back (trainer/sglang_readback.py), checked against the sglang 0.5.12 wheel.
+"""Which models sglang 0.5.12 reads back (trainer/weight_sync/sglang_readback.py), checked against the sglang 0.5.12 wheel.
 
 sglang does not run here (CUDA only), but its wheel downloads from PyPI (7.8 MB): the table the plan refuses by is
 derived from its `srt/models/*.py` here, so a hand-written list cannot drift from the pinned source.
@@ -15,9 +15,9 @@ import pytest
 
 from searchrl.deploy.train_settings import node_settings
 from searchrl.errors import ConfigError
-from searchrl.trainer import sglang_readback as readback
 from searchrl.trainer.settings import TrainSettings
-from searchrl.trainer.sglang_readback import (
+from searchrl.trainer.weight_sync import sglang_readback as readback
+from searchrl.trainer.weight_sync.sglang_readback import (
     READBACK_ARCHITECTURES,
     model_architecture,
     readback_refusal,

@@ -1,4 +1,4 @@
-"""The weight-sync check's sglang path (trainer/sglang_sync.py), on CPU: verl's real adapter against a stand-in server.
+"""The weight-sync check's sglang path (trainer/weight_sync/sglang_sync.py), on CPU: verl's real adapter against a stand-in server.
 
 sglang does not install here. What runs is verl 0.9.1's own code: `sglang_rollout.ServerAdapter.update_weights`
 (bucketing, `sgl_update_weights`, `flush_cache`, `set_global_steps`) and its HTTP client `AsyncHttpServerAdapter`
@@ -13,7 +13,7 @@ and sglang use:
   names sliced out of the fused `qkv_proj`/`gate_up_proj`, the row-parallel `o_proj`/`down_proj` gathered over the
   ranks as sglang's Llama does, a tied `lm_head` read from the embedding, 400 for a name the model cannot read);
   and, as sglang 0.5.12 answers by model class (srt/model_executor/model_runner.py:2133-2148), 400 for every name
-  when the class has no `get_weights_by_name`: Qwen2's has none (trainer/sglang_readback.py, whose table a test
+  when the class has no `get_weights_by_name`: Qwen2's has none (trainer/weight_sync/sglang_readback.py, whose table a test
   derives from the sglang 0.5.12 wheel);
 - per-rank models laid out as sglang's Llama with attention bias (Qwen2's tensor layout): q/k/v and gate/up fused,
   column/row-parallel shards, a vocabulary padded with zero rows and split over ranks, norms replicated, bf16
@@ -41,9 +41,9 @@ import torch
 from aiohttp import web
 
 from searchrl.errors import StepCheckError
-from searchrl.trainer import sglang_sync
-from searchrl.trainer.sglang_readback import READBACK_ARCHITECTURES
-from searchrl.trainer.sglang_sync import ROWS, compare_blocks, leading_block, read_copies
+from searchrl.trainer.weight_sync import sglang_sync
+from searchrl.trainer.weight_sync.sglang_readback import READBACK_ARCHITECTURES
+from searchrl.trainer.weight_sync.sglang_sync import ROWS, compare_blocks, leading_block, read_copies
 
 VOCAB, PADDED, HIDDEN, Q, KV, FFN = 10, 16, 8, 8, 4, 12
 PREFIX = "model.layers.0."
@@ -234,7 +234,7 @@ def verl_sglang(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     names = [
         "verl.workers.rollout.sglang_rollout.http_server_engine",
         "verl.workers.rollout.sglang_rollout.sglang_rollout",
-        "searchrl.trainer.sglang_classes",
+        "searchrl.trainer.weight_sync.sglang_classes",
     ]
     for name in names:
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -428,7 +428,7 @@ def test_the_plugin_points_verls_sglang_rollout_at_the_checking_adapter(
     assert issubclass(cls, verl_sglang.ServerAdapter)
     assert cls.update_weights is sglang_sync.SglangFingerprintMixin.update_weights
     assert _ROLLOUT_REGISTRY[("vllm", "async")].startswith(
-        "searchrl.trainer.vllm_classes"
+        "searchrl.trainer.weight_sync.vllm_classes"
     )  # vLLM's untouched
 
 

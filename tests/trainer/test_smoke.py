@@ -1,4 +1,4 @@
-"""The smoke run's post-run checks (trainer/smoke.py) on real files: rollout dumps written by verl's own
+"""The smoke run's post-run checks (trainer/smoke_checks.py) on real files: rollout dumps written by verl's own
 RayPPOTrainer._write_generations from our reward's output, a checkpoint written by verl's FSDPCheckpointManager
 (gloo, CPU), and verl's merger. The training step itself needs a GPU and is replaced by a function writing what
 verl writes; `make train-smoke` on a GPU runs the real thing (not run here: no GPU)."""
@@ -14,12 +14,12 @@ import pytest
 from searchrl.errors import SmokeCheckError
 from searchrl.trainer.launch import RECORD_DIR, STEPS_LOG
 from searchrl.trainer.merge import TRACKER_FILE
-from searchrl.trainer.reward import compute_score
+from searchrl.trainer.plugins.reward import compute_score
 from searchrl.trainer.settings import TrainSettings
-from searchrl.trainer.smoke import check_smoke_run, count_searches
+from searchrl.trainer.smoke_checks import check_smoke_run, count_searches
 from tests.trainer.test_merge import _write_fsdp_checkpoints
 
-# the mask invariant's counts (trainer/generated_spans.py), all 0, as a healthy step logs them
+# the mask invariant's counts (trainer/plugins/generated_spans.py), all 0, as a healthy step logs them
 INVARIANT_OK = (
     "loss/mask_outside_generated:0.0 - loss/mask_missing_in_generated:0.0 - loss/unrecorded_trajectories:0.0"
 )
@@ -164,7 +164,7 @@ def test_the_rollout_actor_probability_gap_fails_or_warns_at_verls_faq_limits(
         with pytest.raises(SmokeCheckError, match=r"step 1: rollout/actor mean prob diff 0\.02 >= 0\.01"):
             check_smoke_run(settings)
         return
-    caplog.set_level("WARNING", logger="searchrl.trainer.smoke")
+    caplog.set_level("WARNING", logger="searchrl.trainer.smoke_checks")
     check_smoke_run(settings)
     assert ("mean prob diff 0.007 >= 0.005" in caplog.text) is (outcome == "warns")
 

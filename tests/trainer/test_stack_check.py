@@ -1,4 +1,4 @@
-"""trainer/stack_check.py as setup runs it (a subprocess with the venv's python): verl's declared version ranges
+"""trainer/node/stack_check.py as setup runs it (a subprocess with the venv's python): verl's declared version ranges
 against what is installed (GPU_STACK=image), and flash-attn 2 itself, on stand-in packages put first on the path."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _check(*args: str, path: Path | None = None, **env: str) -> subprocess.Compl
             path
         )  # ahead of site-packages: the stand-ins win, as an image's copies would
     return subprocess.run(
-        [sys.executable, str(REPO / "trainer" / "stack_check.py"), *args],
+        [sys.executable, str(REPO / "trainer" / "node" / "stack_check.py"), *args],
         capture_output=True, text=True, timeout=120, env=environ, cwd=REPO, check=False,
     )  # fmt: skip
 

@@ -3,7 +3,7 @@
 There verl builds our adapter inside its `CheckpointEngineWorker` (checkpoint_engine/base.py:340-349), in the
 replica's own worker group (RANK 0 in every replica), passing `replica_rank`, and feeds it the checkpoint engine's
 async generator of received weights. The unit tests pin each piece; the last runs verl's worker class itself,
-receiving over the gloo engine (trainer/gloo_engine.py) from a second process into a real HFGenerateServer.
+receiving over the gloo engine (trainer/cpu/gloo_engine.py) from a second process into a real HFGenerateServer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from searchrl.trainer.hf_rollout import SERVER_NAME, HFGenerateServer
+from searchrl.trainer.cpu.hf_rollout import SERVER_NAME, HFGenerateServer
 from tests.trainer.conftest import compose_verl
 
 TIMEOUT_S = 180
@@ -55,14 +55,14 @@ class _Handle:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from searchrl.trainer.tiny_model import write_tiny_model
+    from searchrl.trainer.cpu.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny"), ["hello world", "<tool_call>search</tool_call>"])
 
 
 @pytest.fixture(scope="module")
 def configs(tiny_model_dir: Path) -> tuple[Any, Any]:
-    import searchrl.trainer.cpu_plugin  # noqa: F401  (registers the hf adapter in verl's rollout registry)
+    import searchrl.trainer.cpu.plugin  # noqa: F401  (registers the hf adapter in verl's rollout registry)
 
     return _configs(tiny_model_dir)
 
@@ -135,7 +135,7 @@ def test_the_server_runs_on_the_threads_the_rollout_config_gives(
     """separate_async: trainer and rollout compute at once, so the server must not take every core."""
     import ray
 
-    from searchrl.trainer.hf_rollout import HFRolloutReplica
+    from searchrl.trainer.cpu.hf_rollout import HFRolloutReplica
 
     made: list[_Remote] = []
     monkeypatch.setattr(ray, "remote", lambda cls: made.append(_Remote(cls)) or made[-1])
@@ -170,7 +170,7 @@ def _trained(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 def _actor(model_dir: str, commands: Any, results: Any) -> None:
-    from searchrl.trainer.gloo_engine import GlooCheckpointEngine
+    from searchrl.trainer.cpu.gloo_engine import GlooCheckpointEngine
 
     engine = GlooCheckpointEngine(bucket_size=1 << 20, is_master=True, timeout_s=60)
     results.put(engine.prepare())
@@ -183,7 +183,7 @@ def _rollout(model_dir: str, master_port: int, commands: Any, results: Any) -> N
     # what a Ray worker of a CPU run has: the plugin imported at `import verl`, verl's worker environment
     os.environ.update(
         VERL_PLATFORM="cpu",
-        VERL_USE_EXTERNAL_MODULES="searchrl.trainer.cpu_plugin",
+        VERL_USE_EXTERNAL_MODULES="searchrl.trainer.cpu.plugin",
         RANK="0",
         WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
@@ -192,9 +192,9 @@ def _rollout(model_dir: str, master_port: int, commands: Any, results: Any) -> N
     import ray
     from verl.checkpoint_engine.base import CheckpointEngineWorker
 
-    import searchrl.trainer.cpu_plugin  # noqa: F401  (verl was imported with this module, before the env was set)
-    from searchrl.trainer.gloo_engine import engine_overrides
-    from searchrl.trainer.weight_fingerprint import digest, fingerprint
+    import searchrl.trainer.cpu.plugin  # noqa: F401  (verl was imported with this module, before the env was set)
+    from searchrl.trainer.cpu.gloo_engine import engine_overrides
+    from searchrl.trainer.weight_sync.fingerprint import digest, fingerprint
 
     server = HFGenerateServer(model_dir, prompt_length=8, response_length=8)
     asked: list[str] = []
@@ -231,8 +231,8 @@ def _get(results: Any, procs: dict[str, Any]) -> Any:
 
 @pytest.mark.slow  # ~30 s of CPU (two processes import verl, transformers and the model); 86 s wall on a busy 2-core Xeon
 def test_verls_checkpoint_engine_worker_receives_over_gloo_into_the_hf_server(tiny_model_dir) -> None:
-    from searchrl.trainer.gloo_engine import GlooCheckpointEngine
-    from searchrl.trainer.weight_fingerprint import digest, fingerprint
+    from searchrl.trainer.cpu.gloo_engine import GlooCheckpointEngine
+    from searchrl.trainer.weight_sync.fingerprint import digest, fingerprint
 
     ctx = mp.get_context("spawn")
     commands = {role: ctx.Queue() for role in ("actor", "rollout")}

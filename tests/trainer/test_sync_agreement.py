@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from searchrl.errors import StepCheckError
-from searchrl.trainer import weight_fingerprint
+from searchrl.trainer.weight_sync import fingerprint as weight_fingerprint
 
 # the group's own timeout: what a rank left behind would wait for (bounded here so the "before" case ends)
 GROUP_TIMEOUT_S = 12
@@ -48,7 +48,7 @@ def _rank(rank: int, port: int, out: Any) -> None:
     )
     for agree in (True, False):
         if not agree:  # the behaviour before the fix: each rank decides alone
-            import searchrl.trainer.vllm_sync as vllm_sync
+            import searchrl.trainer.weight_sync.vllm_sync as vllm_sync
 
             vllm_sync.agree_across_ranks = _alone  # type: ignore[assignment]
         workers = [Worker(0, 1)]

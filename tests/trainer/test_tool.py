@@ -17,7 +17,7 @@ pytestmark = pytest.mark.live
 
 
 def _tool(urls: list[str], **config: Any):
-    from searchrl.trainer.tool import SearchTool
+    from searchrl.trainer.plugins.tool import SearchTool
 
     fast = {"timeout_s": 2.0, "max_retries": 1, "backoff_base_s": 0.01, "backoff_max_s": 0.02}
     return SearchTool({"type": "native", "retrieval_urls": urls, **fast, **config})
@@ -154,7 +154,7 @@ def test_failure_kinds_accumulate_per_trajectory():
 def test_client_counters_reach_the_worker_log(live_bm25_url, caplog):
     """Per-URL counters (sent, failed by kind, breaker) in one INFO line per interval: a dead replica shows."""
     tool = _tool([_dead_url(), live_bm25_url], stats_log_interval_s=0)
-    with caplog.at_level("INFO", logger="searchrl.trainer.tool"):
+    with caplog.at_level("INFO", logger="searchrl.trainer.plugins.tool"):
         for _ in range(2):  # least-outstanding ties go round-robin: the dead URL is tried once
             response, _, metrics = _call(tool, {"query_list": [SEVENTH_SEAL_QUESTION]})
             assert metrics["failed"] == 0 and "The Seventh Seal" in response.text

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import RolloutFailedError
-from searchrl.trainer.agent_loop import question_of, scripted_tool_call
-from searchrl.trainer.cpu_report import StepRow, check_steps, parse_steps, step_table
-from searchrl.trainer.cpu_smoke import first_error
 from searchrl.trainer.overrides import merge_overrides
+from searchrl.trainer.plugins.agent_loop import question_of, scripted_tool_call
+from searchrl.trainer.proofs.train_cpu import first_error
+from searchrl.trainer.step_checks import StepRow, check_steps, parse_steps, step_table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,10 +63,10 @@ def test_a_cpu_run_stops_at_the_first_step_that_fails_its_check(tmp_path, caplog
     import time
 
     from searchrl.errors import SmokeCheckError
-    from searchrl.trainer.cpu_report import sync_and_mask_problems
-    from searchrl.trainer.cpu_smoke import run_main_ppo
+    from searchrl.trainer.proofs.train_cpu import run_main_ppo
+    from searchrl.trainer.step_checks import sync_and_mask_problems
 
-    caplog.set_level("INFO", logger="searchrl.trainer.cpu_smoke")
+    caplog.set_level("INFO", logger="searchrl.trainer.proofs.train_cpu")
     ok, stale = STEP_LINE.replace("step:2", "step:1"), STEP_LINE.replace("1.2e-09", "0.0028")
     started = time.monotonic()
     with pytest.raises(SmokeCheckError) as info:
@@ -103,9 +103,9 @@ STARTUP_LINES = [
 def test_a_cpu_run_shows_a_line_per_phase_of_verls_start_up_before_its_first_step(tmp_path, caplog):
     """`make train-cpu-real` printed nothing for 6 minutes before its first step (issue 39): each start-up phase
     verl logs gets one line as it arrives, once, and a rollout batch only when it is slow."""
-    from searchrl.trainer.cpu_smoke import run_main_ppo
+    from searchrl.trainer.proofs.train_cpu import run_main_ppo
 
-    caplog.set_level("INFO", logger="searchrl.trainer.cpu_smoke")
+    caplog.set_level("INFO", logger="searchrl.trainer.proofs.train_cpu")
     ok = STEP_LINE.replace("step:2", "step:1")
     code, _ = run_main_ppo(
         _printing(*STARTUP_LINES, ok, then_sleep_s=0), tmp_path / "train.log", 60, None, "1"
@@ -168,7 +168,7 @@ def test_the_sampler_stops_at_the_first_failed_group(monkeypatch):
     """verl's agent-loop worker turns a raising reward into a "failure" group status; ours raises on it."""
     import transfer_queue
 
-    from searchrl.trainer.sampler import SearchReplayBuffer
+    from searchrl.trainer.plugins.sampler import SearchReplayBuffer
 
     buffer = SearchReplayBuffer(
         trainer_mode="sync",
@@ -223,7 +223,10 @@ def test_a_reward_that_raises_stops_the_run(tmp_path):
     """The bug this replaced: verl 0.9.1 catches the reward's SearchFailureRateError in the agent-loop worker
     and, without our sampler, keeps asking for prompts forever. Against a dead service, the run must end with
     the reward's own message, well before its last step."""
-    from searchrl.trainer.cpu_smoke import (
+    from searchrl.trainer.cpu.tiny_model import write_tiny_model
+    from searchrl.trainer.data import prepare_data
+    from searchrl.trainer.overrides import render_overrides, verl_command
+    from searchrl.trainer.proofs.train_cpu import (
         DEV_QA,
         cpu_overrides,
         cpu_settings,
@@ -231,9 +234,6 @@ def test_a_reward_that_raises_stops_the_run(tmp_path):
         tokenizer_texts,
         write_qa,
     )
-    from searchrl.trainer.data import prepare_data
-    from searchrl.trainer.overrides import render_overrides, verl_command
-    from searchrl.trainer.tiny_model import write_tiny_model
     from searchrl.trainer.toolconfig import write_tool_config
     from tests.live import free_port
 

