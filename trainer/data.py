@@ -49,6 +49,15 @@ class PreparedData:
     reused: bool = False  # True when matching files from an earlier run were kept
 
 
+@dataclass(frozen=True)
+class SplitRow:
+    """One verl row read back from a split this module wrote: what the loop is asked and scored against."""
+
+    question: str
+    answers: list[str]  # reward_model.ground_truth's targets
+    prompt: list[dict[str, Any]]  # the chat messages verl's dataset feeds the agent loop
+
+
 def data_source_name(raw: Any) -> str:
     """`nq` -> `searchR1_nq`; an already prefixed name is kept."""
     name = str(raw).strip()
@@ -217,6 +226,27 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     tmp.replace(path)  # atomic: a crash never leaves a half-written file that a later run would reuse
 
 
+def read_split(path: Path) -> list[SplitRow]:
+    """The rows of a split `prepare_data` wrote (train or test parquet), in file order: the order verl's dataset
+    indexes them by, so a rollout dump's row index names its question here."""
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = pd.read_parquet(path).to_dict(orient="records")
+    return [
+        SplitRow(
+            question=str(row["extra_info"]["question"]),
+            answers=_answers(row["reward_model"]["ground_truth"]),
+            prompt=[dict(message) for message in row["prompt"]],
+        )
+        for row in rows
+    ]
+
+
+def train_questions(settings: TrainSettings) -> list[str]:
+    """The run's train questions in file order (the questions the run samples)."""
+    return [row.question for row in read_split(settings.train_file)]
+
+
 def _meta(settings: TrainSettings) -> dict[str, Any]:
     return {
         "qa_source": settings.qa_source,
@@ -255,10 +285,13 @@ def prepare_data(settings: TrainSettings, *, force: bool = False) -> PreparedDat
 __all__ = [
     "AGENT_NAME",
     "PreparedData",
+    "SplitRow",
     "convert",
     "data_source_name",
     "held_out",
     "load_qa",
     "prepare_data",
+    "read_split",
     "to_verl_row",
+    "train_questions",
 ]

@@ -10,7 +10,7 @@ import pytest
 
 from searchrl.errors import DataError
 from searchrl.prompt import build_messages, parse_tool_calls
-from searchrl.trainer.data import load_qa, prepare_data, to_verl_row
+from searchrl.trainer.data import load_qa, prepare_data, read_split, to_verl_row, train_questions
 from searchrl.trainer.settings import TrainSettings
 
 
@@ -44,6 +44,22 @@ def test_fixture_rows_become_verl_rows(tmp_path, qa_sample):
     assert sorted(pd.read_parquet(result.train_file)["extra_info"].map(lambda e: e["index"])) == list(
         range(20)
     )
+
+
+def test_the_split_reads_back_as_written_in_file_order(tmp_path, qa_sample):
+    """The one reader the proofs use: each row's question, golden answers and prompt, in the order verl indexes."""
+    settings = _settings(tmp_path, qa_sample, dataset_size="small")
+    result = prepare_data(settings)
+    for path in (result.train_file, result.test_file):
+        frame = pd.read_parquet(path)
+        rows = read_split(path)
+        assert [r.question for r in rows] == [e["question"] for e in frame["extra_info"]]
+        assert [r.answers for r in rows] == [
+            list(g["target"]) for g in frame["reward_model"].map(lambda m: m["ground_truth"])
+        ]
+        assert all(r.prompt == build_messages(r.question) and r.answers for r in rows)
+    assert train_questions(settings) == [r.question for r in read_split(result.train_file)]
+    assert len(train_questions(settings)) == result.train_rows
 
 
 def test_prompt_teaches_the_format_verls_hermes_parser_reads(offline_tokenizer):

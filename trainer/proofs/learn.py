@@ -52,6 +52,7 @@ from typing import Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu.hf_rollout import UPDATE_PATTERN
+from searchrl.trainer.data import held_out, read_split, train_questions
 from searchrl.trainer.overrides import hydra_value, merge_overrides
 from searchrl.trainer.proofs.learn_epochs import (
     PairedRise,
@@ -396,20 +397,13 @@ def probe_contexts(settings: TrainSettings, tokenizer: Any) -> list[tuple[list[i
     The response comes from the search tool built from the run's own tool YAML, as verl builds it, against the
     run's service: the same text the rollouts saw, so the probe asks the model the question training asked.
     """
-    import pandas as pd
-
-    from searchrl.trainer.plugins.reward import golden_answers
     from searchrl.trainer.proofs.turn_context import search_responses, turn_context_ids
 
-    rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
-    questions = [row["extra_info"]["question"] for row in rows]
-    observations = search_responses(settings, questions, "probe")
+    rows = read_split(settings.train_file)
+    observations = search_responses(settings, [row.question for row in rows], "probe")
     return [
-        (
-            turn_context_ids(tokenizer, row["prompt"], question, observation),
-            golden_answers(row["reward_model"]["ground_truth"]),
-        )
-        for row, question, observation in zip(rows, questions, observations, strict=True)
+        (turn_context_ids(tokenizer, row.prompt, row.question, observation), row.answers)
+        for row, observation in zip(rows, observations, strict=True)
     ]
 
 
@@ -545,8 +539,6 @@ def run_learn(
 def learn_epoch(qa_source: Path, questions: int, steps: int) -> int:
     """Steps per epoch of the run `--qa`/`--questions` make; ConfigError (before anything starts) unless the
     first and last windows are whole epochs (learn_epochs.epoch_steps)."""
-    from searchrl.trainer.data import held_out
-
     if not qa_source.is_file():
         raise ConfigError(
             f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
@@ -556,14 +548,6 @@ def learn_epoch(qa_source: Path, questions: int, steps: int) -> int:
     if used < 2:
         raise ConfigError(f"--questions {questions} with {qa_source} ({rows} rows) leaves no train row")
     return epoch_steps(used - held_out(used), PROMPTS_PER_STEP, steps)
-
-
-def train_questions(settings: TrainSettings) -> list[str]:
-    """The questions of the run's train parquet, as data prep wrote them."""
-    import pandas as pd
-
-    rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
-    return [str(row["extra_info"]["question"]) for row in rows]
 
 
 def rotate_answers(contexts: Sequence[tuple[list[int], list[str]]]) -> list[tuple[list[int], list[str]]]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import ConfigError
+from searchrl.trainer.data import read_split
 from searchrl.trainer.proofs.real_task import turn_score
 from searchrl.trainer.settings import TrainSettings
 
@@ -127,24 +128,6 @@ def load_tokenizer(model_dir: Path, chat_template: str) -> Any:
     prepare_chat_template(tokenizer, model=str(model_dir), choice=chat_template)
     tokenizer.padding_side = "left"
     return tokenizer
-
-
-def train_questions(settings: TrainSettings) -> list[str]:
-    """The train split's questions, in its order (the questions the run samples)."""
-    import pandas as pd
-
-    rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
-    return [str(row["extra_info"]["question"]) for row in rows]
-
-
-def train_golden(settings: TrainSettings) -> list[list[str]]:
-    """The train split's golden answers, in its order."""
-    import pandas as pd
-
-    from searchrl.trainer.plugins.reward import golden_answers
-
-    rows = pd.read_parquet(settings.train_file).to_dict(orient="records")
-    return [golden_answers(row["reward_model"]["ground_truth"]) for row in rows]
 
 
 def query_contexts(tokenizer: Any, questions: Sequence[str]) -> list[list[int]]:
@@ -258,9 +241,10 @@ def gate(
     import time
 
     tokenizer = load_tokenizer(model_dir, chat_template)
-    questions = train_questions(settings)
+    rows = read_split(settings.train_file)
+    questions = [row.question for row in rows]
     contexts = stage_contexts(settings, tokenizer, questions, stage)
-    score = stage_scorer(settings, stage, train_golden(settings) if stage == "query" else [])
+    score = stage_scorer(settings, stage, [row.answers for row in rows] if stage == "query" else [])
     started = time.monotonic()
     turns, tokens = sample_turns(
         model_dir, tokenizer, contexts, n=n, max_tokens=max_tokens, temperature=1.0, dtype=dtype, seed=seed
@@ -308,7 +292,5 @@ __all__ = [
     "sample_turns",
     "stage_contexts",
     "stage_scorer",
-    "train_golden",
-    "train_questions",
     "turn_contexts",
 ]

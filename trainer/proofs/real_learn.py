@@ -323,7 +323,8 @@ def sequence_lengths(
 
     Under sdpa every row is padded to the maximum (DESIGN.md 3e), so a loose bound costs compute every step."""
     from searchrl.prompt import build_messages
-    from searchrl.trainer.proofs.real_gate import load_tokenizer, stage_contexts, train_questions
+    from searchrl.trainer.data import train_questions
+    from searchrl.trainer.proofs.real_gate import load_tokenizer, stage_contexts
     from searchrl.trainer.proofs.turn_context import chat_ids
 
     tokenizer = load_tokenizer(model_dir, "searchrl")

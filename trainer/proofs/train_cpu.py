@@ -525,13 +525,12 @@ def _run_cpu_smoke(
 
 def _write_test_split(test_parquet: Path, path: Path) -> None:
     """The run's held-out questions (data prep's test split) as a QA file for `searchrl eval`."""
-    import pandas as pd
+    from searchrl.trainer.data import read_split
 
-    rows = []
-    for record in pd.read_parquet(test_parquet).to_dict(orient="records"):
-        target = record["reward_model"]["ground_truth"]["target"]
-        question = record["extra_info"]["question"]
-        rows.append({"question": question, "golden_answers": [str(t) for t in target], "data_source": "dev"})
+    rows = [
+        {"question": row.question, "golden_answers": row.answers, "data_source": "dev"}
+        for row in read_split(test_parquet)
+    ]
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
