@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import logging
+import textwrap
 
 import pytest
 
@@ -27,3 +30,21 @@ def test_verls_separate_async_logger_takes_flush_and_still_logs(caplog: pytest.L
     with caplog.at_level(logging.INFO, logger=separate_async_patch.LOGGER):
         trainer_separate_async.logger.info("[V1SepAsync] hybrid replicas disabled %s", "(test)", flush=True)
     assert "[V1SepAsync] hybrid replicas disabled (test)" in caplog.text
+
+
+def test_verl_still_passes_flush_to_the_separate_async_logger() -> None:
+    """The pin check (trainer/patches/README.md): verl 0.9.1's `_setup` calls `logger.info(..., flush=True)`
+    (trainer_separate_async.py:181-185). When a verl release drops the kwarg this fails, and the patch can go."""
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(PPOTrainerSeparateAsync._setup)))
+    flushed = [
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "logger"
+        and any(keyword.arg == "flush" for keyword in node.keywords)
+    ]
+    assert flushed == ["info"]

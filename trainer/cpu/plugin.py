@@ -16,7 +16,7 @@ named modules at `import verl`; verl/plugin/platform/platform_manager.py reads V
    weights after every update). The FSDP training engine is chosen with verl's own `VERL_ENGINE_DEVICE=cuda`
    override: it is registered for cuda/npu only (workers/engine/fsdp/transformer_impl.py:1143) but runs on CPU.
 
-Patches to verl's behaviour (each the smallest that works; docs/training.md lists them with the reasons):
+Patches to verl's behaviour (each the smallest that works; trainer/patches/README.md lists them with verl's lines):
 
 - `initialize_global_process_group_ray` asks for the backend string `"cpu:gloo,<device>:<backend>"`
   (utils/distributed.py:88), which torch rejects when the device is also "cpu" ("Duplicate device type cpu"):
