@@ -35,8 +35,8 @@ is a bug and keeps its traceback. Messages say what is wrong and how to fix it, 
 Every exception class lives here (tests/test_errors.py checks the tree above against the classes), except
 trainer/node/nvidia_driver.py's `DriverError`, trainer/node/stack_check.py's `StackError` and trainer/cpu/vllm_env.py's
 `WheelError`, which never leave their modules: those files run as scripts before this package is importable
-(driver.py on the nodes with the system python, vllm_cpu_env.py before the vLLM CPU venv exists), and
-trainer/lockfiles.py and trainer/launch.py turn the first two into ConfigError; vllm_cpu_env.py prints its one line and
+(nvidia_driver.py on the nodes with the system python, vllm_env.py before the vLLM CPU venv exists), and
+trainer/lockfiles.py and trainer/launch.py turn the first two into ConfigError; vllm_env.py prints its one line and
 exits 2 itself.
 """
 

@@ -216,7 +216,7 @@ def async_run_problems(
 ) -> list[str]:
     """The run-level checks of an async CPU run: `logs` are its invocations' logs in order (the first stops at
     `resume_step`, the second resumes from its checkpoint). `require_spanning`: at least one trained trajectory
-    spans two versions (colocate_async; see cpu_smoke.ASYNC_STEPS)."""
+    spans two versions (colocate_async; see train_cpu.ASYNC_STEPS)."""
     problems = []
     if require_spanning and not sum(row.metrics.get(versions.SPANNING, 0) for row in rows) >= 1:
         problems.append(

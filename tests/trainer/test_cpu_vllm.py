@@ -258,12 +258,13 @@ def test_train_cpu_on_verls_vllm_server_checks_every_sync_and_resumes(tmp_path):
         # verl started our server subclass with our worker extension, in the settings' log-prob mode
         assert "(FingerprintHttpServer pid=" in text
         assert re.search(
-            r"'--worker_extension_cls',\n.*'searchrl\.trainer\.vllm_classes\.SearchRLWorkerExtension'", text
+            r"'--worker_extension_cls',\n.*'searchrl\.trainer\.weight_sync\.vllm_classes\.SearchRLWorkerExtension'",
+            text,
         )
         assert re.search(rf"'--logprobs_mode',\n.*'{mode}'", text)
         # the platform shim ran inside the vLLM worker (its output comes through the server actor)
         assert re.search(
-            r"FingerprintHttpServer pid=\d+\).*cpu_vllm in pid \d+: .*"
+            r"FingerprintHttpServer pid=\d+\).*vllm_shims in pid \d+: .*"
             r"(keep_plain_cpu_linear -> True|'vllm\.model_executor\.layers\.utils': True)",
             text,
         )

@@ -144,7 +144,7 @@ def test_separate_async_learn_cpu_learns_over_three_seeds_with_every_step_versio
     """`make learn-cpu ASYNC=separate`: the learning run in verl's separate_async mode (standalone hf replica,
     weights over gloo) on seeds 0, 1, 2: every seed passes the checks that hold whatever its sampling drew (each
     step's versions, its weight push, masks, advantages, no collapse), and the rise and the probe pass on the
-    seeds' mean (cpu_learn.seeds_verdict)."""
+    seeds' mean (learn.seeds_verdict)."""
     proc = _learn(tmp_path / "learn", mode="separate_async")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     last = proc.stdout.strip().splitlines()[-1]

@@ -506,7 +506,7 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
 
 def test_an_async_learning_run_is_not_held_to_the_sync_bound_its_stale_steps_cannot_meet():
     """In verl's async modes a step may train on trajectories sampled by older weights, so the rollout/actor
-    probability difference is not a sync check there (cpu_report.async_step_problems checked each step's versions
+    probability difference is not a sync check there (step_checks.async_step_problems checked each step's versions
     as verl logged it); a sync run keeps the 1e-4 bound."""
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
     stale = {

@@ -23,11 +23,11 @@ def test_pythons_logger_refuses_flush() -> None:
 def test_verls_separate_async_logger_takes_flush_and_still_logs(caplog: pytest.LogCaptureFixture) -> None:
     from verl.trainer.ppo.v1 import trainer_separate_async
 
-    from searchrl.trainer.patches import separate_async as separate_async_patch
+    from searchrl.trainer.patches import separate_async
 
-    separate_async_patch.install()
-    separate_async_patch.install()  # idempotent
-    with caplog.at_level(logging.INFO, logger=separate_async_patch.LOGGER):
+    separate_async.install()
+    separate_async.install()  # idempotent
+    with caplog.at_level(logging.INFO, logger=separate_async.LOGGER):
         trainer_separate_async.logger.info("[V1SepAsync] hybrid replicas disabled %s", "(test)", flush=True)
     assert "[V1SepAsync] hybrid replicas disabled (test)" in caplog.text
 

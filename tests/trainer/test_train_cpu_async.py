@@ -38,7 +38,7 @@ def _train_cpu_async(
 @pytest.mark.live
 def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(tmp_path):
     """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
-    step ASYNC_STEPS, merge and eval; cpu_report's async checks passed (exit 0), and the log shows why they could."""
+    step ASYNC_STEPS, merge and eval; step_checks' async checks passed (exit 0), and the log shows why they could."""
     out = tmp_path / "run"
     proc = _train_cpu_async(out)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -81,7 +81,7 @@ def test_separate_async_pushes_weights_to_a_standalone_replica_every_step_and_re
     """`make train-cpu ASYNC=separate`: verl's separate_async trainer with the trainer and a standalone hf replica
     on a fake Ray GPU each, the weights pushed over the gloo checkpoint engine after two local updates
     (parameter_sync_step 2), our async buffer checking every version against the replica's ledger, a checkpoint
-    at step 2 and a resume to step ASYNC_STEPS; exit 0 means cpu_report's checks passed, and the log shows why
+    at step 2 and a resume to step ASYNC_STEPS; exit 0 means step_checks' checks passed, and the log shows why
     they could: a timed push and a ledger-verified version on every step but the resumed one's first."""
     out = tmp_path / "run"
     proc = _train_cpu_async(out, mode="separate_async")

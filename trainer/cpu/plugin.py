@@ -46,8 +46,7 @@ from verl.plugin.platform import PlatformRegistry
 from verl.plugin.platform.platform_base import PlatformBase
 
 from searchrl.trainer.cpu import sabotage
-from searchrl.trainer.patches import old_policy_guard
-from searchrl.trainer.patches import separate_async as separate_async_patch
+from searchrl.trainer.patches import old_policy_guard, separate_async
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +251,7 @@ _register_rollout()
 _register_agent_loop()
 # idempotent; importing them installed them already: named here so the imports are not unused
 old_policy_guard.install()
-separate_async_patch.install()
+separate_async.install()
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
     _patch_for_cpu()
 if sabotage.active(sabotage.FLIP_ADVANTAGE):

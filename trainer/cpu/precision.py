@@ -8,7 +8,7 @@ each precision decides. `choose_cpu_dtype` returns the torch dtype name and the 
 
 A bf16 run computes the actor, the reference and the rollout in bf16 (fp32 master weights and reductions), so
 their token probabilities differ by bf16 rounding: the per-step sync check then uses verl's mean-difference bound
-(cpu_report.PROB_DIFF_MEAN_FAIL) rather than the fp32 run's 1e-4 maximum. The learning run stays fp32 everywhere.
+(step_checks.PROB_DIFF_MEAN_FAIL) rather than the fp32 run's 1e-4 maximum. The learning run stays fp32 everywhere.
 """
 
 from __future__ import annotations

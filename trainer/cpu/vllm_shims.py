@@ -90,7 +90,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_act(module: Any) -> None:
             exec_module(module)
-            log.warning("cpu_vllm in pid %d: %s -> %s", os.getpid(), action.__name__, action())
+            log.warning("vllm_shims in pid %d: %s -> %s", os.getpid(), action.__name__, action())
 
         spec.loader.exec_module = exec_then_act  # type: ignore[method-assign]
         return spec
@@ -109,7 +109,7 @@ def install() -> dict[str, bool]:
     if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())
     if done:
-        log.warning("cpu_vllm in pid %d: %s", os.getpid(), done)
+        log.warning("vllm_shims in pid %d: %s", os.getpid(), done)
     return done
 
 

@@ -129,7 +129,7 @@ def learn_settings(
 ) -> TrainSettings:
     """The smoke run's settings, then: 2 prompts x 8 samples a step, one Adam step each, no KL or entropy term,
     no warm-up (DESIGN.md 3c). In an async `mode` the step's trajectories may come from older weights (at most
-    cpu_smoke.ASYNC_THRESHOLD - 1 updates behind); separate_async pushes the weights after that one update
+    train_cpu.ASYNC_THRESHOLD - 1 updates behind); separate_async pushes the weights after that one update
     (verl's parameter_sync_step 1)."""
     return cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode).model_copy(
         update={
@@ -158,7 +158,7 @@ def learn_overrides(seed: int, rollout_dir: Path, settings: TrainSettings | None
     """The CPU overrides plus the learning reward, a seeded rollout (its sampling differs per seed) and verl's own
     per-step dump of every trajectory's prompt, output and score (`rollout_dir`/<step>.jsonl): the per-question
     figures are read from it, because reward extras never reach the console metrics (DESIGN.md 3c). With
-    `settings` in an async mode, the async run's own keys too (cpu_smoke.async_cpu_overrides)."""
+    `settings` in an async mode, the async run's own keys too (train_cpu.async_cpu_overrides)."""
     pairs: list[tuple[str, object]] = [
         ("reward.custom_reward_function.path", REWARD_FN_PATH),
         ("reward.custom_reward_function.name", REWARD_FN_NAME),
@@ -184,7 +184,7 @@ class LearnRun:
 
     seed: int
     out_dir: Path
-    mode: str = "sync"  # verl's trainer mode (cpu_smoke.MODES)
+    mode: str = "sync"  # verl's trainer mode (train_cpu.MODES)
     epoch: int = WINDOW  # steps per epoch: the windows compared at each end
     rows: list[StepRow] = field(default_factory=list)
     trajectories: list[Trajectory] = field(default_factory=list)  # from verl's rollout dumps
@@ -239,7 +239,7 @@ class LearnRun:
     def problems(self, steps: int = STEPS) -> list[str]:
         """Every check of the module docstring that failed, as short phrases (empty: it learned). An async run's
         stale trajectories are not bound by the fp32 sync diff: run_learn checked each step's versions instead
-        (cpu_report.async_step_problems)."""
+        (step_checks.async_step_problems)."""
         return self.run_problems(steps) + self.learning_problems()
 
     def learning_problems(self) -> list[str]:

@@ -98,7 +98,7 @@ def cpu_overrides(*, scripted_first_turn: bool = True) -> list[str]:
         ("reward.num_workers", 1),
         ("data.dataloader_num_workers", 0),
         ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1),  # each unit reserves a CPU
-        # Ray: verl's resource pools ask for GPUs whatever the device (cpu_plugin.py); give it one fake GPU
+        # Ray: verl's resource pools ask for GPUs whatever the device (trainer/cpu/plugin.py); give it one fake GPU
         ("+ray_kwargs.ray_init.num_gpus", 1),
         ("+ray_kwargs.ray_init.num_cpus", 16),
         ("trainer.device", "cpu"),
