@@ -44,6 +44,7 @@ from searchrl.errors import StepCheckError
 from searchrl.trainer.weight_sync import sglang_sync
 from searchrl.trainer.weight_sync.sglang_readback import READBACK_ARCHITECTURES
 from searchrl.trainer.weight_sync.sglang_sync import ROWS, compare_blocks, leading_block, read_copies
+from searchrl.trainer.weight_sync.tap import TappedUpdateMixin
 
 VOCAB, PADDED, HIDDEN, Q, KV, FFN = 10, 16, 8, 8, 4, 12
 PREFIX = "model.layers.0."
@@ -426,7 +427,8 @@ def test_the_plugin_points_verls_sglang_rollout_at_the_checking_adapter(
     cls = get_rollout_class("sglang", "async")
     assert cls is verl_sglang.classes.FingerprintServerAdapter
     assert issubclass(cls, verl_sglang.ServerAdapter)
-    assert cls.update_weights is sglang_sync.SglangFingerprintMixin.update_weights
+    assert issubclass(cls, sglang_sync.SglangFingerprintMixin)
+    assert cls.update_weights is TappedUpdateMixin.update_weights  # the tap both engine adapters share
     assert _ROLLOUT_REGISTRY[("vllm", "async")].startswith(
         "searchrl.trainer.weight_sync.vllm_classes"
     )  # vLLM's untouched

@@ -2,10 +2,10 @@
 
 Two real processes on gloo, as verl's trainer ranks: rank 0 holds the rollout server and finds the mismatch (its
 vLLM workers kept the initial weights: the adapter and engine stand-ins of tests/trainer/test_vllm_sync.py, whose
-check is the GPU run's own FingerprintAdapterMixin), rank 1 has no server and only sends. After the sync each rank
-walks on to verl's next collective (a barrier here). Before the fix rank 0 raised alone and rank 1 waited in that
-barrier for the process group's timeout (verl passes None: 10 minutes on NCCL); now both raise StepCheckError at
-the sync, rank 1 within seconds.
+check is the GPU run's own FingerprintAdapterMixin on the shared tap, trainer/weight_sync/tap.py), rank 1 has no
+server and only sends. After the sync each rank walks on to verl's next collective (a barrier here). Before the fix
+rank 0 raised alone and rank 1 waited in that barrier for the process group's timeout (verl passes None: 10
+minutes on NCCL); now both raise StepCheckError at the sync, rank 1 within seconds.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def _rank(rank: int, port: int, out: Any) -> None:
     )
     for agree in (True, False):
         if not agree:  # the behaviour before the fix: each rank decides alone
-            import searchrl.trainer.weight_sync.vllm_sync as vllm_sync
+            import searchrl.trainer.weight_sync.tap as tap
 
-            vllm_sync.agree_across_ranks = _alone  # type: ignore[assignment]
+            tap.agree_across_ranks = _alone  # type: ignore[assignment]
         workers = [Worker(0, 1)]
         if rank == 0:  # loads the initial sync, then ignores the update (TRL #5312)
             adapter = Adapter(workers, Server(Engine(workers)), stale_after=1)

@@ -27,6 +27,7 @@ from verl.workers.rollout.utils import ensure_async_iterator
 
 from searchrl.errors import StepCheckError
 from searchrl.trainer.weight_sync import vllm_sync
+from searchrl.trainer.weight_sync.tap import TappedUpdateMixin
 from searchrl.trainer.weight_sync.vllm_sync import (
     FingerprintAdapterMixin,
     FingerprintServerMixin,
@@ -389,7 +390,9 @@ def test_the_gpu_classes_put_each_mixin_in_front_of_verls_class(monkeypatch):
     monkeypatch.delitem(sys.modules, "searchrl.trainer.weight_sync.vllm_classes", raising=False)
     classes = importlib.import_module("searchrl.trainer.weight_sync.vllm_classes")
     try:
-        assert classes.FingerprintServerAdapter.update_weights is FingerprintAdapterMixin.update_weights
+        # the tap both engine adapters share wraps verl's update (trainer/weight_sync/tap.py)
+        assert classes.FingerprintServerAdapter.update_weights is TappedUpdateMixin.update_weights
+        assert issubclass(classes.FingerprintServerAdapter, FingerprintAdapterMixin)  # the vLLM check's hooks
         assert classes.FingerprintHttpServer.collective_rpc is FingerprintServerMixin.collective_rpc
         ext = classes.FingerprintHttpServer()._get_worker_extension_cls()
         module, _, name = ext.rpartition(".")

@@ -32,7 +32,6 @@ Cost (ESTIMATE, not measured: no GPU here): one request per tensor per sync, ROW
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -41,14 +40,8 @@ import aiohttp
 import torch
 
 from searchrl.errors import StepCheckError
-from searchrl.trainer.weight_sync.fingerprint import (
-    TensorPrint,
-    agree_across_ranks,
-    check_sync,
-    tap_stream,
-    tensor_print,
-)
-from searchrl.trainer.weight_sync.vllm_sync import rollout_dtype
+from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, tensor_print
+from searchrl.trainer.weight_sync.tap import TappedUpdateMixin
 
 log = logging.getLogger(__name__)
 
@@ -135,51 +128,31 @@ async def read_back(engine: Any, names: list[str], rows: int = ROWS) -> dict[str
     return replies
 
 
-class SglangFingerprintMixin:
-    """Added to verl's sglang `ServerAdapter`: after verl's update, the leader reads back and compares."""
+class SglangFingerprintMixin(TappedUpdateMixin[torch.Tensor]):
+    """Added to verl's sglang `ServerAdapter`: after verl's update, the leader reads back and compares
+    (trainer/weight_sync/tap.py wraps verl's `update_weights`)."""
 
     # verl's ServerAdapter provides these (annotations only: a method here would shadow verl's)
-    config: Any
     _engine: Any
     _is_server_tp_leader: Any
 
-    async def update_weights(
-        self,
-        weights: Any,
-        global_steps: int | None = None,
-        wire_format: str = "named_tensors",
-        **kwargs: Any,
-    ) -> Any:
-        if wire_format != "named_tensors" or kwargs.get("peft_config") is not None:
-            # LoRA adapters and delta flushes are not checked
-            return await super().update_weights(  # type: ignore[misc]
-                weights, global_steps=global_steps, wire_format=wire_format, **kwargs
-            )
-        dtype = rollout_dtype(getattr(self.config, "dtype", None))
-        sent: dict[str, torch.Tensor] = {}
+    def keep_sent(
+        self, sent: dict[str, torch.Tensor], name: str, tensor: torch.Tensor, dtype: torch.dtype | None
+    ) -> None:
+        # the name sglang loads it under (verl strips LoRA's `.base_layer.`)
+        sent[name.replace(".base_layer.", ".")] = leading_block(tensor, dtype)
 
-        def record(name: str, tensor: torch.Tensor) -> None:
-            # the name sglang loads it under (verl strips LoRA's `.base_layer.`)
-            sent[name.replace(".base_layer.", ".")] = leading_block(tensor, dtype)
-
-        result = await super().update_weights(  # type: ignore[misc]
-            tap_stream(weights, record), global_steps=global_steps, wire_format=wire_format, **kwargs
-        )
+    def reads_rollout(self) -> bool:
         # one rank per server reads: the tensor-parallel leader on the replica's first node (verl's HTTP adapter
         # answers {} on the others, whose server is the same replica)
-        problem = None
-        if (
+        return bool(
             self._engine is not None
             and self._is_server_tp_leader()
             and not int(getattr(self._engine, "node_rank", 0))
-        ):
-            try:
-                compare_blocks(await read_back(self._engine, sorted(sent)), sent, global_steps)
-            except StepCheckError as exc:
-                problem = exc
-        # every rank, reader or not: a failure on one stops all of them within seconds (weight_fingerprint.py)
-        await asyncio.to_thread(agree_across_ranks, problem, global_steps)
-        return result
+        )
+
+    async def check_rollout(self, sent: dict[str, torch.Tensor], global_steps: int | None) -> None:
+        compare_blocks(await read_back(self._engine, sorted(sent)), sent, global_steps)
 
 
 # ---- registration ---------------------------------------------------------------------------------------------

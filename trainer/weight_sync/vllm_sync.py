@@ -12,8 +12,9 @@ the smallest verl offers, add the check (the classes that need vLLM live in trai
 - server: verl's `vLLMHttpServer.collective_rpc` awaits the workers but drops their results
   (vllm_async_server.py:249-261); `FingerprintServerMixin.collective_rpc` returns them (one per rank), and the
   server names the extension class (`_get_worker_extension_cls`, the hook verl provides for it);
-- adapter: `FingerprintAdapterMixin.update_weights` prints each tensor as verl's stream passes through (cast to
-  the rollout dtype, `rollout.dtype`), lets verl send and load them, then asks the workers through verl's own
+- adapter: `FingerprintAdapterMixin`, on the tap both engines share (trainer/weight_sync/tap.py), prints each
+  tensor as verl's stream passes through (cast to the rollout dtype, `rollout.dtype`), lets verl send and load
+  them, then asks the workers through verl's own
   `_execute_method` -> `collective_rpc` and compares: the parts of a fused parameter are summed, a split
   parameter's ranks are summed and a replicated one is read once (`merge_ranks`). A mismatch raises
   StepCheckError naming the step; verl's `ray.get` on the update re-raises it and the run stops. Only ranks with
@@ -32,7 +33,6 @@ than the model has are counted (`num_kv_head_replicas`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -42,13 +42,12 @@ import torch
 from searchrl.errors import StepCheckError
 from searchrl.trainer.weight_sync.fingerprint import (
     TensorPrint,
-    agree_across_ranks,
     check_sync,
     group_sent,
     merge_ranks,
-    tap_stream,
     tensor_print,
 )
+from searchrl.trainer.weight_sync.tap import TappedUpdateMixin
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +57,6 @@ CLASSES = "searchrl.trainer.weight_sync.vllm_classes"
 PLUGIN_ENV_VAR = "VERL_USE_EXTERNAL_MODULES"
 RPC_METHOD = "weight_fingerprint"
 RPC_TIMEOUT_S = 600.0
-
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-}
-
-
-def rollout_dtype(name: str | None) -> torch.dtype | None:
-    """`rollout.dtype` as torch's dtype; None ("auto") prints each tensor in the dtype it was sent in."""
-    return _DTYPES.get(str(name or "auto").lower())
-
 
 # ---- worker side (inside each vLLM worker process) ------------------------------------------------------------
 
@@ -130,15 +112,6 @@ class FingerprintServerMixin:
 # ---- trainer side (verl's ServerAdapter in each training worker) ----------------------------------------------
 
 
-def tap_prints(weights: Any, dtype: torch.dtype | None, prints: dict[str, TensorPrint]) -> Any:
-    """`weights` unchanged, recording each tensor's print into `prints` as verl's sender consumes it."""
-
-    def record(name: str, tensor: torch.Tensor) -> None:
-        prints[name] = tensor_print(tensor, dtype)
-
-    return tap_stream(weights, record)
-
-
 def vllm_param_name(name: str, held: set[str], packed: Mapping[str, Iterable[str]], tied: bool) -> str | None:
     """The vLLM parameter an HF tensor loads into: itself, or the fused parameter it is part of (vLLM's
     `stacked_params_mapping` rule: `.q_proj.` -> `.qkv_proj.`); None for a tied `lm_head.weight`."""
@@ -185,42 +158,24 @@ def _is_kv_part(name: str, target: str, packed: Mapping[str, Iterable[str]]) -> 
     return False
 
 
-class FingerprintAdapterMixin:
-    """Added to verl's vLLM `ServerAdapter`: after verl's update, check what the workers hold."""
+class FingerprintAdapterMixin(TappedUpdateMixin[TensorPrint]):
+    """Added to verl's vLLM `ServerAdapter`: after verl's update, check what the workers hold (trainer/weight_sync/
+    tap.py wraps verl's `update_weights`)."""
 
     # verl's ServerAdapter provides these (annotations only: a method here would shadow verl's)
-    config: Any
     _has_server: bool
     _execute_method: Any
 
-    async def update_weights(
-        self,
-        weights: Any,
-        global_steps: int | None = None,
-        wire_format: str = "named_tensors",
-        **kwargs: Any,
-    ) -> Any:
-        checked = wire_format == "named_tensors" and kwargs.get("peft_config") is None
-        if not checked:  # LoRA and delta updates are not checked (the same on every rank)
-            return await super().update_weights(  # type: ignore[misc]
-                weights, global_steps=global_steps, wire_format=wire_format, **kwargs
-            )
-        sent: dict[str, TensorPrint] = {}
-        tapped = tap_prints(weights, rollout_dtype(getattr(self.config, "dtype", None)), sent)
-        result = await super().update_weights(  # type: ignore[misc]
-            tapped, global_steps=global_steps, wire_format=wire_format, **kwargs
-        )
-        problem = None
-        if self._has_server:
-            try:
-                check_vllm_sync(
-                    await self._execute_method(RPC_METHOD, timeout=RPC_TIMEOUT_S), sent, global_steps
-                )
-            except StepCheckError as exc:
-                problem = exc
-        # every rank, server or not: a failure on one stops all of them within seconds
-        await asyncio.to_thread(agree_across_ranks, problem, global_steps)
-        return result
+    def keep_sent(
+        self, sent: dict[str, TensorPrint], name: str, tensor: torch.Tensor, dtype: torch.dtype | None
+    ) -> None:
+        sent[name] = tensor_print(tensor, dtype)
+
+    def reads_rollout(self) -> bool:
+        return self._has_server
+
+    async def check_rollout(self, sent: dict[str, TensorPrint], global_steps: int | None) -> None:
+        check_vllm_sync(await self._execute_method(RPC_METHOD, timeout=RPC_TIMEOUT_S), sent, global_steps)
 
 
 # ---- registration ---------------------------------------------------------------------------------------------
@@ -252,7 +207,5 @@ __all__ = [
     "FingerprintWorkerMixin",
     "check_vllm_sync",
     "register",
-    "rollout_dtype",
-    "tap_prints",
     "vllm_param_name",
 ]
