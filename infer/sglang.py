@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +39,7 @@ import httpx
 
 from searchrl.errors import InferenceError
 from searchrl.infer.llm import ServerLLM
+from searchrl.processes import stop_process
 
 log = logging.getLogger(__name__)
 
@@ -141,19 +140,12 @@ class ManagedSGLang:
                 await asyncio.sleep(interval_s)
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM the process group, SIGKILL it after `grace_s`."""
+        """SIGTERM the process group (sglang's scheduler and detokenizer with it), SIGKILL it after `grace_s`."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        log.info("sglang for %s stopped", self.model)
+        code = stop_process(proc, grace_s)
+        log.info("sglang for %s stopped (exit code %d)", self.model, code)
 
 
 class ManagedServerLLM(ServerLLM):

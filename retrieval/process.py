@@ -2,7 +2,8 @@
 
 `searchrl smoke`, `make train-cpu`, every bench (searchrl/bench/) and the live tests that need the real service
 (the CLI a user runs, its own process and event loop) start it here and poll it with `wait_until_ready`, the one
-readiness loop; each stops it whatever happens inside its block.
+readiness loop; each stops it whatever happens inside its block (searchrl/processes.py `stop_process`: SIGTERM,
+uvicorn's graceful drain, then SIGKILL).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 
 from searchrl.errors import SearchRLError
 from searchrl.http import wait_until_ready as http_wait_until_ready
+from searchrl.processes import stop_process
 
 
 def free_port() -> int:
@@ -97,20 +99,9 @@ def start_ready(
     try:
         wait_until_ready(url, proc, log_path=log_path, **ready)
     except BaseException:
-        stop_process(proc, timeout_s=10)
+        stop_process(proc, grace_s=10)
         raise
     return proc
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
-    """SIGTERM (uvicorn's graceful shutdown, as SkyServe scales a replica down), then SIGKILL after `timeout_s`;
-    returns the exit code."""
-    proc.terminate()
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 @contextlib.contextmanager
@@ -133,6 +124,5 @@ __all__ = [
     "served",
     "start_process",
     "start_ready",
-    "stop_process",
     "wait_until_ready",
 ]

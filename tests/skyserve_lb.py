@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from searchrl.deploy import skypilot
-from searchrl.retrieval.process import stop_process
+from searchrl.processes import stop_process
 from tests.conftest import REPO
 from tests.live import free_port
 
@@ -105,4 +105,4 @@ def skyserve_load_balancer(
             time.sleep(0.2)
         yield url
     finally:
-        stop_process(proc, timeout_s=10)
+        stop_process(proc, grace_s=10)

@@ -23,7 +23,8 @@ import yaml
 
 from searchrl.deploy import endpoint, replica_budget, skypilot, tasks
 from searchrl.errors import DeployError
-from searchrl.retrieval.process import free_port, start_process, stop_process, wait_until_ready
+from searchrl.processes import stop_process
+from searchrl.retrieval.process import free_port, start_process, wait_until_ready
 from tests.conftest import REPO, TINY_CORPUS
 from tests.sky_code import in_sky_python
 
@@ -188,7 +189,7 @@ def service_like_run(tmp_path: Path) -> Iterator[tuple[str, dict]]:
         wait_until_ready(base, proc, timeout_s=90, log_path=log_path)
         yield base, parsed
     finally:
-        stop_process(proc, timeout_s=20)
+        stop_process(proc, grace_s=20)
 
 
 @pytest.mark.live

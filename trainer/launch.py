@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError, StepCheckError
+from searchrl.processes import stop_process
 from searchrl.retrieval.corpus_check import (
     CorpusIdentity,
     check_index_speed,
@@ -290,29 +292,11 @@ def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
                 for problem in warnings:
                     log.warning("%s", problem)
                 if failures:
-                    stop_process(proc)
+                    stop_process(proc, STOP_GRACE_S, sig=signal.SIGINT)
                     raise StepCheckError(
                         f"{'; '.join(failures)}; verl stopped at step {row.step} (log: {steps_log})"
                     )
     return proc.wait()
-
-
-def stop_process(proc: subprocess.Popen[str], grace_s: float | None = None) -> None:
-    """SIGINT to the process group of `proc` (started with start_new_session), then SIGKILL after `grace_s`
-    (default STOP_GRACE_S): verl and every process it started, Ray's included, are gone when this returns."""
-    import signal
-
-    grace = STOP_GRACE_S if grace_s is None else grace_s
-    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def resume_overrides(run_dir: Path, step: int) -> list[str]:
@@ -442,6 +426,5 @@ __all__ = [
     "prepare_launch",
     "record_run",
     "resume_overrides",
-    "stop_process",
     "train_local",
 ]

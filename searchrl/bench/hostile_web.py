@@ -46,7 +46,8 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from searchrl.retrieval.process import start_ready, stop_process
+from searchrl.processes import stop_process
+from searchrl.retrieval.process import start_ready
 
 MIB = 1 << 20
 SERPER_KEY = "hostile-web-serper-key"  # not a secret: the fake only checks that the service sends a key
@@ -192,7 +193,7 @@ def serve_hostile_web(port: int, log_path: Path, timeout_s: float = 60.0) -> Ite
     try:
         yield url
     finally:
-        stop_process(proc, timeout_s=10)
+        stop_process(proc, grace_s=10)
 
 
 def main(argv: list[str] | None = None) -> int:

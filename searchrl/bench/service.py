@@ -49,7 +49,8 @@ from typing import Any
 from searchrl.bench.procfs import process_memory
 from searchrl.bench.service_inprocess import measure_ceiling, measure_e5_shape, measure_workers
 from searchrl.bench.service_load import LoadResult, QueryPool, Scenario, bench_queries, run_scenario
-from searchrl.retrieval.process import free_port, serve_command, start_ready, stop_process
+from searchrl.processes import stop_process
+from searchrl.retrieval.process import free_port, serve_command, start_ready
 from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def start_reference(
 
 def stop_server(proc: subprocess.Popen[bytes]) -> int:
     """SIGTERM (uvicorn's graceful shutdown), as SkyServe does when it scales a replica down."""
-    return stop_process(proc, timeout_s=60)
+    return stop_process(proc, grace_s=60)
 
 
 def default_scenarios(seconds: float) -> list[Scenario]:

@@ -32,7 +32,8 @@ from typing import Any
 
 from searchrl.errors import SearchRLError
 from searchrl.http import bearer_headers
-from searchrl.retrieval.process import free_port, serve_command, start_process, stop_process, wait_until_ready
+from searchrl.processes import stop_process
+from searchrl.retrieval.process import free_port, serve_command, start_process, wait_until_ready
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ def time_to_first_200(data_dir: Path, backend: str, log_path: Path, *, timeout_s
         )
         return time.perf_counter() - started
     finally:
-        stop_process(proc, timeout_s=60)
+        stop_process(proc, grace_s=60)
 
 
 def publish_bundled(work: Path, backend: str) -> tuple[Path, float]:

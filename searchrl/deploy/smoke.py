@@ -41,7 +41,8 @@ import httpx
 
 from searchrl.devset import dev_qa_path
 from searchrl.errors import RetrievalUnavailableError, SearchRLError
-from searchrl.retrieval.process import free_port, served, start_process, stop_process, wait_until_ready
+from searchrl.processes import stop_process
+from searchrl.retrieval.process import free_port, served, start_process, wait_until_ready
 
 log = logging.getLogger(__name__)
 

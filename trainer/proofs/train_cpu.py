@@ -36,6 +36,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -264,11 +265,12 @@ def run_main_ppo(
     Its output goes to `log_path` as it comes; each phase of verl's start-up and each slow rollout batch gets one
     line (trainer/verl_progress.py), each step line verl prints is shown at once (one short line: a CPU run's
     steps otherwise sit silent in the log for minutes) and handed to `on_step`; the first step with a problem
-    stops verl there (trainer/launch.py `stop_process`) and raises SmokeCheckError: a broken run costs a start-up and the
-    steps up to the broken one, not the whole run.
+    stops verl there (searchrl/processes.py `stop_process`) and raises SmokeCheckError: a broken run costs a
+    start-up and the steps up to the broken one, not the whole run.
     """
+    from searchrl.processes import stop_process
     from searchrl.trainer.cpu.plugin import ENV
-    from searchrl.trainer.launch import stop_process
+    from searchrl.trainer.launch import STOP_GRACE_S
     from searchrl.trainer.verl_progress import StartupProgress
 
     env = {**os.environ, **ENV, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
@@ -287,7 +289,7 @@ def run_main_ppo(
 
     def expire() -> None:
         timed_out.set()
-        stop_process(proc, grace_s=5.0)
+        stop_process(proc, 5.0, sig=signal.SIGINT)
 
     timer = threading.Timer(timeout_s, expire)
     timer.start()
@@ -304,7 +306,7 @@ def run_main_ppo(
                     log.info("%s", step_summary(row))
                     problems = on_step(row) if on_step is not None else []
                     if problems:
-                        stop_process(proc)
+                        stop_process(proc, STOP_GRACE_S, sig=signal.SIGINT)
                         raise SmokeCheckError(
                             f"{'; '.join(problems)}; verl stopped at step {row.step} "
                             f"({f'invocation {label}, ' if label else ''}log: {log_path})"
