@@ -162,16 +162,7 @@ class InferSettings(StrictSettings):
     @property
     def rollout(self) -> RolloutSpec:
         """The episode rules, the same object training builds (searchrl/rollout.py)."""
-        return RolloutSpec(
-            max_turns=self.max_turns,
-            max_prompt_tokens=self.max_prompt_tokens,
-            max_response_tokens=self.max_response_tokens,
-            max_tokens_per_turn=self.max_tokens_per_turn,
-            max_parallel_calls=self.max_parallel_calls,
-            topk=self.topk,
-            passage_max_chars=self.passage_max_chars,
-            prompt_format=self.prompt_format,
-        )
+        return RolloutSpec.from_settings(self)
 
     @property
     def observation_budget(self) -> int:

@@ -3,9 +3,10 @@
 A model trained under one set of rules and evaluated under another is measured on a task it never saw. So the
 numbers that shape an episode live here once, and both sides read them:
 
-- trainer/settings.py takes its defaults from `ROLLOUT_DEFAULTS` and exposes `TrainSettings.rollout`;
-  trainer/overrides.py renders verl's `multi_turn.*` and `data.max_*_length` keys from that spec.
-- infer/settings.py does the same, and the agent loop (infer/agent.py) enforces the spec turn for turn the way
+- trainer/settings.py takes its defaults from `ROLLOUT_DEFAULTS` and exposes `TrainSettings.rollout`, built by
+  `RolloutSpec.from_settings`; trainer/overrides.py renders verl's `multi_turn.*` and `data.max_*_length` keys
+  from that spec.
+- infer/settings.py does the same through the same builder, and the agent loop (infer/agent.py) enforces the spec turn for turn the way
   verl 0.9.1's ToolAgentLoop does (`verl/experimental/agent_loop/tool_agent_loop.py`):
   * at most `max_turns` tool turns and `max_turns + 1` assistant turns (`max_user_turns`,
     `max_assistant_turns`);
@@ -91,6 +92,21 @@ class RolloutSpec(BaseModel):
     topk: int = Field(default=3, ge=1, le=50)  # passages per query
     passage_max_chars: int = Field(default=800, ge=50)  # cap per passage text
     prompt_format: PromptFormat = "searchrl"  # searchrl: hermes tool calls | search-r1: <search> tags
+
+    @classmethod
+    def from_settings(cls, settings: BaseModel, **renamed: str) -> RolloutSpec:
+        """The spec an area's settings describe: every spec field they define under the same name, plus
+        `renamed` (spec field -> the settings' own name: the trainer's are verl's `max_*_length`). The one
+        builder for trainer and infer, so a field added here reaches both wherever their settings carry it; a
+        field they lack keeps training's default (the trainer has no per-turn cap, one call a turn)."""
+        own = type(settings).model_fields
+        names = {field: renamed.get(field, field) for field in cls.model_fields}
+        unknown = sorted(({*renamed} - {*cls.model_fields}) | ({*renamed.values()} - {*own}))
+        if unknown:
+            raise ValueError(
+                f"RolloutSpec.from_settings: no such field {unknown} on the spec or the settings"
+            )
+        return cls(**{field: getattr(settings, name) for field, name in names.items() if name in own})
 
     @property
     def max_assistant_turns(self) -> int:

@@ -498,12 +498,8 @@ class TrainSettings(StrictSettings):
     @property
     def rollout(self) -> RolloutSpec:
         """The episode rules eval must share (searchrl/rollout.py); `searchrl eval` records the same object."""
-        return RolloutSpec(
-            max_turns=self.max_turns,
-            max_prompt_tokens=self.max_prompt_length,
-            max_response_tokens=self.max_response_length,
-            topk=self.topk,
-            passage_max_chars=self.passage_max_chars,
+        return RolloutSpec.from_settings(
+            self, max_prompt_tokens="max_prompt_length", max_response_tokens="max_response_length"
         )
 
     @property
