@@ -224,7 +224,7 @@ TRAIN_CPU_REAL_ARGS ?=
 train-cpu-real: $(VENV)/.dev  ## verl's GRPO loop with real weights (MODEL, default smollm2-135m): 2 steps, merge, load (~11 min on 2 cores)
 	$(BIN)/searchrl train cpu --model $(MODEL) $(TRAIN_CPU_REAL_ARGS)
 
-# issue 39 item 8, opt-in (not in make test). The default is the run docs/training.md shows: 6 questions (5 train:
+# issue 39 item 8, opt-in (not in make test). The default is the run docs/cpu-proofs.md shows: 6 questions (5 train:
 # two epochs = 10 steps), lr 1e-4; e.g. LEARN_CPU_REAL_ARGS="--questions 12 --lrs 3e-5,1e-4" for 20 steps after a pilot;
 # the second, question-specific stage: LEARN_CPU_REAL_ARGS="--questions 6 --stage query --turn-tokens 48"
 LEARN_CPU_REAL_ARGS ?= --questions 6

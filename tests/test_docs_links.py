@@ -3,12 +3,14 @@ image folders became one).
 
 Read from README.md, every tracked `*.md` under docs/, sky/ and trainer/: each relative markdown link or image
 must name a file that exists, each `#anchor` a heading of the file it points into (GitHub's slugs), and every
-image lives in docs/images/, the one images folder.
+image lives in docs/images/, the one images folder. A section named in prose anywhere in the repository,
+`docs/training.md "Trainer modes"`, must begin a heading of that page.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -26,6 +28,8 @@ IMAGES = REPO / "docs" / "images"
 LINK = re.compile(r"(!?)\[(?:[^\[\]\n]|\[[^\[\]\n]*\])*\]\(([^()\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 HEADING = re.compile(r"^#{1,6} (.+?)\s*#*$", re.M)
+# a page name, an optional comma, then the start of one of its headings in double quotes
+SECTION_REF = re.compile(r"(?<![\w/.-])(?:docs/)?([a-z][\w-]*\.md),? \"([^\"\n]{3,80})\"")
 
 
 def slug(heading: str) -> str:
@@ -68,8 +72,38 @@ def problems(page: Path) -> list[str]:
     return found
 
 
+def section_problems(path: str, text: str) -> list[str]:
+    """Each `page.md "Heading"` in `text` whose page (under docs/, or at the top) has no heading starting so."""
+    found = []
+    for m in SECTION_REF.finditer(text):
+        page = next((p for p in (REPO / "docs" / m.group(1), REPO / m.group(1)) if p.is_file()), None)
+        if page is None:
+            continue
+        headings = HEADING.findall(FENCE.sub("", page.read_text(encoding="utf-8")))
+        if not any(h.startswith(m.group(2)) for h in headings):
+            line = text.count("\n", 0, m.start()) + 1
+            found.append(f'{path}:{line}: {page.relative_to(REPO)} has no section "{m.group(2)}"')
+    return found
+
+
 def test_every_link_and_image_in_the_docs_resolves() -> None:
     assert [p for page in PAGES for p in problems(page)] == []
+
+
+def test_every_section_named_in_the_repository_is_a_heading_of_its_page() -> None:
+    """Code, YAML, Makefile and docs cite sections by name; a moved or renamed section leaves them pointing nowhere."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    found = []
+    for path in tracked.split():
+        file = REPO / path
+        if file.suffix in {".png", ".parquet", ".gz"} or not file.is_file():
+            continue
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += section_problems(path, text)
+    assert found == []
 
 
 def test_one_images_folder() -> None:
@@ -95,3 +129,5 @@ def test_the_checker_sees_a_broken_link_a_stray_image_and_a_missing_anchor(
         "other.md#nowhere: other.md has no heading #nowhere",
         "pic.png: images live in docs/images/",
     ]
+    code = 'see other.md "The `hf` engine" and docs/other.md, "Gone section"; not.md "Whatever"'
+    assert section_problems("x.py", code) == ['x.py:1: other.md has no section "Gone section"']

@@ -4,7 +4,7 @@ verl's console logger prints one line per step, `step:N - key:value - key:value 
 which Ray prefixes with the actor's name. Reading that line, not a file of our own, means the table shows what a
 GPU run's console (and W&B) shows, `search/*` and `loss/*` included (trainer/plugins/sampler.py adds those).
 
-What each check catches (docs/training.md, "What the CPU runs check"):
+What each check catches (docs/cpu-proofs.md, "The loop learns"):
 - **weight sync**: verl's `training/rollout_probs_diff_max`, the largest |p_rollout - p_actor| over the step's
   trained tokens, where p_rollout is what the rollout server sampled with and p_actor the trainer's recomputation
   under the weights it just synced. With actor, reference and rollout all in fp32 it is numerical noise; a
@@ -60,7 +60,7 @@ ALL_CALLS = "search/calls"
 OBSERVATION_TOKENS = "loss/observation_tokens"
 # verl's FAQ: a mean rollout/actor probability difference above 0.01 is a precision or sync bug, above 0.005 a
 # warning (the GPU runs' limits, trainer/smoke_checks.py). The CPU runs compute in fp32 everywhere and hold the max to
-# SYNC_MAX_PROB_DIFF: measured (docs/training.md) against a synced rollout and a deliberately stale one.
+# SYNC_MAX_PROB_DIFF: measured (docs/cpu-proofs.md) against a synced rollout and a deliberately stale one.
 SYNC_MAX_PROB_DIFF = 1e-4
 PROB_DIFF_MEAN_FAIL = 0.01  # verl FAQ: a precision or sync bug
 PROB_DIFF_MEAN_WARN = 0.005  # verl FAQ: healthy below

@@ -243,7 +243,7 @@ def _no_leftovers(before: tuple[set[str], set[str]]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # two engine starts: 8-22 min on 2 shared cores (docs/training.md)
+@pytest.mark.timeout(3600)  # two engine starts: 8-22 min on 2 shared cores (docs/cpu-proofs.md)
 @pytest.mark.skipif(not VLLM_TESTS, reason="verl's vLLM server on CPU, ~15 min on 2 cores: make test-vllm")
 def test_train_cpu_on_verls_vllm_server_checks_every_sync_and_resumes(tmp_path):
     before = _snapshot()

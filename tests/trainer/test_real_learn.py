@@ -2,7 +2,7 @@
 criteria, the lr pilot's rule, the per-turn budget the rollout server honours, and the target's wiring.
 
 The run itself (SmolLM2-135M through verl's loop, tens of minutes on 2 cores) is opt-in and not in `make test`;
-its numbers are in docs/training.md. The reward through verl's own agent loop and reward manager is
+its numbers are in docs/cpu-proofs.md. The reward through verl's own agent loop and reward manager is
 tests/trainer/test_agent_loop.py::test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_through_verl.
 """
 

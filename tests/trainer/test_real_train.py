@@ -2,7 +2,7 @@
 train` runs before a launch, the template reaching verl intact through hydra, and the CPU precision choice.
 
 The 2-step GRPO run with SmolLM2-135M itself is `make train-cpu-real` (minutes; its numbers are in
-docs/training.md): the template check there is the same function these tests call.
+docs/cpu-proofs.md): the template check there is the same function these tests call.
 """
 
 from __future__ import annotations

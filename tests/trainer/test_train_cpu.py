@@ -1,6 +1,6 @@
 """verl's real training loop on CPU (`make train-cpu`): steps that search, a resume, a merge, an eval; and a
 reward that raises stops the run. These run verl's own entry point with Ray, TransferQueue, the agent loop,
-FSDP2 on gloo and the `hf` rollout engine (docs/training.md, "First run on CPU"): minutes, not seconds."""
+FSDP2 on gloo and the `hf` rollout engine (docs/cpu-proofs.md, "First run on CPU"): minutes, not seconds."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ RESUME_STEP = 10  # the first invocation stops here (a checkpoint), the second r
 PROMPTS_PER_STEP = 2  # x rollout_n 8 samples: GRPO groups of 8
 # the default epoch: 12 questions -> 10 train rows / 2 prompts a step (learn_epoch computes it per run)
 WINDOW = 5
-# Set between the learned runs and the nulls (docs/training.md, lr 1.5e-2, Intel Xeon, 2 cores):
+# Set between the learned runs and the nulls (docs/cpu-proofs.md, lr 1.5e-2, Intel Xeon, 2 cores):
 # per-question paired rise, mean over questions: 5 seeds +0.067 to +0.232; shuffle_rewards -0.034, +0.000, +0.010,
 # +0.015; stale sync +0.006 (before the fingerprint stopped it); flip_advantage -0.463, -0.393.
 MIN_RISE = 0.05
@@ -103,10 +103,10 @@ MIN_RISE = 0.05
 PROBE_MIN_RISE = 0.10
 # Share of the last epoch's GRPO groups whose samples scored differently: 1.00 in every run at lr 1e-2 and 1.5e-2
 # (5 seeds); at 2e-2 every group scored alike at step 19 (entropy 0.56, reward 1.000) and the last epoch read 0.70;
-# flip_advantage 0.50 (docs/training.md).
+# flip_advantage 0.50 (docs/cpu-proofs.md).
 MIN_VARYING = 0.9
 # 3e-2 collapsed by step 15 (issue 39); 2e-2 at step 19; 1e-2 rose only +0.062 (seed 0). At 1.5e-2 every group of
-# every step varied in 5 seeds, entropy 7.05 -> 0.98-4.29 at step 20 (docs/training.md).
+# every step varied in 5 seeds, entropy 7.05 -> 0.98-4.29 at step 20 (docs/cpu-proofs.md).
 LR = 1.5e-2
 # An async mode judges the rise and the probe on the mean over this many seeds or more (seeds_verdict says why);
 # `make learn-cpu ASYNC=separate` runs ASYNC_SEEDS.
@@ -302,13 +302,13 @@ class LearnRun:
 def seeds_verdict(runs: Sequence[LearnRun]) -> str | None:
     """None when the runs learned, else the one line that says which check failed, on which seed or seeds.
 
-    sync: every seed passes every check (five seeds rose +0.067 to +0.232, docs/training.md). An async mode:
+    sync: every seed passes every check (five seeds rose +0.067 to +0.232, docs/cpu-proofs.md). An async mode:
     every seed passes the checks that hold whatever the sampling drew (`run_problems`), and the learning
     figures, the paired rise and the probe's rise, are judged on their mean over at least ASYNC_MIN_SEEDS seeds.
     One async seed is too noisy to judge alone: a step trains whichever groups finished first and groups evicted
     as stale take their question's draw with them, so a question's last group can be from step 13 or its only
     one. Ten separate_async seed-runs rose +0.014 to +0.124, two of them under MIN_RISE, and seed 0 rose +0.014,
-    +0.098 and +0.044 in three runs of the same code; nine sync seed-runs rose +0.067 to +0.232 (docs/training.md)."""
+    +0.098 and +0.044 in three runs of the same code; nine sync seed-runs rose +0.067 to +0.232 (docs/cpu-proofs.md)."""
     if not runs:
         return "no seed ran"
     if runs[0].mode == "sync":
