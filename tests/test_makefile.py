@@ -7,6 +7,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -42,6 +43,8 @@ def test_gpu_targets_stop_at_the_gpu_check_without_nvidia_smi(tmp_path: Path, ta
     empty.mkdir()
     for tool in ("sh", "grep", "cat"):
         (empty / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+    # and a python3 (make asks trainer/node/flash_switch.py for FLASH_ATTN): the interpreter itself, not a shim
+    (empty / "python3").symlink_to(os.path.realpath(sys.executable))
     t0 = time.monotonic()
     done = _make(target, tmp_path=tmp_path, path=str(empty))
     assert time.monotonic() - t0 < 10

@@ -264,6 +264,7 @@ NODE_HELPERS = (
     "refusal.py",
     "pins.sh",
     "stack_check.py",
+    "flash_switch.py",
 )  # trainer/node/ scripts the train tasks' setup and run call on a node
 
 
@@ -495,6 +496,7 @@ def run_setup(
     image: bool = False,
     check: bool = True,
     rc: int = 0,
+    script: str | None = None,
     **envs: str,
 ) -> tuple[str, str]:
     """Run the setup script `attempts` times in a fake node at `home`; returns (last stdout, calls log), and
@@ -503,9 +505,11 @@ def run_setup(
 
     Real `uv venv` on the same folder each time; installs, downloads and `searchrl` are stubs that log their argv.
     `searchrl` is on PATH only inside the venv, as after `uv pip install -e .`, unless `image` (an image_id that
-    already has it, where setup must install nothing).
+    already has it, where setup must install nothing). `script`: a setup script built already (built_setup's
+    "setup"), run instead of building one with `envs` (SkyPilot's codegen takes seconds).
     """
-    script = built_setup(yaml_name, **envs)["setup"]
+    if script is None:
+        script = built_setup(yaml_name, **envs)["setup"]
     bin_dir = home / "bin"
     bin_dir.mkdir(parents=True)
     (home / "sky_workdir").mkdir()

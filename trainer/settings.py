@@ -31,6 +31,7 @@ from searchrl.config import StrictSettings
 from searchrl.errors import ConfigError
 from searchrl.retrieval.corpus_check import SEARCH_R1_DATASET
 from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
+from searchrl.trainer.node.flash_switch import flash_attn_on
 
 DatasetSize = Literal["small", "medium", "full"]
 # verl 0.9.1's trainer modes under the same entry point (trainer.v1.trainer_mode), by verl's own literal names:
@@ -122,9 +123,10 @@ class TrainSettings(StrictSettings):
     rollout_name: Literal["vllm", "sglang"] = Field(
         default="vllm", validation_alias=_alias("ROLLOUT", "rollout_name")
     )  # the locked engine: vllm resolves as published; sglang needs a transformers override (requirements/)
-    # FSDP actor/reference attention. FLASH_ATTN is the one switch (sky/train*.yaml and the Makefile read the same
-    # variable to install the wheel): 1 = flash-attn 2 (requirements/gpu-flash-attn-py3XX.txt, installed after the
-    # lock on the GPU nodes), packed micro batches with a token budget; 0 = torch's sdpa, nothing extra installed.
+    # FSDP actor/reference attention. FLASH_ATTN is the one switch, read by trainer/node/flash_switch.py here and
+    # for sky/train*.yaml and the Makefile (which install the wheel or not): 1 = flash-attn 2 (requirements/
+    # gpu-flash-attn-py3XX.txt, installed after the lock on the GPU nodes), packed micro batches with a token
+    # budget; 0 = torch's sdpa, nothing extra installed.
     flash_attn: bool = Field(default=True, validation_alias=_alias("FLASH_ATTN", "flash_attn"))
     # The same switch spelled as verl's value (SEARCHRL_TRAIN_ATTN_IMPLEMENTATION, kept for older commands): given
     # alone it sets flash_attn; contradicting an explicit FLASH_ATTN is an error. It is folded into flash_attn by
@@ -224,6 +226,13 @@ class TrainSettings(StrictSettings):
         if value and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
             raise ValueError(f"EXPERIMENT_NAME {value!r} must be one folder name: letters, digits, . _ -")
         return value
+
+    @field_validator("flash_attn", mode="before")
+    @classmethod
+    def _read_flash_attn(cls, value: Any) -> Any:
+        # A string (the environment, .env, a task env) is read by the one parser the YAMLs and the Makefile ask
+        # (trainer/node/flash_switch.py), so they cannot install one attention while verl is set up for another.
+        return flash_attn_on(value) if isinstance(value, str) else value
 
     @field_validator("retrieval_urls", mode="before")
     @classmethod

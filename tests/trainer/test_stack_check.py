@@ -20,7 +20,7 @@ def _image(tmp_path: Path, transformers: str) -> Path:
 
 
 def _check(*args: str, path: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLASH_ATTN")}
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     environ.update(env)
     if path is not None:
         environ["PYTHONPATH"] = str(
@@ -69,12 +69,14 @@ def test_no_verl_is_one_line_too(tmp_path):
 )
 def test_flash_attn_check_wants_fa2_and_names_flash_attn_0(tmp_path, layout, says):
     site = write_flash_attn(tmp_path / "site", **layout)
-    refused = _check("--flash-attn", path=site)
+    refused = _check("--flash-attn", "1", path=site)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert says in refused.stderr and "FLASH_ATTN=0" in refused.stderr
-    assert _check("--flash-attn", path=site, FLASH_ATTN="0").stdout.strip() == (
+    # the switch is an argument (setup passes trainer/node/flash_switch.py's answer): FLASH_ATTN is not read here
+    assert _check("--flash-attn", "0", path=site, FLASH_ATTN="1").stdout.strip() == (
         "FLASH_ATTN=0: sdpa, flash-attn not needed"
     )
-    good = _check("--flash-attn", path=write_flash_attn(tmp_path / "fa2"))
+    assert _check("--flash-attn", "off").returncode == 2  # argparse: 1 or 0, never a word to parse again
+    good = _check("--flash-attn", "1", path=write_flash_attn(tmp_path / "fa2"), FLASH_ATTN="0")
     assert good.returncode == 0, good.stderr
     assert "with its FA2 CUDA extension" in good.stdout

@@ -1,7 +1,7 @@
 """What the GPU venv holds, checked on every node in setup before the long part: `python trainer/node/stack_check.py`.
 
     python trainer/node/stack_check.py --requires verl   # verl's declared version ranges against what is installed
-    python trainer/node/stack_check.py --flash-attn      # flash-attn 2 itself, when FLASH_ATTN is on (default 1)
+    python trainer/node/stack_check.py --flash-attn 1    # flash-attn 2 itself; 0: sdpa, nothing to check
 
 It prints one line and exits 0, or prints `error: ...` and exits 2 (so trainer/node/refusal.py counts a repeat). Run with
 the venv's python, after the install and before data prep (sky/train.yaml); `searchrl train local` runs the
@@ -13,10 +13,11 @@ Why each check exists:
   verlai/verl:sgl0512.dev4 carries transformers 5.3.0 (issue 38), which would otherwise fail inside Ray, after data
   prep and Ray start on every node. The ranges are read from verl's installed metadata
   (importlib.metadata.requires), never copied here, so a new verl brings its own.
-- `--flash-attn`: verl's FSDP engine asks transformers for `flash_attention_2`, which needs flash-attn 2's CUDA
+- `--flash-attn 1|0`: verl's FSDP engine asks transformers for `flash_attention_2`, which needs flash-attn 2's CUDA
   extension `flash_attn_2_cuda` and its `flash_attn.flash_attn_varlen_func` (the packed micro batches). An
   importable `flash_attn` proves neither: flash-attn-4 (in the sglang lock, 4.0.0b15) ships only `flash_attn/cute/`,
-  which makes `flash_attn` an importable namespace package without FA2's kernels.
+  which makes `flash_attn` an importable namespace package without FA2's kernels. The value is FLASH_ATTN as
+  trainer/node/flash_switch.py reads it (sky/train.yaml passes its answer), never parsed here: one reader.
 
 Standard library only, except `packaging` for version ranges (a dependency of verl; else pip's vendored copy).
 """
@@ -26,24 +27,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
-import os
 import sys
 from collections.abc import Sequence
 
 FA2_EXTENSION = "flash_attn_2_cuda"  # flash-attn 2's compiled CUDA kernels (a top-level module of its wheel)
 FA2_VARLEN = "flash_attn_varlen_func"  # what packed (unpadded) attention calls
-# pydantic's bool parsing of FLASH_ATTN (trainer/settings.py): these mean off, anything else it accepts means on
-OFF = frozenset({"0", "false", "f", "no", "n", "off"})
 WAY_OUT = "or set FLASH_ATTN=0 (torch's sdpa, padded micro batches)"
 
 
 class StackError(Exception):
     """The venv cannot run the trainer as configured; the message is one line."""
-
-
-def flash_attn_wanted(environ: dict[str, str] | None = None) -> bool:
-    """FLASH_ATTN from the environment, default on (the same variable TrainSettings.flash_attn reads)."""
-    return (environ if environ is not None else os.environ).get("FLASH_ATTN", "1").strip().lower() not in OFF
 
 
 def check_flash_attn_2() -> str:
@@ -130,16 +123,20 @@ def check_requires(package: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Does this venv hold what the trainer needs?")
     parser.add_argument("--requires", metavar="PACKAGE", help="check PACKAGE's declared version ranges")
-    parser.add_argument("--flash-attn", action="store_true", help="check flash-attn 2 when FLASH_ATTN is on")
+    parser.add_argument(
+        "--flash-attn",
+        choices=("1", "0"),
+        help="1: check flash-attn 2; 0: sdpa, nothing to check (FLASH_ATTN as trainer/node/flash_switch.py reads it)",
+    )
     args = parser.parse_args(argv)
     if not args.requires and not args.flash_attn:
-        parser.error("name --requires PACKAGE and/or --flash-attn")
+        parser.error("name --requires PACKAGE and/or --flash-attn 1|0")
     said = []
     try:
         if args.requires:
             said.append(f"{args.requires} {check_requires(args.requires)}: its version ranges are met")
         if args.flash_attn:
-            if flash_attn_wanted():
+            if args.flash_attn == "1":
                 said.append(f"flash-attn {check_flash_attn_2()} with its FA2 CUDA extension")
             else:
                 said.append("FLASH_ATTN=0: sdpa, flash-attn not needed")
