@@ -9,9 +9,9 @@ Prints the table and ratios on stdout; JSON results go to `--out` (default outpu
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from searchrl.cli import given
+from searchrl.cli.flags import add_flags, bench_handler
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--ceiling-seconds", dest="ceiling_seconds", type=float, help="seconds per ceiling point (default 3)"
     )
-    p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
+    add_flags(p, "out_dir")
     p.add_argument(
         "--precisions",
         help="comma-separated torch precisions for the in-process ceiling (default fp32: today's path)",
@@ -58,11 +58,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         type=float,
         help="seconds per E5-base-shaped encoder measurement for the sizing table (default 2; 0 skips)",
     )
-    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
-    p.add_argument("--corpus", help="corpus to benchmark (default bundled)")
-    p.add_argument("--encoder", help="encoder (default bundled-minilm)")
-    p.add_argument("--index-type", dest="index_type", help="FAISS factory string (default Flat)")
-    p.set_defaults(handler=_bench)
+    add_flags(
+        p,
+        "data_dir",
+        "corpus",
+        "encoder",
+        "index_type",
+        helps={
+            "corpus": "corpus to benchmark (default bundled)",
+            "encoder": "encoder (default bundled-minilm)",
+        },
+    )
+    p.set_defaults(
+        handler=bench_handler(
+            "searchrl.bench.service:run_bench",
+            "searchrl.bench.service_report:format_report",
+            _bench_kwargs,
+            settings=("data_dir", "corpus", "encoder", "index_type"),
+        )
+    )
 
 
 def _csv(value: str, cast: type) -> tuple:  # type: ignore[type-arg]
@@ -77,39 +91,17 @@ def _csv(value: str, cast: type) -> tuple:  # type: ignore[type-arg]
     return items
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from searchrl.bench.service import run_bench
-    from searchrl.bench.service_report import format_report
-    from searchrl.config import load_settings
+def _bench_kwargs(args: argparse.Namespace) -> dict[str, object]:
     from searchrl.errors import ConfigError
-    from searchrl.logs import setup_logging
-    from searchrl.retrieval.settings import RetrievalSettings
 
-    setup_logging()
-    settings = load_settings(RetrievalSettings, **given(args, "data_dir", "corpus", "encoder", "index_type"))
-    kwargs: dict[str, object] = {}
-    if hasattr(args, "seconds"):
-        kwargs["seconds"] = args.seconds
-    if hasattr(args, "ceiling_seconds"):
-        kwargs["ceiling_seconds"] = args.ceiling_seconds
-    if hasattr(args, "out"):
-        kwargs["out_dir"] = args.out
+    kwargs = given(args, "seconds", "ceiling_seconds", "out_dir", "e5_seconds", "server_threads")
     if hasattr(args, "precisions"):
         precisions = _csv(args.precisions, str)
         bad = [p for p in precisions if p not in {"fp32", "bf16", "fp16"}]  # torch precisions
         if bad:
             raise ConfigError(f"--precisions: unknown {', '.join(bad)}; use fp32, bf16 (CPU) or fp16 (GPU)")
         kwargs["precisions"] = precisions
-    if hasattr(args, "batch_sizes"):
-        kwargs["batch_sizes"] = _csv(args.batch_sizes, int)
-    if hasattr(args, "forward_sizes"):
-        kwargs["forward_sizes"] = _csv(args.forward_sizes, int)
-    if hasattr(args, "threads"):
-        kwargs["threads"] = _csv(args.threads, int)
-    if hasattr(args, "e5_seconds"):
-        kwargs["e5_seconds"] = args.e5_seconds
-    if hasattr(args, "server_threads"):
-        kwargs["server_threads"] = args.server_threads
-    report = run_bench(settings, **kwargs)  # type: ignore[arg-type]
-    print(format_report(report))  # noqa: T201 - results go to stdout
-    return 0
+    for name in ("batch_sizes", "forward_sizes", "threads"):
+        if hasattr(args, name):
+            kwargs[name] = _csv(getattr(args, name), int)
+    return kwargs

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import TYPE_CHECKING
 
-from searchrl.cli import given
+from searchrl.cli.flags import add_flags, retrieval_settings
 from searchrl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
 DOWNLOADS = ("wiki18-100k", "wiki18", "wiki18-e5-index")
+# the flags that say which index `build` and `convert` write, and where
+_WHERE = ("corpus", "encoder", "index_type", "data_dir", "index_dir")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -47,10 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="which index: dense, bm25, all; a serving backend name builds what it serves from "
         "(hybrid = both, web backends = none). Default: the configured backend",
     )
-    b.add_argument("--corpus", help="bundled | wiki18-100k | wiki18 | path to Search-R1 JSONL(.gz)")
-    b.add_argument("--encoder", help="bundled-minilm | intfloat/e5-base-v2 | BAAI/bge-base-en-v1.5 | folder")
-    b.add_argument("--index-type", dest="index_type", help="FAISS factory string (default Flat)")
-    b.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    add_flags(b, "corpus", "encoder", "index_type", "data_dir")
     b.add_argument("--index-dir", dest="index_dir", help="explicit output directory (one backend only)")
     b.add_argument(
         "--batch-size", dest="encode_batch_size", type=int, help="passages per forward pass (default 128)"
@@ -69,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         argument_default=argparse.SUPPRESS,
     )
     d.add_argument("name", choices=DOWNLOADS, help="what to download")
-    d.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    add_flags(d, "data_dir")
     d.add_argument("--force", action="store_true", help="re-import the index even if present")
     d.set_defaults(handler=_download)
 
@@ -89,9 +84,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=["dense", "bm25", "all", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"],
         help="which index (as for build; web backends copy nothing). Default: the configured backend",
     )
-    c.add_argument("--corpus", help="bundled | wiki18-100k | wiki18")
-    c.add_argument("--encoder", help="encoder of a dense index (default bundled-minilm)")
-    c.add_argument("--index-type", dest="index_type", help="FAISS factory string (default Flat)")
+    add_flags(
+        c,
+        "corpus",
+        "encoder",
+        "index_type",
+        helps={
+            "corpus": "bundled | wiki18-100k | wiki18",
+            "encoder": "encoder of a dense index (default bundled-minilm)",
+        },
+    )
     c.add_argument(
         "--fingerprint",
         help="comma-separated manifest fingerprints the copied indexes must have (pins one build); "
@@ -118,9 +120,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="a Flat index folder (with manifest.json) or a bare FAISS Flat file such as Search-R1's e5_Flat.index "
         "(then --corpus names its corpus). Default: the Flat index of --corpus/--encoder under --data-dir",
     )
-    v.add_argument("--corpus", help="bundled | wiki18-100k | wiki18 | path to Search-R1 JSONL(.gz)")
-    v.add_argument(
-        "--encoder", help="the Flat index's encoder, e.g. intfloat/e5-base-v2 (default bundled-minilm)"
+    add_flags(
+        v,
+        "corpus",
+        "encoder",
+        helps={"encoder": "the Flat index's encoder, e.g. intfloat/e5-base-v2 (default bundled-minilm)"},
     )
     v.add_argument(
         "--index-type",
@@ -129,7 +133,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="FAISS factory string to convert to: IVF<n>,SQ8 | IVF<n>,Flat | IVF<n>,PQ<m> | SQ8 | SQfp16 | PQ<m> "
         "(default IVF16384,SQ8, the wiki-18 training index; SEARCHRL_RETRIEVAL_INDEX_TYPE when not Flat)",
     )
-    v.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    add_flags(v, "data_dir")
     v.add_argument(
         "--index-dir",
         dest="index_dir",
@@ -205,13 +209,6 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _settings(args: argparse.Namespace, *names: str) -> RetrievalSettings:
-    from searchrl.config import load_settings
-    from searchrl.retrieval.settings import RetrievalSettings
-
-    return load_settings(RetrievalSettings, **given(args, *names))
-
-
 def _kinds(choice: str) -> list[str]:
     """Index kinds a backend choice serves from: hybrid and all need both, web backends none."""
     if choice in ("all", "hybrid"):
@@ -226,17 +223,7 @@ def _build(args: argparse.Namespace) -> int:
     from searchrl.retrieval.indexing import ensure_index, load_manifest
 
     setup_logging()
-    settings = _settings(
-        args,
-        "corpus",
-        "encoder",
-        "index_type",
-        "data_dir",
-        "index_dir",
-        "encode_batch_size",
-        "device",
-        "precision",
-    )
+    settings = retrieval_settings(args, *_WHERE, "encode_batch_size", "device", "precision")
     choice = getattr(args, "backend", settings.backend)
     kinds = _kinds(choice)
     if not kinds:  # web backends: nothing local to build (lets deploy scripts call this for any backend)
@@ -255,7 +242,7 @@ def _download(args: argparse.Namespace) -> int:
     from searchrl.retrieval.prebuilt import download
 
     setup_logging()
-    settings = _settings(args, "data_dir")
+    settings = retrieval_settings(args, "data_dir")
     path = download(args.name, settings, force=getattr(args, "force", False))
     print(path)  # noqa: T201 - CLI result
     return 0
@@ -268,7 +255,7 @@ def _copy(args: argparse.Namespace) -> int:
     from searchrl.retrieval.index_copy import copy_index
 
     setup_logging()
-    settings = _settings(args, "corpus", "encoder", "index_type")
+    settings = retrieval_settings(args, "corpus", "encoder", "index_type")
     choice = getattr(args, "backend", settings.backend)
     kinds = _kinds(choice)
     if not kinds:
@@ -288,13 +275,9 @@ def _convert(args: argparse.Namespace) -> int:
     from searchrl.retrieval.convert import DEFAULT_TARGET, convert_index
 
     setup_logging()
-    settings = _settings(
+    settings = retrieval_settings(
         args,
-        "corpus",
-        "encoder",
-        "index_type",
-        "data_dir",
-        "index_dir",
+        *_WHERE,
         "convert_train_sample",
         "convert_chunk",
         "convert_min_recall",

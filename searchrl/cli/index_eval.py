@@ -24,6 +24,7 @@ import argparse
 from pathlib import Path
 
 from searchrl.cli import given
+from searchrl.cli.flags import add_flags, bench_handler, bounded, factory_strings
 
 
 def register_eval(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,28 +51,30 @@ def register_eval(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--train-sample", dest="train_sample", type=int, help="vectors used to train IVF/PQ types")
     p.add_argument("--nprobe", type=int, help="IVF lists probed per query (default 32)")
     p.add_argument("--ef-search", dest="ef_search", type=int, help="HNSW search depth (default 128)")
-    p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
-    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
-    p.add_argument("--corpus", help="corpus (default bundled)")
-    p.add_argument("--encoder", help="encoder (default bundled-minilm)")
-    p.set_defaults(handler=_eval)
-
-
-def _eval(args: argparse.Namespace) -> int:
-    from searchrl.bench.index_eval import format_index_eval, run_index_eval
-    from searchrl.config import load_settings
-    from searchrl.errors import ConfigError
-    from searchrl.logs import setup_logging
-    from searchrl.retrieval.settings import RetrievalSettings
-
-    setup_logging()
-    settings = load_settings(
-        RetrievalSettings, **given(args, "data_dir", "corpus", "encoder", "nprobe", "ef_search")
+    add_flags(
+        p,
+        "out_dir",
+        "data_dir",
+        "corpus",
+        "encoder",
+        helps={"corpus": "corpus (default bundled)", "encoder": "encoder (default bundled-minilm)"},
     )
-    kwargs: dict[str, object] = {}
+    p.set_defaults(
+        handler=bench_handler(
+            "searchrl.bench.index_eval:run_index_eval",
+            "searchrl.bench.index_eval:format_index_eval",
+            _eval_kwargs,
+            settings=("data_dir", "corpus", "encoder", "nprobe", "ef_search"),
+        )
+    )
+
+
+def _eval_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    from searchrl.errors import ConfigError
+
+    kwargs = given(args, "out_dir")
     if hasattr(args, "types"):
-        # ';' separates types because factory strings themselves contain commas (IVF256,SQ8)
-        kwargs["index_types"] = [t.strip() for t in args.types.split(";") if t.strip()]
+        kwargs["index_types"] = factory_strings(args.types)
     if hasattr(args, "k"):
         try:
             ks = tuple(int(k) for k in args.k.split(",") if k.strip())
@@ -82,21 +85,16 @@ def _eval(args: argparse.Namespace) -> int:
         if not ks or min(ks) < 1:
             raise ConfigError(f"--k: values must be at least 1, got {args.k!r}")
         kwargs["ks"] = ks
-    for name, dest in (
-        ("queries", "n_queries"),
-        ("synthetic", "synthetic"),
-        ("train_sample", "train_sample"),
-    ):
-        if hasattr(args, name):
-            value = getattr(args, name)
-            if value < (0 if name == "synthetic" else 1):
-                raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {value}")
-            kwargs[dest] = value
-    if hasattr(args, "out"):
-        kwargs["out_dir"] = args.out
-    report = run_index_eval(settings, **kwargs)  # type: ignore[arg-type]
-    print(format_index_eval(report))  # noqa: T201 - results go to stdout
-    return 0
+    kwargs.update(
+        bounded(
+            args,
+            ("queries", "n_queries", 1),
+            ("synthetic", "synthetic", 0),
+            ("train_sample", "train_sample", 1),
+            says="must be positive",
+        )
+    )
+    return kwargs
 
 
 def register_scale(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -116,34 +114,19 @@ def register_scale(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--queries", type=int, help="held-out queries (default 200)")
     p.add_argument("--k", type=int, help="recall@k (default 3)")
     p.add_argument("--dim", type=int, help="vector dims (default 768, e5-base-v2's)")
-    p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
-    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
-    p.set_defaults(handler=_scale)
+    add_flags(p, "out_dir", "data_dir")
+    p.set_defaults(
+        handler=bench_handler(
+            "searchrl.bench.scale:run_scale", "searchrl.bench.scale:format_scale", _scale_kwargs
+        )
+    )
 
 
-def _bounded(args: argparse.Namespace, *flags: tuple[str, str, int]) -> dict[str, object]:
-    """The whole-number flags given, keyed by their keyword (flag, keyword, lowest allowed); one line below it."""
+def _scale_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    from searchrl.bench.scale import parse_sizes
     from searchrl.errors import ConfigError
 
-    out: dict[str, object] = {}
-    for name, dest, low in flags:
-        if hasattr(args, name):
-            if getattr(args, name) < low:
-                raise ConfigError(f"--{name}: must be at least {low}, got {getattr(args, name)}")
-            out[dest] = getattr(args, name)
-    return out
-
-
-def _scale(args: argparse.Namespace) -> int:
-    from searchrl.bench.scale import format_scale, parse_sizes, run_scale
-    from searchrl.config import load_settings
-    from searchrl.errors import ConfigError
-    from searchrl.logs import setup_logging
-    from searchrl.retrieval.settings import RetrievalSettings
-
-    setup_logging()
-    settings = load_settings(RetrievalSettings, **given(args, "data_dir"))
-    kwargs: dict[str, object] = {}
+    kwargs = given(args, "out_dir")
     if hasattr(args, "sizes"):
         kwargs["sizes"] = parse_sizes(args.sizes)
     if hasattr(args, "nprobe"):
@@ -151,12 +134,8 @@ def _scale(args: argparse.Namespace) -> int:
             kwargs["nprobes"] = tuple(int(x) for x in args.nprobe.split(",") if x.strip())
         except ValueError:
             raise ConfigError(f"--nprobe: expected integers such as 32,64,128, got {args.nprobe!r}") from None
-    kwargs.update(_bounded(args, ("queries", "n_queries", 1), ("k", "k", 1), ("dim", "dim", 8)))
-    if hasattr(args, "out"):
-        kwargs["out_dir"] = args.out
-    report = run_scale(settings, **kwargs)  # type: ignore[arg-type]
-    print(format_scale(report))  # noqa: T201 - results go to stdout
-    return 0
+    kwargs.update(bounded(args, ("queries", "n_queries", 1), ("k", "k", 1), ("dim", "dim", 8)))
+    return kwargs
 
 
 def register_convert_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -180,36 +159,29 @@ def register_convert_bench(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument(
         "--workdir", type=Path, help="where the Flat file and shards go (default outputs/convert-bench)"
     )
-    p.add_argument("--out", type=Path, help="directory for JSON results (default outputs/bench)")
-    p.add_argument("--data-dir", dest="data_dir", help="where the bundled corpus lives (default ./data)")
-    p.set_defaults(handler=_convert_bench)
+    add_flags(p, "out_dir", "data_dir", helps={"data_dir": "where the bundled corpus lives (default ./data)"})
+    p.set_defaults(
+        handler=bench_handler(
+            "searchrl.bench.convert:run_convert_bench",
+            "searchrl.bench.convert:format_convert_bench",
+            _convert_bench_kwargs,
+        )
+    )
 
 
-def _convert_bench(args: argparse.Namespace) -> int:
-    from searchrl.bench.convert import format_convert_bench, run_convert_bench
+def _convert_bench_kwargs(args: argparse.Namespace) -> dict[str, object]:
     from searchrl.bench.scale import parse_sizes
-    from searchrl.config import load_settings
     from searchrl.errors import ConfigError
-    from searchrl.logs import setup_logging
-    from searchrl.retrieval.settings import RetrievalSettings
 
-    setup_logging()
-    settings = load_settings(RetrievalSettings, **given(args, "data_dir"))
-    kwargs: dict[str, object] = {}
+    kwargs = given(args, "workdir", "out_dir")
     if hasattr(args, "n"):
         sizes = parse_sizes(args.n)
         if len(sizes) != 1:
             raise ConfigError(f"--n: one count such as 2M, got {args.n!r}")
         kwargs["n"] = sizes[0]
     if hasattr(args, "types"):
-        kwargs["types"] = tuple(t.strip() for t in args.types.split(";") if t.strip())
+        kwargs["types"] = tuple(factory_strings(args.types))
     kwargs.update(
-        _bounded(args, ("base", "n_base", 10), ("queries", "n_queries", 10), ("chunk", "chunk", 1000))
+        bounded(args, ("base", "n_base", 10), ("queries", "n_queries", 10), ("chunk", "chunk", 1000))
     )
-    if hasattr(args, "workdir"):
-        kwargs["workdir"] = args.workdir
-    if hasattr(args, "out"):
-        kwargs["out_dir"] = args.out
-    report = run_convert_bench(settings, **kwargs)  # type: ignore[arg-type]
-    print(format_convert_bench(report))  # noqa: T201 - results go to stdout
-    return 0
+    return kwargs

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from searchrl.cli import given
+from searchrl.cli.flags import add_flags, retrieval_settings
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--only",
         help="comma-separated: soak,overload,kill,hang,freeze,drain,big-body,slow,hostile (default all)",
     )
-    p.add_argument("--corpus", help="corpus to serve (default bundled)")
-    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
-    p.add_argument("--out", type=Path, help="directory for reliability.json (default outputs/bench)")
+    add_flags(
+        p,
+        "corpus",
+        "data_dir",
+        "out_dir",
+        helps={
+            "corpus": "corpus to serve (default bundled)",
+            "out_dir": "directory for reliability.json (default outputs/bench)",
+        },
+    )
     p.add_argument(
         "--no-tool",
         dest="tool",
@@ -71,10 +78,8 @@ def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     from searchrl.bench.reliability import SCENARIOS, render_table, run_all
-    from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
-    from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # else one INFO line per /health probe and page call
@@ -84,8 +89,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--only: unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}"
         )
-    settings = load_settings(RetrievalSettings, backend="bm25", **given(args, "corpus", "data_dir"))
-    out_dir: Path = getattr(args, "out", Path("outputs/bench"))
+    settings = retrieval_settings(args, "corpus", "data_dir", backend="bm25")
+    out_dir: Path = getattr(args, "out_dir", Path("outputs/bench"))
     seconds = float(getattr(args, "seconds", 600.0))
     make_call = tool_caller if getattr(args, "tool", True) else None
     with tempfile.TemporaryDirectory(prefix="searchrl-reliability-") as tmp:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from searchrl.cli import given
+from searchrl.cli.flags import add_flags, retrieval_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,11 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="bind address (default 127.0.0.1; public needs RETRIEVAL_API_KEY or RETRIEVAL_API_KEY_FILE)",
     )
     p.add_argument("--port", type=int, help="port (default 8000)")
-    p.add_argument("--corpus", help="bundled | wiki18-100k | wiki18 | path to Search-R1 JSONL(.gz)")
-    p.add_argument("--data-dir", dest="data_dir", help="where corpora and indexes live (default ./data)")
+    add_flags(p, "corpus", "data_dir")
     p.add_argument("--index-dir", dest="index_dir", help="explicit index directory")
-    p.add_argument("--encoder", help="bundled-minilm | intfloat/e5-base-v2 | BAAI/bge-base-en-v1.5 | folder")
-    p.add_argument("--index-type", dest="index_type", help="FAISS factory string (default Flat)")
+    add_flags(p, "encoder", "index_type")
     p.add_argument("--topk", type=int, help="default results per query (default 3)")
     p.add_argument("--insecure", action="store_true", help="allow a public bind without an API key")
     p.add_argument(
@@ -48,28 +46,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from searchrl.config import load_settings
     from searchrl.logs import setup_logging
     from searchrl.retrieval.server import run_server
-    from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()
-    settings = load_settings(
-        RetrievalSettings,
-        **given(
-            args,
-            "backend",
-            "host",
-            "port",
-            "corpus",
-            "data_dir",
-            "index_dir",
-            "encoder",
-            "index_type",
-            "topk",
-            "insecure",
-            "build_if_missing",
-        ),
+    settings = retrieval_settings(
+        args,
+        "backend",
+        "host",
+        "port",
+        "corpus",
+        "data_dir",
+        "index_dir",
+        "encoder",
+        "index_type",
+        "topk",
+        "insecure",
+        "build_if_missing",
     )
     run_server(settings)
     return 0
