@@ -16,9 +16,14 @@ clash with verl's; see searchrl/deploy/skypilot.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+_Handler = Callable[[argparse.Namespace], int]
 
 # dest -> flag, for re-running a parsed command in the SkyPilot venv
 _FLAGS = {
@@ -214,26 +219,49 @@ def _check_env_keys(args: argparse.Namespace) -> None:
         raise config.unknown_name_error(unknown, valid, "passed with --env")
 
 
-def _maybe_reexec(args: argparse.Namespace, verb: str, positional: list[str]) -> int | None:
-    from searchrl.deploy import skypilot
+def _needs_sky(*positional: str) -> Callable[[_Handler], _Handler]:
+    """A verb that runs SkyPilot: refuse a misspelt --env name, then, when this interpreter has no SkyPilot,
+    re-run the command in the SkyPilot venv (its exit code is the verb's) instead of the handler.
 
-    _check_env_keys(args)
-    if skypilot.sky_importable():
-        return None
-    return skypilot.run_in_sky_venv(_argv(args, verb, positional))
+    `positional`: the dests of the verb's positional arguments, in order, for the re-run's argv.
+    """
+
+    def wrap(handler: _Handler) -> _Handler:
+        @functools.wraps(handler)
+        def run(args: argparse.Namespace) -> int:
+            from searchrl.deploy import skypilot
+
+            _check_env_keys(args)
+            if skypilot.sky_importable():
+                return handler(args)
+            values = [getattr(args, dest, []) for dest in positional]
+            words = [str(w) for v in values for w in (v if isinstance(v, list) else [v])]
+            return skypilot.run_in_sky_venv(_argv(args, args.sky_verb, words))
+
+        return run
+
+    return wrap
 
 
+def _task_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """What `serve` and `train` plan their task from: the --env overrides, the --secret names, the --yaml file."""
+    from searchrl.deploy import tasks
+
+    return {
+        "envs": tasks.parse_env_flags(getattr(args, "env", [])),
+        "secret_names": getattr(args, "secret", []),
+        "yaml_path": Path(args.yaml) if hasattr(args, "yaml") else None,
+    }
+
+
+@_needs_sky("paths")
 def _validate(args: argparse.Namespace) -> int:
-    paths = list(getattr(args, "paths", []))
-    rc = _maybe_reexec(args, "validate", paths)
-    if rc is not None:
-        return rc
     from searchrl.deploy import tasks
     from searchrl.errors import DeployError
 
     envs = tasks.parse_env_flags(getattr(args, "env", []))
     secrets = tasks.secrets_from_env(getattr(args, "secret", []), required=False)
-    files = [Path(p) for p in paths] or tasks.task_files()
+    files = [Path(p) for p in getattr(args, "paths", [])] or tasks.task_files()
     reports = tasks.validate_files(files, envs, secrets)
     for rep in reports:
         if rep.ok:
@@ -250,10 +278,8 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+@_needs_sky("service_name")
 def _endpoint(args: argparse.Namespace) -> int:
-    rc = _maybe_reexec(args, "endpoint", [args.service_name])
-    if rc is not None:
-        return rc
     from searchrl.deploy import endpoint
 
     _setup_logging()
@@ -277,17 +303,13 @@ def _start_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+@_needs_sky()
 def _serve(args: argparse.Namespace) -> int:
-    rc = _maybe_reexec(args, "serve", [])
-    if rc is not None:
-        return rc
-    from searchrl.deploy import endpoint, launch, tasks
+    from searchrl.deploy import endpoint, launch
 
     _setup_logging()
     plan = launch.plan_serve(
-        envs=tasks.parse_env_flags(getattr(args, "env", [])),
-        secret_names=getattr(args, "secret", []),
-        yaml_path=Path(args.yaml) if hasattr(args, "yaml") else None,
+        **_task_inputs(args),
         resources={k: getattr(args, k, None) for k in ("cpus", "memory", "disk_size", "image_id")},
     )
     if plan.index_mount:
@@ -300,10 +322,8 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+@_needs_sky("url")
 def _probe(args: argparse.Namespace) -> int:
-    rc = _maybe_reexec(args, "probe", [args.url])
-    if rc is not None:
-        return rc
     from searchrl.deploy import endpoint, skypilot, tasks
     from searchrl.errors import DeployError
 
@@ -326,19 +346,15 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
+@_needs_sky()
 def _train(args: argparse.Namespace) -> int:
-    rc = _maybe_reexec(args, "train", [])
-    if rc is not None:
-        return rc
-    from searchrl.deploy import endpoint, launch, tasks
+    from searchrl.deploy import endpoint, launch
 
     _setup_logging()
     plan_service = getattr(args, "service", endpoint.DEFAULT_SERVICE)
     plan = launch.plan_train(
-        envs=tasks.parse_env_flags(getattr(args, "env", [])),
-        secret_names=getattr(args, "secret", []),
+        **_task_inputs(args),
         service=plan_service,
-        yaml_path=Path(args.yaml) if hasattr(args, "yaml") else None,
         health_deadline_s=getattr(args, "health_deadline", 120.0),
         num_nodes=getattr(args, "num_nodes", None),
         network_tier=getattr(args, "network_tier", "standard"),
