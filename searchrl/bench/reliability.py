@@ -25,11 +25,12 @@ The tests in tests/bench/test_reliability.py run the same scenarios with small s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,27 @@ from searchrl.retrieval.client import RetrievalClient
 from searchrl.retrieval.settings import RetrievalSettings
 
 # --- scenarios ---------------------------------------------------------------------------------------------
+
+#: what `run_all`'s make_call builds for a list of URLs: call(query), its client's stats, and close
+MakeCall = Callable[[list[str]], tuple[Call, Callable[[], dict[str, Any]], Callable[[], Awaitable[None]]]]
+
+
+@contextlib.asynccontextmanager
+async def _caller(
+    urls: list[str], make_call: MakeCall | None, **client_kwargs: Any
+) -> AsyncIterator[tuple[Call, Callable[[], dict[str, Any]]]]:
+    """call(query) and its client's stats for the replica scenarios: through `make_call` (the verl SearchTool, as
+    rollouts call) or else a RetrievalClient over `urls` with `client_kwargs`; closed when the block ends."""
+    close: Callable[[], Awaitable[None]]
+    if make_call is None:
+        client = RetrievalClient(urls, **client_kwargs)
+        call, stats, close = client_call(client), client.stats, client.aclose
+    else:
+        call, stats, close = make_call(urls)
+    try:
+        yield call, stats
+    finally:
+        await close()
 
 
 async def soak(
@@ -117,20 +139,14 @@ async def _with_fault(
     seconds: float,
     clients: int,
     fault: str,
-    make_call: Callable[[list[str]], tuple[Call, Callable[[], dict[str, Any]], Callable[[], Awaitable[None]]]]
-    | None,
+    make_call: MakeCall | None,
     timeout_s: float,
 ) -> dict[str, Any]:
     """3 replicas; at 1/3 of the run SIGKILL (or SIGSTOP) replica 0; at 2/3 restart (or SIGCONT) it."""
     with replicas(settings, 3, workdir / fault) as reps:
         urls = [r.url for r in reps]
-        close: Callable[[], Awaitable[None]]
-        if make_call is None:
-            client = RetrievalClient(urls, timeout_s=timeout_s, max_retries=3, breaker_reset_s=0.5)
-            call, stats, close = client_call(client), client.stats, client.aclose
-        else:
-            call, stats, close = make_call(urls)
-        try:
+        client_kwargs: dict[str, Any] = {"timeout_s": timeout_s, "max_retries": 3, "breaker_reset_s": 0.5}
+        async with _caller(urls, make_call, **client_kwargs) as (call, stats):
             expected = await reference(call, corpus_queries(settings, 600))
             target = urls[0]
             times: dict[str, float] = {}
@@ -164,8 +180,6 @@ async def _with_fault(
             out = await run_load(call, expected, clients, seconds=seconds, until=recovered)
             await injector
             st = stats()
-        finally:
-            await close()
     return out.row(
         scenario=f"replica {'SIGKILL' if fault == 'kill' else 'SIGSTOP'} (3 replicas, {clients} clients)",
         http_5xx=server_5xx(st),
@@ -205,12 +219,7 @@ async def replica_freeze(
     `make_call`). Without hedging every call in flight on the frozen replica waits out `timeout_s` (10 s)."""
     with replicas(settings, 2, workdir / "freeze") as reps:
         urls = [r.url for r in reps]
-        if make_call is None:
-            client = RetrievalClient(urls)
-            call, stats, close = client_call(client), client.stats, client.aclose
-        else:
-            call, stats, close = make_call(urls)
-        try:
+        async with _caller(urls, make_call) as (call, stats):
             expected = await reference(call, corpus_queries(settings, 600))
             base = stats()
             finished = 0
@@ -228,8 +237,6 @@ async def replica_freeze(
 
             out = await run_load(counted, expected, clients, total=calls)
             st = stats()
-        finally:
-            await close()
     return out.row(
         scenario=f"SIGSTOP 1 of 2 replicas after 1/5 of {calls} calls ({clients} clients, client defaults)",
         http_5xx=server_5xx(st),

@@ -291,50 +291,73 @@ def available_bytes() -> int:
     return 0
 
 
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table with every column right-aligned (they all hold numbers): header, rule, one line a row."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---:|" * len(header),
+        *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows),
+    ]
+
+
 def format_scale(report: dict[str, Any]) -> str:
     """Markdown: builds, measurements per (N, nprobe), the hold-out check and the 21M prediction."""
     lines = [
         f"IVF-SQ8 at scale: {report['source']}; {report['queries']} held-out queries, recall@{report['k']} vs "
         f"exact; search one query per call on one core; {report['cpu']}",
         "",
-        "| N | nlist | train sample | build s | index MB | bytes/vector | RSS growth MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for b in report["builds"]:
-        lines.append(
-            f"| {b['n']:,} | {b['nlist']} | {b['train_sample']:,} | {b['build_s']:.1f} | "
-            f"{b['index_bytes'] / 1e6:.0f} | {b['index_bytes'] / b['n']:.1f} | {b['rss_growth_bytes'] / 1e6:.0f} |"
-        )
-    lines += [
+        *_table(
+            ["N", "nlist", "train sample", "build s", "index MB", "bytes/vector", "RSS growth MB"],
+            [
+                [
+                    f"{b['n']:,}",
+                    b["nlist"],
+                    f"{b['train_sample']:,}",
+                    f"{b['build_s']:.1f}",
+                    f"{b['index_bytes'] / 1e6:.0f}",
+                    f"{b['index_bytes'] / b['n']:.1f}",
+                    f"{b['rss_growth_bytes'] / 1e6:.0f}",
+                ]
+                for b in report["builds"]
+            ],
+        ),
         "",
-        "| N | nprobe | recall | ms/query | q/s per core | MB scanned |",
-        "|---:|---:|---:|---:|---:|---:|",
+        *_table(
+            ["N", "nprobe", "recall", "ms/query", "q/s per core", "MB scanned"],
+            [
+                [
+                    f"{p['n']:,}",
+                    p["nprobe"],
+                    f"{p['recall']:.3f}",
+                    f"{p['ms_per_query']:.2f}",
+                    f"{p['qps_per_core']:.0f}",
+                    f"{p['scanned_bytes'] / 1e6:.1f}",
+                ]
+                for p in report["points"]
+            ],
+        ),
     ]
-    for p in report["points"]:
-        lines.append(
-            f"| {p['n']:,} | {p['nprobe']} | {p['recall']:.3f} | {p['ms_per_query']:.2f} | "
-            f"{p['qps_per_core']:.0f} | {p['scanned_bytes'] / 1e6:.1f} |"
-        )
     f = report["fit"]
     lines += [
         "",
         f"fit: ms = {f['a_ms']:.3f} + {f['b_ms_per_byte'] * 1e6:.4f} per MB scanned + "
         f"{f['c_ms_per_coarse_byte'] * 1e6:.4f} per MB of centroids",
     ]
-    for c in report["holdout_check"]:
-        lines.append(
-            f"hold-out: fit without the largest N predicts nprobe {c['nprobe']} at {c['predicted_ms']:.2f} ms, "
-            f"measured {c['measured_ms']:.2f} ms ({c['error']:+.0%})"
-        )
+    lines += [
+        f"hold-out: fit without the largest N predicts nprobe {c['nprobe']} at {c['predicted_ms']:.2f} ms, "
+        f"measured {c['measured_ms']:.2f} ms ({c['error']:+.0%})"
+        for c in report["holdout_check"]
+    ]
     w = report["wiki18"]
     lines += [
         "",
         f"wiki-18 prediction: {w['n']:,} vectors, IVF{w['nlist']},SQ8, index ~{w['index_bytes'] / 1e9:.1f} GB",
         "",
-        "| nprobe | ms/query (one core) | q/s per core |",
-        "|---:|---:|---:|",
+        *_table(
+            ["nprobe", "ms/query (one core)", "q/s per core"],
+            [[s["nprobe"], f"{s['ms_per_query']:.1f}", f"{s['qps_per_core']:.0f}"] for s in w["search"]],
+        ),
     ]
-    lines += [f"| {s['nprobe']} | {s['ms_per_query']:.1f} | {s['qps_per_core']:.0f} |" for s in w["search"]]
     return "\n".join(lines)
 
 
