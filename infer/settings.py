@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import SettingsConfigDict
 
 from searchrl.chat_template import ChatTemplateChoice
-from searchrl.config import StrictSettings
+from searchrl.config import StrictSettings, area_config
 from searchrl.prompt import observation_budget
 from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
 
@@ -28,12 +27,7 @@ Api = Literal["completions", "chat"]
 
 
 class InferSettings(StrictSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="SEARCHRL_INFER_",
-        env_file=".env",
-        extra="ignore",
-        populate_by_name=True,
-    )
+    model_config = area_config("SEARCHRL_INFER_")
 
     # --- the model ------------------------------------------------------------------------------------------
     model: str = Field(  # served model name (server) or HF id / local folder (local)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode
 
-from searchrl.config import StrictSettings
+from searchrl.config import StrictSettings, area_config
 from searchrl.errors import ConfigError
 
 BackendName = Literal["dense", "bm25", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"]
@@ -45,12 +45,7 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class RetrievalSettings(StrictSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="SEARCHRL_RETRIEVAL_",
-        env_file=".env",
-        extra="ignore",
-        populate_by_name=True,
-    )
+    model_config = area_config("SEARCHRL_RETRIEVAL_")
 
     # --- what to serve -------------------------------------------------------------------------------------
     backend: BackendName = "bm25"  # bm25 | dense | hybrid | google (SERP provider) | serper | serpapi | searxng | google-cse (closing)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import AliasChoices, ValidationError
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from searchrl.errors import ConfigError
 
@@ -114,6 +114,13 @@ class StrictSettings(BaseSettings):
         super().__init__(**values)
 
 
+def area_config(env_prefix: str) -> SettingsConfigDict:
+    """The model_config of an area's settings class: its `<env_prefix>*` variables and the repo's one `.env`,
+    whose other areas' keys are ignored (StrictSettings catches our own typos); a field is set by its name or
+    its alias (TRAIN_BATCH_SIZE, RETRIEVAL_API_KEY)."""
+    return SettingsConfigDict(env_prefix=env_prefix, env_file=".env", extra="ignore", populate_by_name=True)
+
+
 def load_settings(cls: type[_S], **overrides: Any) -> _S:
     """`cls(**overrides)` (flags > env > .env > defaults); a bad value raises ConfigError naming the knob.
 
@@ -135,6 +142,7 @@ def load_settings(cls: type[_S], **overrides: Any) -> _S:
 __all__ = [
     "OTHER_ENV_NAMES",
     "StrictSettings",
+    "area_config",
     "check_names",
     "env_names",
     "init_names",

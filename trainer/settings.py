@@ -25,9 +25,9 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode
 
-from searchrl.config import StrictSettings
+from searchrl.config import StrictSettings, area_config
 from searchrl.errors import ConfigError
 from searchrl.retrieval.corpus_check import SEARCH_R1_DATASET
 from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
@@ -53,12 +53,7 @@ def _alias(env_name: str, field: str) -> AliasChoices:
 
 
 class TrainSettings(StrictSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="SEARCHRL_TRAIN_",
-        env_file=".env",
-        extra="ignore",  # a shared .env holds other areas' keys; our own typos are caught by StrictSettings
-        populate_by_name=True,
-    )
+    model_config = area_config("SEARCHRL_TRAIN_")
 
     # --- data ------------------------------------------------------------------------------------------------
     dataset_size: DatasetSize = Field(default="full", validation_alias=_alias("DATASET_SIZE", "dataset_size"))
