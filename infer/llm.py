@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import httpx
 
 from searchrl.errors import InferenceError, RequestRejectedError, RetryableError
-from searchrl.http import bearer_headers, retry_after_s, retrying
+from searchrl.http import AsyncClosing, bearer_headers, retry_after_s, retrying
 from searchrl.prompt import ToolCall
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def _matched_stop(choice: dict[str, Any]) -> tuple[bool, str | None]:
     return False, None
 
 
-class ServerLLM:
+class ServerLLM(AsyncClosing):
     """Async client for an OpenAI-compatible server (`/v1/completions`, `/v1/chat/completions`, `/v1/models`).
 
     Retries connection errors, timeouts, 429 and 5xx with jittered exponential back-off; other 4xx raise
@@ -260,12 +260,6 @@ class ServerLLM:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-    async def __aenter__(self) -> ServerLLM:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One request with retries (searchrl/http.py `retrying`): with the default 8 the waits, jittered 2, 4,

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError, RetryableError, RetryableRetrievalError
-from searchrl.http import CA_BUNDLE_ENV, retrying, tls_context
+from searchrl.http import CA_BUNDLE_ENV, AsyncClosing, retrying, tls_context
 from searchrl.retrieval.breaker import CircuitBreaker, UrlStats
 from searchrl.retrieval.health import HEALTH_QUERY, HealthResult, check_health, summarize_client_stats
 from searchrl.retrieval.hedging import HedgeBudget
@@ -50,7 +50,7 @@ from searchrl.retrieval.transport import Transport
 log = logging.getLogger(__name__)
 
 
-class RetrievalClient:
+class RetrievalClient(AsyncClosing):
     """Async client for one or more replicas of the retrieval service.
 
     Construction does no I/O (verl builds tools in processes that never call them); the aiohttp session is
@@ -377,12 +377,6 @@ class RetrievalClient:
 
     async def aclose(self) -> None:
         await self._transport.aclose()
-
-    async def __aenter__(self) -> RetrievalClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 def _consume(task: asyncio.Task[Any]) -> None:

@@ -1,4 +1,5 @@
-"""HTTP plumbing every searchrl client shares: TLS trust, the bearer header, retries and readiness polls.
+"""HTTP plumbing every searchrl client shares: TLS trust, the bearer header, retries, readiness polls and
+`async with` closing.
 
 Three clients talk HTTP with retries: the retrieval client (retrieval/client.py, aiohttp), the web search
 providers (retrieval/backends/web/, httpx) and the LLM client (infer/llm.py, httpx). They used to carry three
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tenacity import (
     AsyncRetrying,
@@ -184,7 +185,23 @@ def wait_until_ready(
     return bool(retryer(probe))
 
 
+class AsyncClosing:
+    """`async with Client(...) as client:` for a client that holds connections: the block's end awaits the
+    client's `aclose()`, which each client defines (the retrieval client's aiohttp sessions, the LLM client's httpx
+    pool)."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
 __all__ = [
+    "AsyncClosing",
     "CA_BUNDLE_ENV",
     "backoff_s",
     "bearer_headers",
