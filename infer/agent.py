@@ -32,12 +32,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
 from searchrl.errors import FatalSearchError, RequestRejectedError, RetrievalUnavailableError
-from searchrl.infer.llm import ChatRenderer, Sampling, ServerLLM, TextGenerator
+from searchrl.infer.llm import ChatRenderer, Completion, Sampling, ServerLLM, TextGenerator
 from searchrl.infer.settings import InferSettings
 from searchrl.prompt import (
     POLICY_FAILURES,
@@ -196,9 +196,9 @@ class SearchAgent:
             if self.config.api == "chat":
                 await self._run_chat(ep)
             elif self.spec.prompt_format == "search-r1" and self.config.search:
-                await self._run_search_r1(ep)
+                await self._run_completions(ep, _SearchR1Turns(self))
             else:
-                await self._run_completions(ep)
+                await self._run_completions(ep, _HermesTurns(self))
         except RequestRejectedError as exc:
             ep.stop_reason, ep.error = STOP_LLM_ERROR, str(exc)
             log.warning("question %r: %s", question[:80], exc)
@@ -282,45 +282,42 @@ class SearchAgent:
         ep.prompt_tokens = self.renderer.count(prompt)
         return prompt, ep.prompt_tokens
 
-    # --- completions mode: the exact training text -------------------------------------------------------------
-    async def _run_completions(self, ep: Episode) -> None:
+    # --- completions mode: the exact training text, in either prompt format ---------------------------------------
+    async def _run_completions(self, ep: Episode, turns: _Turns) -> None:
+        """One loop for both prompt formats: generate a turn, let the format answer it (tool turns or Search-R1's
+        `<information>`), stop where the format or the shared budgets say. As verl: a turn may generate what is
+        left of the budget, and what the environment appends is dropped, ending the episode, when it would
+        carry the response to `max_response_tokens`."""
         renderer = self.renderer
         assert renderer is not None
-        prompt, context = self._first_prompt(
-            ep, build_messages(ep.question, search=self.config.search), self.tools
-        )
+        prompt, context = self._first_prompt(ep, turns.messages(ep.question), turns.tools)
         start = len(prompt)
         while True:
             sampling = self._sampling(context)
             if sampling is None:
                 ep.stop_reason = STOP_RESPONSE_BUDGET
                 break
+            sampling = turns.sampling(sampling, ep)
             out = await self.llm.complete(prompt, sampling)
-            text = out.text
-            if self.config.stop_after_tool_call and out.stopped_at("</tool_call>"):
-                text += "</tool_call>"  # the stop string itself is not returned
+            text, appended = turns.turn(out, sampling)
             ep.turns += 1
             ep.completion_tokens += out.completion_tokens
             ep.model_s += out.model_s
             ep.length_truncated_turns += out.finish_reason == "length"
             ep.transcript.append({"role": "assistant", "content": text, "finish_reason": out.finish_reason})
-            # A length-cut turn has no end-of-turn token: verl appends the generated tokens verbatim.
-            prompt += text if out.finish_reason == "length" else renderer.close_turn(text)
+            prompt += appended
             context = renderer.count(prompt)
             ep.response_tokens = context - ep.prompt_tokens
-            parsed = parse_tool_calls(text)
-            if self._should_stop(parsed, out.finish_reason, ep):
+            answer = await turns.answer(text, out.finish_reason, ep)
+            if answer is None:
                 break
-            observations = await self._tool_turn(parsed, ep)
-            tool_text = renderer.tool_turn(
-                observations, self.tools, after_close=out.finish_reason != "length"
-            )
-            after = renderer.count(prompt + tool_text)
+            after = renderer.count(prompt + answer)
             if after - ep.prompt_tokens >= self.spec.max_response_tokens:
                 ep.stop_reason = STOP_RESPONSE_BUDGET  # verl drops the observation that crosses the budget
                 break
-            prompt, context = prompt + tool_text, after
+            prompt, context = prompt + answer, after
             ep.response_tokens = context - ep.prompt_tokens
+        prompt += turns.closing
         ep.response = renderer.truncate(prompt[start:], self.spec.max_response_tokens)
 
     async def _search(self, queries: list[str], ep: Episode) -> list[list[Hit]] | str:
@@ -372,64 +369,6 @@ class SearchAgent:
             # Search-R1 `_process_next_obs`: the observation's token ids are cut to max_obs_length.
             obs = self.renderer.truncate(obs, self.config.max_observation_tokens)
         return obs
-
-    async def _run_search_r1(self, ep: Episode) -> None:
-        """Search-R1's rollout (search_r1/llm_agent/generation.py): up to max_turns actions, then a last turn.
-
-        A turn is cut after its first `</search>` or `</answer>`; an answer ends the episode; a search appends
-        `<information>` and generation continues in the same assistant turn; a turn with neither gets their
-        "My previous action is invalid" text. The budgets are the shared RolloutSpec's.
-        """
-        renderer = self.renderer
-        assert renderer is not None
-        prompt, context = self._first_prompt(ep, build_messages(ep.question, prompt_format="search-r1"), None)
-        start = len(prompt)
-        while True:
-            sampling = self._sampling(context)
-            if sampling is None:
-                ep.stop_reason = STOP_RESPONSE_BUDGET
-                break
-            last = ep.turns + 1 >= self.spec.max_assistant_turns
-            stop = () if last else (SEARCH_R1_STOP,)
-            out = await self.llm.complete(prompt, replace(sampling, stop=stop))
-            text = out.text
-            # The stop string itself is not returned: put it back only when generation stopped at it, not at
-            # EOS after an unclosed "<search> q" (the server's matched_stop / stop_reason tells them apart).
-            if stop and SEARCH_R1_STOP not in text and out.stopped_at(SEARCH_R1_STOP):
-                text += SEARCH_R1_STOP
-            text = cut_search_r1_turn(text)
-            ep.turns += 1
-            ep.completion_tokens += out.completion_tokens
-            ep.model_s += out.model_s
-            ep.length_truncated_turns += out.finish_reason == "length"
-            ep.transcript.append({"role": "assistant", "content": text, "finish_reason": out.finish_reason})
-            prompt += text
-            context = renderer.count(prompt)
-            ep.response_tokens = context - ep.prompt_tokens
-            action, content = parse_search_r1_action(text)
-            if ep.response_tokens >= self.spec.max_response_tokens:
-                ep.stop_reason = STOP_RESPONSE_BUDGET
-                break
-            if action == "answer" or last:
-                if action == "answer":
-                    ep.stop_reason = STOP_NO_TOOL_CALL
-                else:
-                    ep.stop_reason = STOP_MAX_TURNS if action == "search" else STOP_MALFORMED
-                break
-            if action == "search":
-                obs = await self._search_r1_observation(content, ep)
-            else:
-                ep.malformed_calls += 1
-                obs = SEARCH_R1_INVALID
-            ep.transcript.append({"role": "tool", "content": obs, "queries": [content] if action else []})
-            after = renderer.count(prompt + obs)
-            if after - ep.prompt_tokens >= self.spec.max_response_tokens:
-                ep.stop_reason = STOP_RESPONSE_BUDGET
-                break
-            prompt, context = prompt + obs, after
-            ep.response_tokens = context - ep.prompt_tokens
-        prompt += renderer.close_turn("")
-        ep.response = renderer.truncate(prompt[start:], self.spec.max_response_tokens)
 
     # --- chat mode: the server renders and parses ---------------------------------------------------------------
     async def _run_chat(self, ep: Episode) -> None:
@@ -489,6 +428,108 @@ class SearchAgent:
                 messages.append(msg)
                 parts.append(f"<tool_response>\n{o}\n</tool_response>")
         ep.response = "\n".join(parts)
+
+
+class _Turns(Protocol):
+    """What one prompt format adds to the completions loop (`SearchAgent._run_completions`)."""
+
+    tools: list[dict[str, Any]] | None  # the tool schema the chat template renders, if any
+    closing: str  # appended to the prompt when the episode ends
+
+    def messages(self, question: str) -> list[dict[str, str]]: ...
+
+    def sampling(self, sampling: Sampling, ep: Episode) -> Sampling:
+        """This turn's sampling (stop strings), given the turns generated so far."""
+        ...
+
+    def turn(self, out: Completion, sampling: Sampling) -> tuple[str, str]:
+        """(the turn's text, what it appends to the prompt)."""
+        ...
+
+    async def answer(self, text: str, finish_reason: str, ep: Episode) -> str | None:
+        """What the environment appends after the turn; None ends the episode, with `ep.stop_reason` set."""
+        ...
+
+
+class _HermesTurns:
+    """The training format: hermes `<tool_call>` spans, answered by `tool` turns (verl's ToolAgentLoop)."""
+
+    closing = ""
+
+    def __init__(self, agent: SearchAgent) -> None:
+        assert agent.renderer is not None
+        self.agent, self.renderer, self.tools = agent, agent.renderer, agent.tools
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        return build_messages(question, search=self.agent.config.search)
+
+    def sampling(self, sampling: Sampling, ep: Episode) -> Sampling:
+        return sampling
+
+    def turn(self, out: Completion, sampling: Sampling) -> tuple[str, str]:
+        text = out.text
+        if self.agent.config.stop_after_tool_call and out.stopped_at("</tool_call>"):
+            text += "</tool_call>"  # the stop string itself is not returned
+        # A length-cut turn has no end-of-turn token: verl appends the generated tokens verbatim.
+        return text, text if out.finish_reason == "length" else self.renderer.close_turn(text)
+
+    async def answer(self, text: str, finish_reason: str, ep: Episode) -> str | None:
+        parsed = parse_tool_calls(text)
+        if self.agent._should_stop(parsed, finish_reason, ep):
+            return None
+        observations = await self.agent._tool_turn(parsed, ep)
+        return self.renderer.tool_turn(observations, self.tools, after_close=finish_reason != "length")
+
+
+class _SearchR1Turns:
+    """Search-R1's rollout (search_r1/llm_agent/generation.py): up to max_turns actions, then a last turn.
+
+    A turn is cut after its first `</search>` or `</answer>`; an answer ends the episode; a search appends
+    `<information>` and generation continues in the same assistant turn; a turn with neither gets their
+    "My previous action is invalid" text. The budgets are the shared RolloutSpec's.
+    """
+
+    tools: list[dict[str, Any]] | None = None  # the instructions teach the tags; no tool schema
+
+    def __init__(self, agent: SearchAgent) -> None:
+        assert agent.renderer is not None
+        self.agent, self.spec = agent, agent.spec
+        self.closing = agent.renderer.close_turn("")  # the one assistant turn closes when the episode ends
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        return build_messages(question, prompt_format="search-r1")
+
+    def sampling(self, sampling: Sampling, ep: Episode) -> Sampling:
+        last = ep.turns + 1 >= self.spec.max_assistant_turns
+        return replace(sampling, stop=() if last else (SEARCH_R1_STOP,))
+
+    def turn(self, out: Completion, sampling: Sampling) -> tuple[str, str]:
+        text = out.text
+        # The stop string itself is not returned: put it back only when generation stopped at it, not at
+        # EOS after an unclosed "<search> q" (the server's matched_stop / stop_reason tells them apart).
+        if sampling.stop and SEARCH_R1_STOP not in text and out.stopped_at(SEARCH_R1_STOP):
+            text += SEARCH_R1_STOP
+        text = cut_search_r1_turn(text)
+        return text, text
+
+    async def answer(self, text: str, finish_reason: str, ep: Episode) -> str | None:
+        action, content = parse_search_r1_action(text)
+        if ep.response_tokens >= self.spec.max_response_tokens:
+            ep.stop_reason = STOP_RESPONSE_BUDGET
+            return None
+        if action == "answer":
+            ep.stop_reason = STOP_NO_TOOL_CALL
+            return None
+        if ep.turns >= self.spec.max_assistant_turns:  # the last turn: no search runs after it
+            ep.stop_reason = STOP_MAX_TURNS if action == "search" else STOP_MALFORMED
+            return None
+        if action == "search":
+            obs = await self.agent._search_r1_observation(content, ep)
+        else:
+            ep.malformed_calls += 1
+            obs = SEARCH_R1_INVALID
+        ep.transcript.append({"role": "tool", "content": obs, "queries": [content] if action else []})
+        return obs
 
 
 def failure_counts(episodes: Sequence[Episode]) -> Counter[str]:
