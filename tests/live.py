@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import uvicorn
+from fastapi import FastAPI
 
+from searchrl.http import wait_until_ready
 from searchrl.retrieval.process import free_port
 
 
@@ -37,20 +38,28 @@ def serve_in_thread(
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
+
+    def ready() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError("server thread exited during start-up (see the log above)")
+        return httpx.get(base + ready_path, timeout=1.0).status_code == 200 and server.started
+
     try:
-        while True:
-            if not thread.is_alive():
-                raise RuntimeError("server thread exited during start-up (see the log above)")
-            try:
-                if httpx.get(base + ready_path, timeout=1.0).status_code == 200 and server.started:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server on {base} not ready after {timeout}s")
-            time.sleep(0.05)
+        if not wait_until_ready(ready, timeout_s=timeout, interval_s=0.05):
+            raise TimeoutError(f"server on {base} not ready after {timeout}s")
         yield base
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def healthy_app() -> FastAPI:
+    """A FastAPI app whose GET /health answers {"status": "ok"} as the service's does, so that `serve_in_thread`
+    sees it ready: a fake upstream adds its own routes to it."""
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -13,13 +13,13 @@ import json
 import os
 import ssl
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from searchrl.deploy import skypilot
+from searchrl.http import wait_until_ready
 from searchrl.processes import stop_process
 from tests.conftest import REPO
 from tests.live import free_port
@@ -79,6 +79,7 @@ def skyserve_load_balancer(
     no replicas, once it answers `ready_status` 503 ("no ready replicas", what it says during an outage)."""
     port = free_port()
     key, cert = (str(tls[0]), str(tls[1])) if tls else ("", "")
+    verify = ssl.create_default_context(cafile=cert) if tls else True
     proc = subprocess.Popen(
         [skypilot.sky_python(), "-c", LB_SCRIPT, json.dumps(replicas), str(port), key, cert],
         cwd=REPO,
@@ -89,20 +90,15 @@ def skyserve_load_balancer(
     )
     scheme = "https" if tls else "http"
     url = f"{scheme}://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
+
+    def proxies() -> bool:  # /health passes through the proxy to a replica once the controller sync listed it
+        if proc.poll() is not None:
+            raise RuntimeError(f"SkyServe's load balancer exited: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+        return httpx.get(url + "/health", verify=verify, timeout=2).status_code == ready_status
+
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"SkyServe's load balancer exited: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
-            try:  # /health passes through the proxy to a replica once the controller sync listed it
-                verify = ssl.create_default_context(cafile=cert) if tls else True
-                if httpx.get(url + "/health", verify=verify, timeout=2).status_code == ready_status:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"SkyServe's load balancer on {url} did not proxy within {timeout_s}s")
-            time.sleep(0.2)
+        if not wait_until_ready(proxies, timeout_s=timeout_s, interval_s=0.2):
+            raise TimeoutError(f"SkyServe's load balancer on {url} did not proxy within {timeout_s}s")
         yield url
     finally:
         stop_process(proc, grace_s=10)

@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from searchrl.cli import main
 from tests.conftest import AUTH_TOKEN
-from tests.live import free_port, serve_in_thread
+from tests.live import free_port, healthy_app, serve_in_thread
 
 pytestmark = pytest.mark.live
 
@@ -27,11 +26,7 @@ def auth_url(authed_bm25_url: str) -> str:
 @pytest.fixture(scope="module")
 def broken_url() -> Iterator[str]:
     """A server that speaks HTTP but not the /retrieve contract (wrong shape, not JSON)."""
-    app = FastAPI()
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    app = healthy_app()
 
     @app.post("/retrieve")
     async def retrieve() -> dict[str, object]:

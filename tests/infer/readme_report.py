@@ -36,7 +36,7 @@ from searchrl.infer.scripted import Turn, create_scripted_app
 from searchrl.retrieval.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.infer.conftest import build_tokenizer
-from tests.live import serve_in_thread
+from tests.live import healthy_app, serve_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 DEV = dev_qa_path()
@@ -77,11 +77,7 @@ def scripted_model() -> FastAPI:
 
 def flaky_proxy(upstream: str) -> FastAPI:
     """Forwards to the real service; every search for one question in six answers 503 (a dying replica)."""
-    app = FastAPI()
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    app = healthy_app()
 
     @app.get("/")
     async def info() -> Any:

@@ -32,7 +32,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
-from tests.live import serve_in_thread
+from tests.live import healthy_app, serve_in_thread
 
 GOOGLE_KEY = "AIzaSyD-fake-google-key-7f3a9c1e5b"
 CSE_ID = "017576662512468239146:omuauf_lfve"
@@ -303,11 +303,7 @@ class FakeSearchAPIs:
         return body
 
     def app(self) -> FastAPI:
-        app = FastAPI()
-
-        @app.get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
+        app = healthy_app()
 
         @app.get("/customsearch/v1")
         async def customsearch(request: Request) -> JSONResponse:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.retrieval.client import CircuitBreaker, RetrievalClient, check_health
-from tests.live import free_port, serve_in_thread
+from tests.live import free_port, healthy_app, serve_in_thread
 
 pytestmark = pytest.mark.live
 
@@ -29,11 +29,7 @@ class Script:
         self.requests: list[dict[str, Any]] = []
 
     def app(self) -> FastAPI:
-        app = FastAPI()
-
-        @app.get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
+        app = healthy_app()
 
         @app.post("/retrieve")
         async def retrieve(request: Request) -> Any:
@@ -363,11 +359,7 @@ class Hanging:
         self.released = False  # set when the test ends, so the server can stop
 
     def app(self) -> FastAPI:
-        app = FastAPI()
-
-        @app.get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
+        app = healthy_app()
 
         @app.post("/retrieve")
         async def retrieve(request: Request) -> Any:
