@@ -1,13 +1,18 @@
-"""Fixtures shared by the retrieval tests: the fake web-search APIs (Custom Search, Serper, SearXNG), tiny BERTs."""
+"""Fixtures shared by the retrieval tests: the fake web-search APIs (Custom Search, Serper, SearXNG), the bundled
+MiniLM, tiny BERTs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.retrieval.fake_web import FakeSearchAPIs, serve_fake
+
+if TYPE_CHECKING:
+    from searchrl.retrieval.encoder import Encoder
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +27,14 @@ def fake(fake_server: FakeSearchAPIs) -> FakeSearchAPIs:
     """The fake with its counters, scripted failures and budget state cleared."""
     fake_server.reset()
     return fake_server
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Encoder:
+    """The bundled MiniLM on CPU at fp32 (max_length 256), loaded once for every test that encodes with it."""
+    from searchrl.retrieval.encoder import Encoder
+
+    return Encoder.load("bundled-minilm", device="cpu", precision="fp32")
 
 
 def write_tiny_bert(folder: Path) -> Path:

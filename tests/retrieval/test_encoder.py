@@ -24,11 +24,6 @@ torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
-def minilm() -> Encoder:
-    return Encoder.load("bundled-minilm", device="cpu", precision="fp32", max_length=256)
-
-
-@pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two randomly initialised 1-layer BERTs named like an E5 and a BGE model (weights cannot be downloaded
     here; the family conventions are picked by name, and the maths is checked against direct computation)."""

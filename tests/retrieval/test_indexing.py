@@ -31,14 +31,9 @@ faiss = pytest.importorskip("faiss")
 
 
 @pytest.fixture(scope="module")
-def encoder() -> Encoder:
-    return Encoder.load("bundled-minilm", device="cpu", precision="fp32")
-
-
-@pytest.fixture(scope="module")
-def dense_dir(tmp_path_factory: pytest.TempPathFactory, encoder: Encoder) -> Path:
+def dense_dir(tmp_path_factory: pytest.TempPathFactory, minilm: Encoder) -> Path:
     out = tmp_path_factory.mktemp("idx") / "dense"
-    build_dense_index(TINY_CORPUS, out, encoder, index_type="Flat", batch_size=8)
+    build_dense_index(TINY_CORPUS, out, minilm, index_type="Flat", batch_size=8)
     return out
 
 
@@ -77,9 +72,9 @@ def test_dense_manifest_describes_the_index(dense_dir: Path) -> None:
     assert not list(dense_dir.parent.glob(".dense*")), "staging directory left behind"
 
 
-def test_dense_index_finds_the_passage(dense_dir: Path, encoder: Encoder) -> None:
+def test_dense_index_finds_the_passage(dense_dir: Path, minilm: Encoder) -> None:
     index = faiss.read_index(str(dense_dir / FAISS_FILE))
-    scores, rows = index.search(encoder.encode_queries(["Who directed The Seventh Seal?"]), 3)
+    scores, rows = index.search(minilm.encode_queries(["Who directed The Seventh Seal?"]), 3)
     assert rows[0][0] == 0  # row 0 of the tiny corpus is "The Seventh Seal"
     assert scores[0][0] > scores[0][1]
 
@@ -92,34 +87,34 @@ def test_bm25_manifest(bm25_dir: Path) -> None:
     assert (bm25_dir / OFFSETS).is_file() and (bm25_dir / "bm25").is_dir()
 
 
-def test_other_factory_strings_work(tmp_path: Path, encoder: Encoder) -> None:
-    m = build_dense_index(TINY_CORPUS, tmp_path / "hnsw", encoder, index_type="HNSW8")
+def test_other_factory_strings_work(tmp_path: Path, minilm: Encoder) -> None:
+    m = build_dense_index(TINY_CORPUS, tmp_path / "hnsw", minilm, index_type="HNSW8")
     assert m.index_type == "HNSW8"
     index = faiss.read_index(str(tmp_path / "hnsw" / FAISS_FILE))
     assert index.ntotal == 20
     with pytest.raises(ConfigError, match="not a valid FAISS factory string"):
-        build_dense_index(TINY_CORPUS, tmp_path / "bad", encoder, index_type="NoSuchIndex")
+        build_dense_index(TINY_CORPUS, tmp_path / "bad", minilm, index_type="NoSuchIndex")
     assert not (tmp_path / "bad").exists()
 
 
 def test_untrained_index_types_train_on_the_corpus(
-    tmp_path: Path, encoder: Encoder, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, minilm: Encoder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(indexing, "TRAIN_SAMPLE", 8)  # train after 8 vectors... here after the only chunk
-    m = build_dense_index(TINY_CORPUS, tmp_path / "sq", encoder, index_type="SQ8")
+    m = build_dense_index(TINY_CORPUS, tmp_path / "sq", minilm, index_type="SQ8")
     assert m.count == 20 and faiss.read_index(str(tmp_path / "sq" / FAISS_FILE)).ntotal == 20
 
 
 # --- verify_manifest: one line naming the mismatch --------------------------------------------------------
 
 
-def test_verify_accepts_the_matching_corpus_and_encoder(dense_dir: Path, encoder: Encoder) -> None:
+def test_verify_accepts_the_matching_corpus_and_encoder(dense_dir: Path, minilm: Encoder) -> None:
     verify_manifest(
         load_manifest(dense_dir),
         dense_dir,
         kind="dense",
         corpus_path=TINY_CORPUS,
-        encoder=encoder.spec,
+        encoder=minilm.spec,
         count=20,
     )
 
