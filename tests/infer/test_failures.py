@@ -7,10 +7,12 @@ each of these runs "succeeded" with a normal-looking table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +37,23 @@ def fake() -> Iterator[FakeSearchAPIs]:
 
 def _eval_argv(llm_url: str, retrieval_url: str, tokenizer: Path, out: Path) -> list[str]:
     return eval_argv(llm_url, retrieval_url, tokenizer, out, "--label", "trained over serper")
+
+
+@contextlib.contextmanager
+def _outage(
+    fake: FakeSearchAPIs, tokenizer: Path, tmp_path: Path, answered: int
+) -> Iterator[tuple[list[str], Any, Path]]:
+    """An eval's argv against the real service over Serper (no daily budget, no retries) whose upstream answers
+    the first `answered` searches and then only 503s; with the scripted LLM's app (its requests) and the folder
+    the results go to."""
+    settings = web_settings(
+        fake, backend="serper", web_daily_budget=0, web_max_retries=0, data_dir=tmp_path / "s"
+    )
+    out = tmp_path / "results"
+    with serve_in_thread(create_app(settings)) as retrieval_url:
+        fake.plan = deque([None] * answered + ["503"] * 1000)
+        for llm_url, app in serve_scripts({MODEL: TRAINED}):
+            yield _eval_argv(llm_url, retrieval_url, tokenizer, out), app, out
 
 
 def _error_line(stderr: str) -> str:
@@ -130,27 +149,20 @@ def _first_turns(requests: list[dict]) -> list[str]:
 def test_retry_failed_reruns_only_the_failed_questions_after_an_outage(
     fake: FakeSearchAPIs, chat_tokenizer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = web_settings(
-        fake, backend="serper", web_daily_budget=0, web_max_retries=0, data_dir=tmp_path / "s"
-    )
-    out = tmp_path / "results"
-    with serve_in_thread(create_app(settings)) as retrieval_url:
-        # pre-flight and q003's search answered, then an outage: q008 and q023 fail (q013, q018 never search)
-        fake.plan = deque([None, None] + ["503"] * 1000)
-        for llm_url, app in serve_scripts({MODEL: TRAINED}):
-            argv = _eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, out)
-            assert main([*argv, "--keep-going"]) == 2
-            assert "re-run the same command with --retry-failed" in capsys.readouterr().err
-            (path,) = out.glob("*.json")
-            assert json.loads(path.read_text())["summary"]["questions_failed"] == 2
-            # the outage is over: --retry-failed runs q008 and q023 again, and nothing else
-            fake.plan.clear()
-            app.state.requests.clear()
-            assert main([*argv, "--retry-failed"]) == 0
-            assert _first_turns(app.state.requests) == ["q008", "q023"]
-            # a plain re-run now has nothing left to do
-            app.state.requests.clear()
-            assert main(argv) == 0 and app.state.requests == []
+    # pre-flight and q003's search answered, then an outage: q008 and q023 fail (q013, q018 never search)
+    with _outage(fake, chat_tokenizer_dir, tmp_path, answered=2) as (argv, app, out):
+        assert main([*argv, "--keep-going"]) == 2
+        assert "re-run the same command with --retry-failed" in capsys.readouterr().err
+        (path,) = out.glob("*.json")
+        assert json.loads(path.read_text())["summary"]["questions_failed"] == 2
+        # the outage is over: --retry-failed runs q008 and q023 again, and nothing else
+        fake.plan.clear()
+        app.state.requests.clear()
+        assert main([*argv, "--retry-failed"]) == 0
+        assert _first_turns(app.state.requests) == ["q008", "q023"]
+        # a plain re-run now has nothing left to do
+        app.state.requests.clear()
+        assert main(argv) == 0 and app.state.requests == []
     doc = json.loads(path.read_text())
     s = doc["summary"]
     assert s["valid"] and s["questions_failed"] == 0 and s["em"] == pytest.approx(0.6)
@@ -162,32 +174,23 @@ def test_retry_failed_reruns_only_the_failed_questions_after_an_outage(
 def test_a_run_that_can_no_longer_be_valid_stops_early_keeping_what_is_done(
     fake: FakeSearchAPIs, chat_tokenizer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = web_settings(
-        fake, backend="serper", web_daily_budget=0, web_max_retries=0, data_dir=tmp_path / "s"
-    )
-    out = tmp_path / "results"
-    with serve_in_thread(create_app(settings)) as retrieval_url:
+    with _outage(fake, chat_tokenizer_dir, tmp_path, answered=1) as (argv, app, out):
+        # 1 failed question of 5 is past 2% whatever the other four give: stop there
+        assert main(argv) == 2
+        err = _error_line(capsys.readouterr().err)
+        assert err.startswith("error: run stopped early, it can no longer be valid: 1 of 5 questions")
+        assert err.endswith("re-run the same command with --retry-failed")
+        (path,) = out.glob("*.json")
+        doc = json.loads(path.read_text())
+        assert [q["id"] for q in doc["questions"]] == ["q003"] and not doc["summary"]["valid"]
+        assert doc["summary"]["aborted"].startswith("stopped early")
+        # a dead backend also stops a run that keeps going, after N failed searches in a row
+        app.state.requests.clear()
         fake.plan = deque([None] + ["503"] * 1000)
-        for llm_url, app in serve_scripts({MODEL: TRAINED}):
-            argv = _eval_argv(llm_url, retrieval_url, chat_tokenizer_dir, out)
-            # 1 failed question of 5 is past 2% whatever the other four give: stop there
-            assert main(argv) == 2
-            err = _error_line(capsys.readouterr().err)
-            assert err.startswith("error: run stopped early, it can no longer be valid: 1 of 5 questions")
-            assert err.endswith("re-run the same command with --retry-failed")
-            (path,) = out.glob("*.json")
-            doc = json.loads(path.read_text())
-            assert [q["id"] for q in doc["questions"]] == ["q003"] and not doc["summary"]["valid"]
-            assert doc["summary"]["aborted"].startswith("stopped early")
-            # a dead backend also stops a run that keeps going, after N failed searches in a row
-            app.state.requests.clear()
-            fake.plan = deque([None] + ["503"] * 1000)
-            assert main([*argv, "--keep-going", "--max-consecutive-failures", "2", "--label", "k"]) == 2
-            err = _error_line(capsys.readouterr().err)
-            assert (
-                "2 searches in a row failed (last: http_502)" in err and "--max-consecutive-failures" in err
-            )
-            assert _first_turns(app.state.requests) == ["q003", "q008"]
+        assert main([*argv, "--keep-going", "--max-consecutive-failures", "2", "--label", "k"]) == 2
+        err = _error_line(capsys.readouterr().err)
+        assert "2 searches in a row failed (last: http_502)" in err and "--max-consecutive-failures" in err
+        assert _first_turns(app.state.requests) == ["q003", "q008"]
 
 
 def test_a_model_that_only_writes_bad_calls_gives_a_valid_run(
