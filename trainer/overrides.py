@@ -36,10 +36,6 @@ SAMPLER_NAME = "SearchReplayBuffer"
 # verl loads a custom sampler by name whatever the mode (trainer_base.py _build_replay_buffer), so a sync class
 # named here would run an async trainer without stale-sample eviction.
 SAMPLER_ASYNC_NAME = "SearchReplayBufferAsync"
-# A CPU separate_async run's weight transfer: gloo, registered by this module when verl imports it
-# (rollout.checkpoint_engine.custom_backend_module).
-GLOO_ENGINE = "gloo"
-GLOO_ENGINE_MODULE = "searchrl.trainer.cpu.gloo_engine"
 # Modules every Ray process imports at `import verl` (comma-separated, verl/__init__.py): our agent loop, which
 # registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/plugins/agent_loop.py), and the
 # weight-sync check of the rollout engine (vLLM: trainer/weight_sync/vllm_sync.py; sglang: trainer/weight_sync/sglang_sync.py).
@@ -274,8 +270,6 @@ def verl_command(overrides: Sequence[str], python: str = "python") -> list[str]:
 
 __all__ = [
     "AGENT_LOOP_PLUGIN",
-    "GLOO_ENGINE",
-    "GLOO_ENGINE_MODULE",
     "SGLANG_SYNC_PLUGIN",
     "SYNC_PLUGINS",
     "REWARD_FN_NAME",

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
+from searchrl.trainer.verl_progress import UPDATE_PATTERN
 
 _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
 _NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
@@ -70,10 +71,8 @@ STALENESS_WORST_MAX = "training/off_policy/trajectory_staleness_worst/max"  # ve
 UPDATE_WEIGHTS_S = "timing_s/update_weights"  # verl times the weight push each step in separate_async
 # verl's resume of an async run from the checkpoint's transfer_queue/ (trainer_base.py, _load_checkpoint)
 _RESTORED = re.compile(r"Restored (\d+) training prompt groups from TransferQueue")
-# the hf engine's update line with its fingerprint (trainer/cpu/hf_rollout.py UPDATE_LINE)
-_UPDATE_DIGEST = re.compile(
-    r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+): \d+ tensors, fingerprint (\S+)"
-)
+# the hf engine's update line with its fingerprint (trainer/verl_progress.py UPDATE_LINE)
+_UPDATE_DIGEST = re.compile(UPDATE_PATTERN + r": \d+ tensors, fingerprint (\S+)")
 
 
 @dataclass(frozen=True)
@@ -263,7 +262,8 @@ _INVARIANT = (
     (
         UNRECORDED,
         "trajectories without the agent loop's record of generated tokens, so their mask is unchecked "
-        "(rollout.agent.default_agent_loop must be searchrl_tool_agent)",
+        "(rollout.agent.default_agent_loop must be searchrl_tool_agent, or on CPU its subclass "
+        "searchrl_scripted_tool_agent)",
     ),
 )
 

@@ -8,7 +8,9 @@ one line each, with the seconds since the launch, so a reader sees where the run
 itself take minutes; a rollout batch that took `slow_batch_s` or more gets its own line too.
 
 The markers are verl 0.9.1's (`trainer/ppo/v1/trainer_base.py`, `utils/model.py`, Ray's start-up line) and our hf rollout's
-(trainer/cpu/hf_rollout.py); a marker a later verl drops only makes the run quieter, never wrong.
+(trainer/cpu/hf_rollout.py); a marker a later verl drops only makes the run quieter, never wrong. The hf rollout's
+lines are defined here, the format it prints beside the pattern that reads it back, because the readers (this
+module, trainer/step_checks.py and the CPU proofs) run in the CLI process and must not import the CPU engine.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ import re
 import time
 from collections.abc import Callable
 
-from searchrl.trainer.cpu.hf_rollout import BATCH_PATTERN, UPDATE_PATTERN
+# One line per weight update, in the run's log (Ray forwards the hf rollout actor's stdout): the CPU runs count them.
+UPDATE_LINE = "searchrl-hf-rollout: weight update {n} for step {step}: {tensors} tensors, fingerprint {fingerprint}{note}"
+UPDATE_PATTERN = r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+)"
+# One line per generate batch: how well the turns batched, and the model's own tokens/s (the CPU runs sum them).
+BATCH_LINE = "searchrl-hf-rollout: batch of {n} sequences, {tokens} new tokens in {seconds:.2f} s"
+BATCH_PATTERN = r"searchrl-hf-rollout: batch of (\d+) sequences, (\d+) new tokens in ([\d.]+) s"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -67,4 +74,4 @@ class StartupProgress:
         return f"verl +{self.clock() - self.started:.0f} s: {says}"
 
 
-__all__ = ["PHASES", "StartupProgress"]
+__all__ = ["BATCH_LINE", "BATCH_PATTERN", "PHASES", "UPDATE_LINE", "UPDATE_PATTERN", "StartupProgress"]

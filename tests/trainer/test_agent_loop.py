@@ -105,17 +105,17 @@ async def _run_loop(
 
     tool.execute = spy
     server = ScriptedServer(tokenizer, replies)
-    loop = (loop_cls or SearchToolAgentLoop)(  # every run's loop: verl's ToolAgentLoop plus its record
-        trainer_config=DictConfigWrap(cfg),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(cfg.data),
-        hf_model_type="qwen2",
-        tools=ToolListWrap(tools),
-    )
     try:
+        loop = (loop_cls or SearchToolAgentLoop)(  # every run's loop: verl's ToolAgentLoop plus its record
+            trainer_config=DictConfigWrap(cfg),
+            server_manager=server,
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data),
+            hf_model_type="qwen2",
+            tools=ToolListWrap(tools),
+        )
         output = await loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1}, **row)
     finally:
         await tool.aclose()
@@ -257,9 +257,10 @@ def test_failed_searches_stop_the_run_through_verls_reward_path(
 def _scripted_cfg(
     tmp_path: Path, qa_sample: Path, url: str, compose: Any, extra: tuple[str, ...] | list[str] = ()
 ) -> tuple[TrainSettings, Any]:
-    from searchrl.trainer.plugins.agent_loop import AGENT_NAME
+    """A CPU run's agent loop config: the scripted loop's name (trainer/proofs/train_cpu.py `cpu_settings`)."""
+    from searchrl.trainer.cpu.scripted_agent_loop import SCRIPTED_AGENT_NAME
 
-    settings = _settings(tmp_path, qa_sample, url).model_copy(update={"agent_loop": AGENT_NAME})
+    settings = _settings(tmp_path, qa_sample, url).model_copy(update={"agent_loop": SCRIPTED_AGENT_NAME})
     prepare_data(settings)
     write_tool_config(settings)
     cfg = compose(
@@ -280,7 +281,12 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
     mask-1 text; the sampler's mask metric (from the token strings) finds the tool response and counts 0 trained
     tokens in it, and counts them all when the observations-in-loss sabotage is on."""
     from searchrl.trainer.cpu import sabotage
-    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop, scripted_tool_call
+    from searchrl.trainer.cpu.scripted_agent_loop import (
+        SCRIPTED_AGENT_NAME,
+        ScriptedToolAgentLoop,
+        scripted_tool_call,
+    )
+    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
     from searchrl.trainer.plugins.generated_spans import (
         LAST_TURN,
         MISSING,
@@ -299,10 +305,14 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
     tok = offline_tokenizer
     settings, cfg = _scripted_cfg(tmp_path, qa_sample, live_bm25_url, compose)
     row = _dataset_row(settings, cfg, tok, tmp_path)
-    assert row["agent_name"] == "searchrl_tool_agent"
+    assert row["agent_name"] == SCRIPTED_AGENT_NAME
     calls: list[dict] = []
     reply = f"{THINK_ANSWER}\n{RIGHT}"
-    output, server = asyncio.run(_run_loop(cfg, tok, row, [reply], calls, SearchToolAgentLoop))
+    # every run's loop scripts nothing: given the CPU runs' switch it refuses to start rather than run unscripted
+    with pytest.raises(ValueError, match="engine_kwargs.hf.scripted_first_turn is set, but agent loop"):
+        asyncio.run(_run_loop(cfg, tok, row, [reply], calls, SearchToolAgentLoop))
+    assert calls == []
+    output, server = asyncio.run(_run_loop(cfg, tok, row, [reply], calls, ScriptedToolAgentLoop))
 
     assert calls == [{"query_list": [SEVENTH_SEAL_QUESTION]}]  # the scripted call reached the live service
     assert len(server.prompts) == 1  # the server generated only the model's own turn
@@ -348,14 +358,14 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
     the normal trajectory scores as before; a made-up `<tool_response>` block in the model's turn no longer hides
     the text before it; a tool response verl drops for overrunning response_length scores 0, where the old split
     scored the scripted call."""
+    from searchrl.trainer.cpu.scripted_agent_loop import SCRIPTED_AGENT_NAME, ScriptedToolAgentLoop
     from searchrl.trainer.overrides import merge_overrides
-    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
     from searchrl.trainer.plugins.generated_spans import LAST_TURN, SPANS, TOOL_RESPONSES
     from searchrl.trainer.proofs.learn_task import answer_char_share
 
     tok = offline_tokenizer
     settings = _settings(tmp_path, qa_sample, live_bm25_url).model_copy(
-        update={"agent_loop": "searchrl_tool_agent"}
+        update={"agent_loop": SCRIPTED_AGENT_NAME}
     )
     prepare_data(settings)
     write_tool_config(settings)
@@ -371,7 +381,7 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
 
     async def run(config: Any, reply: str) -> tuple[Any, dict[str, Any], str, list[dict]]:
         calls: list[dict] = []
-        output, _ = await _run_loop(config, tok, row, [reply], calls, SearchToolAgentLoop)
+        output, _ = await _run_loop(config, tok, row, [reply], calls, ScriptedToolAgentLoop)
         scored = await _reward(config, tok, row, output)
         return output, scored, tok.decode(output.response_ids, skip_special_tokens=True), calls
 
@@ -412,7 +422,7 @@ def test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_
     the server (verl sets no max_tokens), and verl's reward manager, loading trainer/proofs/real_task.py by pkg://, scores
     the own turn after the live service's response: 1 when clean, 0 when it invents a tool response or says
     nothing. The mask metric counts the invented span as the model's, apart from the observation."""
-    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.cpu.scripted_agent_loop import ScriptedToolAgentLoop
     from searchrl.trainer.plugins.masks import mask_step_metrics
     from searchrl.trainer.proofs.real_learn import REWARD_FN_NAME, REWARD_FN_PATH
 
@@ -432,7 +442,7 @@ def test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_
     calls: list[dict] = []
 
     async def run() -> tuple[Any, Any, dict[str, Any]]:
-        output, server = await _run_loop(cfg, tok, row, [reply], calls, SearchToolAgentLoop)
+        output, server = await _run_loop(cfg, tok, row, [reply], calls, ScriptedToolAgentLoop)
         return output, server, await _reward(cfg, tok, row, output)
 
     output, server, reward = asyncio.run(run())
@@ -462,7 +472,7 @@ def test_the_query_stage_scripts_the_call_opening_as_environment_and_scores_the_
     no tool (the trajectory ends with the model's one turn), and verl's reward manager, loading
     trainer/proofs/real_query.py by pkg://, searches the live BM25 service with the closed call's query: 1.0 when the
     top-3 holds a golden answer ("Ingmar Bergman"), 0.5 for a closed call whose query finds none, 0 unclosed."""
-    from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
+    from searchrl.trainer.cpu.scripted_agent_loop import ScriptedToolAgentLoop
     from searchrl.trainer.plugins.generated_spans import LAST_TURN, SPANS, parse_spans
     from searchrl.trainer.proofs.real_learn import learn_overrides
     from searchrl.trainer.proofs.real_query import OPENING
@@ -481,7 +491,7 @@ def test_the_query_stage_scripts_the_call_opening_as_environment_and_scores_the_
     calls: list[dict] = []
 
     async def run() -> tuple[Any, Any, dict[str, Any]]:
-        output, server = await _run_loop(cfg, tok, row, [reply], calls, SearchToolAgentLoop)
+        output, server = await _run_loop(cfg, tok, row, [reply], calls, ScriptedToolAgentLoop)
         return output, server, await _reward(cfg, tok, row, output)
 
     output, server, reward = asyncio.run(run())

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import ConfigError
-from searchrl.trainer.cpu.hf_rollout import UPDATE_LINE
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
@@ -20,6 +19,7 @@ from searchrl.trainer.step_checks import (
     async_step_problems,
     update_digests,
 )
+from searchrl.trainer.verl_progress import UPDATE_LINE
 
 CLEAN = {
     "loss/observation_tokens_in_loss": 0,
@@ -135,8 +135,17 @@ def test_the_separate_async_cpu_run_is_a_trainer_and_a_rollout_pool_of_one_fake_
     """Two fake Ray GPUs (trainer 1 x 1, standalone rollout 1 x 1), the gloo engine, two local updates per push
     (parameter_sync_step 2: the old-policy path trainer/patches/old_policy_guard.py guards), our async buffer with the
     hf ledger check, and every key once (hydra refuses a key given twice)."""
-    from searchrl.trainer.overrides import GLOO_ENGINE, GLOO_ENGINE_MODULE, merge_overrides
-    from searchrl.trainer.proofs.train_cpu import GLOO_BUCKET_MB, cpu_overrides
+    from searchrl.trainer.cpu import gloo_engine
+    from searchrl.trainer.overrides import merge_overrides
+    from searchrl.trainer.proofs.train_cpu import (
+        GLOO_BUCKET_MB,
+        GLOO_ENGINE,
+        GLOO_ENGINE_MODULE,
+        cpu_overrides,
+    )
+
+    # the names the run gives verl are the engine's own: its registered backend and its module
+    assert (GLOO_ENGINE, GLOO_ENGINE_MODULE) == (gloo_engine.BACKEND, gloo_engine.__name__)
 
     settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1", mode="separate_async")
     extra = merge_overrides(cpu_overrides(), async_cpu_overrides(settings))

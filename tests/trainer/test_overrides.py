@@ -7,8 +7,6 @@ import warnings
 import pytest
 
 from searchrl.trainer.overrides import (
-    GLOO_ENGINE,
-    GLOO_ENGINE_MODULE,
     REWARD_FN_NAME,
     REWARD_FN_PATH,
     SAMPLER_ASYNC_NAME,
@@ -371,7 +369,8 @@ def test_multi_node_shards_inside_a_node_and_syncs_once_per_mini_batch(compose, 
 def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollout_name):
     """The rows and default_agent_loop name `searchrl_tool_agent`; verl's agent-loop workers find it only if the
     module registering it was imported there. The run's VERL_USE_EXTERNAL_MODULES, given to a fresh Python that
-    imports verl (as each Ray process does), registers it, with the class verl instantiates."""
+    imports verl (as each Ray process does), registers it, with the class verl instantiates, and not the CPU runs'
+    scripted subclass (trainer/cpu/scripted_agent_loop.py)."""
     import subprocess
     import sys
 
@@ -394,6 +393,7 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
         "import verl\n"
         "from verl.experimental.agent_loop.agent_loop import _agent_loop_registry as r\n"
         "print(r['searchrl_tool_agent']['_target_'])\n"
+        "print('searchrl_scripted_tool_agent' in r)\n"
         "from verl.workers.rollout.base import _ROLLOUT_REGISTRY as w\n"
         f"print(w[({rollout_name!r}, 'async')])"
     )
@@ -401,10 +401,10 @@ def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollo
     env.pop("VERL_PLATFORM", None)
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    loop, rollout = done.stdout.strip().splitlines()[-2:]
-    assert loop == "searchrl.trainer.plugins.agent_loop.SearchToolAgentLoop"
+    loop, scripted, rollout = done.stdout.strip().splitlines()[-3:]
+    assert loop == "searchrl.trainer.plugins.agent_loop.SearchToolAgentLoop" and scripted == "False"
     # and the weight-sync check of the run's engine (trainer/weight_sync/vllm_sync.py, trainer/weight_sync/sglang_sync.py)
-    assert rollout == f"searchrl.trainer.{rollout_name}_classes.FingerprintServerAdapter"
+    assert rollout == f"searchrl.trainer.weight_sync.{rollout_name}_classes.FingerprintServerAdapter"
 
 
 def test_a_gpu_run_in_separate_async_installs_the_clone_guard_and_the_logger_fix_in_every_ray_process(
@@ -511,6 +511,8 @@ def test_separate_async_trains_on_one_node_and_generates_on_the_other(compose, t
 
 def test_a_cpu_separate_async_run_names_the_gloo_engine_and_its_module(compose, tmp_path):
     from verl.utils.config import omega_conf_to_dataclass
+
+    from searchrl.trainer.proofs.train_cpu import GLOO_ENGINE, GLOO_ENGINE_MODULE
 
     settings = TrainSettings(
         data_dir=tmp_path,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from searchrl.errors import ConfigError
-from searchrl.trainer.plugins.agent_loop import (
+from searchrl.trainer.cpu.scripted_agent_loop import (
     OPENINGS,
     scripted_opening,
     scripted_tool_call,

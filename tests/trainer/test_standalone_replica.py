@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from searchrl.trainer.cpu.hf_rollout import SERVER_NAME, HFGenerateServer
+from searchrl.trainer.cpu.hf_rollout import HFGenerateServer
+from searchrl.trainer.plugins.versions import HF_SERVER_NAME
 from tests.trainer.conftest import compose_verl
 
 TIMEOUT_S = 180
@@ -83,7 +84,7 @@ def test_the_adapter_addresses_the_replica_verl_names(configs, monkeypatch, rank
     asked: list[str] = []
     monkeypatch.setattr(ray, "get_actor", lambda name: asked.append(name) or name)
     adapter = _adapter(configs, **kwargs)
-    assert adapter._get_server() == SERVER_NAME.format(rank=replica)
+    assert adapter._get_server() == HF_SERVER_NAME.format(rank=replica)
     assert (adapter.replica_rank, adapter.is_leader_rank) == (replica, True)
 
 
@@ -260,7 +261,7 @@ def test_verls_checkpoint_engine_worker_receives_over_gloo_into_the_hf_server(ti
     assert [p.exitcode for p in procs.values()] == [0, 0]
     assert sent["checkpoint_engine/gloo_bytes"] > 0
     assert got["replica_rank"] == 1 and got["leader"] is True
-    assert got["asked"] == [SERVER_NAME.format(rank=1)]
+    assert got["asked"] == [HF_SERVER_NAME.format(rank=1)]
     assert got["updates"] == 1
     trained = _trained(str(tiny_model_dir))
     assert got["held"] == digest(fingerprint(trained.items()))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import RolloutFailedError
+from searchrl.trainer.cpu.scripted_agent_loop import question_of, scripted_tool_call
 from searchrl.trainer.overrides import merge_overrides
-from searchrl.trainer.plugins.agent_loop import question_of, scripted_tool_call
 from searchrl.trainer.proofs.train_cpu import first_error
 from searchrl.trainer.step_checks import StepRow, check_steps, parse_steps, step_table
 

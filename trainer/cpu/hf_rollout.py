@@ -23,15 +23,15 @@ matching verl's (DESIGN.md section 3b):
 - `HFServerAdapter` (verl's `BaseRollout`, in the training worker): after every actor update verl's naive
   checkpoint engine hands it the new weights tensor by tensor (workers/engine_workers.py:727-827); it sends them to
   the server. The server refuses an update that misses any of its weights (only a tied `lm_head` may be absent),
-  prints one `UPDATE_LINE` per update, which the CPU runs count, and returns the exact fingerprint of the weights
-  it now holds (trainer/weight_sync/fingerprint.py). The adapter compares it with the fingerprint of what it sent, cast
-  to the server's dtype, and a mismatch raises StepCheckError naming the step: verl's `ray.get` on the update
-  re-raises it in the trainer and the run stops before sampling from stale weights. verl's own
-  `training/rollout_probs_diff_max` stays a per-step diagnostic (trainer/step_checks.py).
+  prints one `UPDATE_LINE` (trainer/verl_progress.py) per update, which the CPU runs count, and returns the exact
+  fingerprint of the weights it now holds (trainer/weight_sync/fingerprint.py). The adapter compares it with the
+  fingerprint of what it sent, cast to the server's dtype, and a mismatch raises StepCheckError naming the step:
+  verl's `ray.get` on the update re-raises it in the trainer and the run stops before sampling from stale weights.
+  verl's own `training/rollout_probs_diff_max` stays a per-step diagnostic (trainer/step_checks.py).
 
 Log-probabilities are those of the distribution the token was sampled from: the logits divided by the sampling
 temperature, as verl's actor divides them when it recomputes `old_log_probs`. The CPU runs' scripted first turn
-is not generated here: it is environment, written by the agent loop (trainer/plugins/agent_loop.py).
+is not generated here: it is environment, written by their agent loop (trainer/cpu/scripted_agent_loop.py).
 """
 
 from __future__ import annotations
@@ -52,17 +52,12 @@ from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
+from searchrl.trainer.plugins.versions import HF_SERVER_NAME
+from searchrl.trainer.verl_progress import BATCH_LINE, UPDATE_LINE
 from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, digest, fingerprint
 
 log = logging.getLogger(__name__)
-
-SERVER_NAME = "searchrl_hf_rollout_{rank}"
-# One line per weight update, in the run's log (Ray forwards the actor's stdout): the CPU runs count them.
-UPDATE_LINE = "searchrl-hf-rollout: weight update {n} for step {step}: {tensors} tensors, fingerprint {fingerprint}{note}"
-UPDATE_PATTERN = r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+)"
-# One line per generate batch: how well the turns batched, and the model's own tokens/s (the CPU runs sum them).
-BATCH_LINE = "searchrl-hf-rollout: batch of {n} sequences, {tokens} new tokens in {seconds:.2f} s"
-BATCH_PATTERN = r"searchrl-hf-rollout: batch of (\d+) sequences, (\d+) new tokens in ([\d.]+) s"
 
 
 def missing_weights(own: set[str], received: set[str], tied_embeddings: bool) -> list[str]:
@@ -416,18 +411,11 @@ class HFGenerateServer:
         return None
 
 
-def hf_engine_kwargs(rollout_config: Any) -> dict[str, Any]:
-    """`actor_rollout_ref.rollout.engine_kwargs.hf` (the CPU runs set it: dtype, scripted_first_turn, max_batch)."""
-    engine_kwargs = getattr(rollout_config, "engine_kwargs", None) or {}
-    hf = engine_kwargs.get("hf") if hasattr(engine_kwargs, "get") else None
-    return dict(hf or {})
-
-
 class HFRolloutReplica(RolloutReplica):
     """verl's replica interface over one HFGenerateServer actor."""
 
     async def launch_servers(self) -> None:
-        name = SERVER_NAME.format(rank=self.replica_rank)
+        name = HF_SERVER_NAME.format(rank=self.replica_rank)
         # Any: ray types an actor's methods (`server.ready.remote`) only where @ray.method declares them
         server: Any = (
             ray.remote(HFGenerateServer)
@@ -479,7 +467,7 @@ class HFServerAdapter(BaseRollout):
 
     def _get_server(self) -> Any:
         if self._server is None:
-            self._server = ray.get_actor(SERVER_NAME.format(rank=self.replica_rank))
+            self._server = ray.get_actor(HF_SERVER_NAME.format(rank=self.replica_rank))
         return self._server
 
     async def resume(self, tags: list[str]) -> None:
@@ -509,15 +497,10 @@ def sent_fingerprint(state: dict[str, torch.Tensor], held: dict[str, TensorPrint
 
 
 __all__ = [
-    "BATCH_LINE",
-    "BATCH_PATTERN",
-    "UPDATE_LINE",
-    "UPDATE_PATTERN",
     "HFGenerateServer",
     "HFRolloutReplica",
     "HFServerAdapter",
     "first_stop",
-    "hf_engine_kwargs",
     "missing_weights",
     "sampled_log_probs",
     "sent_fingerprint",

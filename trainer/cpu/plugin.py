@@ -9,8 +9,8 @@ named modules at `import verl`; verl/plugin/platform/platform_manager.py reads V
 1. `PlatformCPU`, registered in verl's `PlatformRegistry` as "cpu": device "cpu", collectives on gloo, a device
    module whose memory and cache calls are no-ops. Its Ray resource stays "GPU": verl's ResourcePoolManager asks
    Ray for GPUs unconditionally (single_controller/ray/base.py:210, 226-242), so the run gives Ray one fake GPU.
-2. The CPU runs' agent loop, `searchrl_tool_agent` (trainer/plugins/agent_loop.py: the scripted first turn as
-   environment), in verl's agent-loop registry; and the `hf` rollout engine (trainer/cpu/hf_rollout.py) in both of
+2. The CPU runs' agent loop, `searchrl_scripted_tool_agent` (trainer/cpu/scripted_agent_loop.py: the scripted
+   first turn as environment), in verl's agent-loop registry; and the `hf` rollout engine (trainer/cpu/hf_rollout.py) in both of
    verl's registries: `RolloutReplicaRegistry` (the
    server the agent loop calls) and `_ROLLOUT_REGISTRY` (the adapter in the training worker that receives the
    weights after every update). The FSDP training engine is chosen with verl's own `VERL_ENGINE_DEVICE=cuda`
@@ -219,8 +219,9 @@ def _register_rollout() -> None:
 
 
 def _register_agent_loop() -> None:
-    """The CPU runs' agent loop (trainer/plugins/agent_loop.py), in verl's registry of agent loops by name."""
-    from searchrl.trainer.plugins.agent_loop import AGENT_NAME  # noqa: F401  (importing it registers it)
+    """The CPU runs' agent loop (trainer/cpu/scripted_agent_loop.py), in verl's registry of agent loops by name
+    (beside its parent, `searchrl_tool_agent`, which importing it registers too)."""
+    from searchrl.trainer.cpu.scripted_agent_loop import SCRIPTED_AGENT_NAME  # noqa: F401  (importing registers)
 
 
 def _patch_for_cpu() -> None:

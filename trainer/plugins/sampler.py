@@ -148,11 +148,9 @@ def hf_ledgers() -> dict[str, versions.Ledger]:
     """Every hf rollout server's version ledger, by actor name (servers 0, 1, ... until one is not found)."""
     import ray
 
-    from searchrl.trainer.cpu.hf_rollout import SERVER_NAME
-
     ledgers: dict[str, versions.Ledger] = {}
     while True:
-        name = SERVER_NAME.format(rank=len(ledgers))
+        name = versions.HF_SERVER_NAME.format(rank=len(ledgers))
         try:
             actor = ray.get_actor(name)
         except ValueError:

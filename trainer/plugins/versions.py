@@ -36,6 +36,10 @@ VERIFIED = "versions/verified"
 BEFORE_LEDGER = "versions/before_ledger"
 
 Ledger = Mapping[int, Mapping[str, str]]
+# The Ray actor name of the hf rollout server of each replica rank, which keeps a Ledger: the hf engine names its
+# actors with it (trainer/cpu/hf_rollout.py) and the async replay buffer finds the ledgers by it
+# (trainer/plugins/sampler.py `hf_ledgers`).
+HF_SERVER_NAME = "searchrl_hf_rollout_{rank}"
 
 
 def trajectory_versions(tags: Iterable[Mapping[str, Any]]) -> list[tuple[int | None, int | None]]:
@@ -124,6 +128,7 @@ def raise_on(problems: list[str], global_steps: int) -> None:
 
 __all__ = [
     "BEFORE_LEDGER",
+    "HF_SERVER_NAME",
     "MISSING",
     "SPANNING",
     "STALENESS_WORST_MAX",

@@ -16,7 +16,7 @@ and fails with one line unless all of these hold:
 2. **The sync held on every step** of both invocations, the step after the resume included:
    `training/rollout_probs_diff_max` <= SYNC_MAX_PROB_DIFF (trainer/step_checks.py), and the rollout server
    received one weight update when each invocation started (after the checkpoint load on the resume) and one
-   after every step (`hf_rollout.UPDATE_LINE`).
+   after every step (`verl_progress.UPDATE_LINE`).
 3. **Observations stayed out of the loss**: `loss/observation_tokens_in_loss` is 0 on every step.
 4. **Advantages and updates are real**: `critic/advantages/max` > 0 on at least half the steps (a step whose
    groups each scored alike has none, legitimately), `actor/grad_norm` > 0 on every step with an advantage (not
@@ -28,7 +28,8 @@ and fails with one line unless all of these hold:
    answers minus the probe with the answers rotated among questions: 0 for a policy that learned letters common
    to all answers, positive for one that learned each question's answer.
 
-The first assistant turn is scripted, as in the smoke run, but as environment (loss mask 0, trainer/plugins/agent_loop.py):
+The first assistant turn is scripted, as in the smoke run, but as environment (loss mask 0,
+trainer/cpu/scripted_agent_loop.py):
 the policy is trained only on what it sampled. `model-written searches` counts calls the model wrote itself.
 
 In verl's async modes (`--mode separate_async`) the checks are the same but for three things (`seeds_verdict`,
@@ -51,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.cpu.hf_rollout import UPDATE_PATTERN
 from searchrl.trainer.data import held_out, read_split, train_questions
 from searchrl.trainer.overrides import hydra_value, merge_overrides
 from searchrl.trainer.proofs.learn_epochs import (
@@ -85,6 +85,7 @@ from searchrl.trainer.step_checks import (
     step_table,
     sync_and_mask_problems,
 )
+from searchrl.trainer.verl_progress import UPDATE_PATTERN
 
 log = logging.getLogger(__name__)
 

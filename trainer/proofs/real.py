@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.cpu.hf_rollout import BATCH_PATTERN
 from searchrl.trainer.cpu.precision import choose_cpu_dtype
 from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.proofs.train_cpu import FP32, cpu_overrides, cpu_settings, run_training, write_qa
@@ -37,6 +36,7 @@ from searchrl.trainer.step_checks import (
     step_table,
     sync_and_mask_problems,
 )
+from searchrl.trainer.verl_progress import BATCH_PATTERN
 
 log = logging.getLogger(__name__)
 

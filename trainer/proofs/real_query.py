@@ -8,9 +8,9 @@ is the behaviour a search agent lives on, and unlike stage 1's it is question-sp
 for *this* question.
 
 The opening is environment: the agent loop appends it after the generation prompt with loss mask 0
-(trainer/plugins/agent_loop.py, `scripted_opening`), the model writes the rest of the turn (mask 1), and the trajectory
-ends there (`max_turns` 1: the call is not executed by verl; the reward searches itself). The reward reads the
-recorded own turn (the agent loop's `LAST_TURN`: what the server generated after the opening):
+(trainer/cpu/scripted_agent_loop.py, `scripted_opening`), the model writes the rest of the turn (mask 1), and the
+trajectory ends there (`max_turns` 1: the call is not executed by verl; the reward searches itself). The reward
+reads the recorded own turn (the agent loop's `LAST_TURN`: what the server generated after the opening):
 
 - 0 unless `OPENING + turn` holds one well-formed search call (`<tool_call>{json}</tool_call>`, name `search`, a
   non-empty first query);
@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from searchrl.scoring import normalize_answer
+from searchrl.trainer.cpu.scripted_agent_loop import search_call_opening
 from searchrl.trainer.plugins import reward
-from searchrl.trainer.plugins.agent_loop import search_call_opening
 from searchrl.trainer.plugins.generated_spans import LAST_TURN
 
 OPENING = search_call_opening()  # '<tool_call>\n{"name": "search", "arguments": {"query_list": ["'

@@ -31,7 +31,7 @@ from searchrl.chat_template import use_repo_template
 from searchrl.prompt import build_messages, format_passages
 from searchrl.rollout import training_tool_schemas
 from searchrl.trainer.cpu.hf_rollout import HFGenerateServer, sampled_log_probs
-from searchrl.trainer.plugins.agent_loop import scripted_tool_call
+from searchrl.trainer.cpu.scripted_agent_loop import scripted_tool_call
 
 
 @dataclass

@@ -25,7 +25,7 @@ length, policy loss, grad norm, rollout/actor sync, observation tokens in the lo
 own console metrics; `check_steps` fails the run when a row misses what the loop must show (trainer/step_checks.py:
 a search on every step, the weight sync within fp32 noise, no tool-response token in the loss), and any failed
 step of the flow fails it with one line. The first assistant turn is scripted, as environment with loss mask 0
-(trainer/plugins/agent_loop.py says why); later turns are the random model's own samples.
+(trainer/cpu/scripted_agent_loop.py says why); later turns are the random model's own samples.
 """
 
 from __future__ import annotations
@@ -128,6 +128,10 @@ ASYNC_THRESHOLD = 2
 # 2026-11-27 about half the chances had one (8 of 15 steps after the first of an invocation; a 3-step run has one
 # chance and two of them had none and failed "spans two versions"), so ten chances (steps 2 and 4-12) leave an
 # estimated 0.5^10 = 0.1% for a healthy run to fail that check. A step costs ~3 s; start-up is most of the run.
+# separate_async's weight transfer: the gloo checkpoint engine, registered when verl imports its module
+# (rollout.checkpoint_engine.custom_backend_module)
+GLOO_ENGINE = "gloo"
+GLOO_ENGINE_MODULE = "searchrl.trainer.cpu.gloo_engine"
 ASYNC_STEPS = 12
 # separate_async's gloo bucket (MB): verl's default 2048 would be allocated on every sync for a <1 MB model
 GLOO_BUCKET_MB = 64
@@ -181,11 +185,10 @@ def cpu_settings(
 
     Everything else is the GPU default (GRPO, KL loss 0.001 low_var_kl, hermes tool calls, our reward with its
     failure window), so the run goes through the code paths a GPU run takes. No environment or .env is read:
-    the CPU run is the same on every machine. The agent loop is verl's ToolAgentLoop whose scripted first turn is
-    environment, loss mask 0 (trainer/plugins/agent_loop.py).
+    the CPU run is the same on every machine. The agent loop is our subclass of verl's ToolAgentLoop whose scripted
+    first turn is environment, loss mask 0 (trainer/cpu/scripted_agent_loop.py).
     """
-    from searchrl.trainer.overrides import GLOO_ENGINE, GLOO_ENGINE_MODULE
-    from searchrl.trainer.plugins.agent_loop import AGENT_NAME
+    from searchrl.trainer.cpu.scripted_agent_loop import SCRIPTED_AGENT_NAME
 
     separate = mode == "separate_async"
     # _env_file: pydantic-settings' init option, outside the fields-only __init__ mypy derives for a model
@@ -198,7 +201,7 @@ def cpu_settings(
         checkpoint_dir=out_dir / "checkpoints",
         experiment_name=EXPERIMENT,
         retrieval_urls=[url],
-        agent_loop=AGENT_NAME,
+        agent_loop=SCRIPTED_AGENT_NAME,
         train_batch_size=2,
         # separate_async: mini batch 1, so verl's parameter_sync_step is 2 (two local updates per weight push) and
         # the old-policy path that trainer/patches/old_policy_guard.py guards runs; the other modes update once a step

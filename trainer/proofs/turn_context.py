@@ -38,7 +38,7 @@ def turn_context_ids(
     tokenizer: Any, prompt: Sequence[Mapping[str, Any]], question: str, observation: str
 ) -> list[int]:
     """Token ids of the prompt, the scripted call and the tool's response, ending where the model's turn opens."""
-    from searchrl.trainer.plugins.agent_loop import scripted_tool_call
+    from searchrl.trainer.cpu.scripted_agent_loop import scripted_tool_call
 
     messages = [
         *[dict(m) for m in prompt],
