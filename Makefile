@@ -218,12 +218,12 @@ ASYNC ?=
 CPU_ROLLOUT := $(if $(filter command line,$(origin ROLLOUT)),$(ROLLOUT),hf)
 CPU_ROLLOUT_BIN := $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_VENV)/bin,$(BIN))
 train-cpu: $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_MARK),$(VENV)/.dev)  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min); ROLLOUT=vllm: verl's vLLM server
-	$(CPU_ROLLOUT_BIN)/searchrl train cpu $(if $(ASYNC),--mode $(ASYNC)_async) $(if $(filter-out hf,$(CPU_ROLLOUT)),--rollout $(CPU_ROLLOUT)) $(TRAIN_CPU_ARGS)
+	$(CPU_ROLLOUT_BIN)/searchrl train cpu $(if $(ASYNC),--trainer-mode $(ASYNC)_async) $(if $(filter-out hf,$(CPU_ROLLOUT)),--rollout $(CPU_ROLLOUT)) $(TRAIN_CPU_ARGS)
 
 # issue 31; e.g. make learn-cpu LEARN_CPU_ARGS="--seeds 0,1,2,3,4" (one run per seed, one curve with their band)
 LEARN_CPU_ARGS ?=
 learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: each question's reward rises (first epoch vs last), no collapse, weight sync and loss masks checked every step, probe of the merged model
-	$(BIN)/searchrl train cpu --learn $(if $(ASYNC),--mode $(ASYNC)_async) $(LEARN_CPU_ARGS)
+	$(BIN)/searchrl train cpu --learn $(if $(ASYNC),--trainer-mode $(ASYNC)_async) $(LEARN_CPU_ARGS)
 
 # issue 32: real weights through verl's loop; e.g. make train-cpu-real TRAIN_CPU_REAL_ARGS="--precision fp32"
 TRAIN_CPU_REAL_ARGS ?=

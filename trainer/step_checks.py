@@ -16,8 +16,8 @@ What each check catches (docs/cpu-proofs.md, "The loop learns"):
   record (trainer/plugins/generated_spans.py): `loss/mask_outside_generated`, `loss/mask_missing_in_generated` and
   `loss/unrecorded_trajectories` must be 0 (an unrecorded trajectory is an unchecked one, so it fails too).
 - **rollouts that search**, no failed search, finite losses, every step logged once.
-- **async modes** (`searchrl train cpu --mode colocate_async`): rollout log-probs of a trajectory sampled before
-  an update come from older weights, so the probability-difference bound applies only to steps whose worst
+- **async modes** (`searchrl train cpu --trainer-mode colocate_async`): rollout log-probs of a trajectory sampled
+  before an update come from older weights, so the probability-difference bound applies only to steps whose worst
   staleness (verl's `training/off_policy/trajectory_staleness_worst/max`) is 0. In its place: every step's
   `versions/*` (trainer/plugins/versions.py: stamped, within the staleness bound, each used version verified by the hf
   servers' ledgers), and over the run at least one trajectory that spans two versions, every version a step may

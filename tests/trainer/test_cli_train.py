@@ -116,14 +116,17 @@ def test_merge_passes_flags(tmp_path, capsys, monkeypatch):
         (["train", "overrides", "--chat-template", "hermes"], "error: chat_template"),
         (["train", "bench-rollout", "./no-model", "--sequences", "0"], "error: --sequences and --max-tokens"),
         (
-            ["train", "cpu", "--learn", "--mode", "separate_async", "--seeds", "0"],
-            "error: --seeds 0: --mode separate_async judges the rise on the mean over at least 3 seeds",
+            ["train", "cpu", "--learn", "--trainer-mode", "separate_async", "--seeds", "0"],
+            "error: --seeds 0: --trainer-mode separate_async judges the rise on the mean over at least 3 seeds",
         ),
         (
             ["train", "cpu", "--learn", "--beside-sync"],
             "error: --beside-sync compares an async mode with sync",
         ),
-        (["train", "cpu", "--learn", "--mode", "async"], "error: --mode 'async': the CPU run takes sync"),
+        (
+            ["train", "cpu", "--learn", "--trainer-mode", "async"],
+            "error: --trainer-mode 'async': the CPU run takes sync",
+        ),
     ],
 )
 def test_errors_are_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch):
@@ -132,6 +135,38 @@ def test_errors_are_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_the_old_mode_flag_is_an_alias_of_trainer_mode_that_says_so(capsys, monkeypatch):
+    """`--mode` (the name before issue 47's one name per knob) sets the same value for one release, with a
+    one-line notice; the value then meets the same check as --trainer-mode's."""
+    import searchrl.trainer.proofs.train_cpu
+
+    seen: dict[str, object] = {}
+
+    def fake_run(out, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)  # stop before anything starts
+
+    monkeypatch.setattr(searchrl.trainer.proofs.train_cpu, "run_cpu_smoke", fake_run)
+    with pytest.raises(SystemExit):
+        main(["train", "cpu", "--mode", "colocate_async"])
+    assert seen["mode"] == "colocate_async"
+    notice = capsys.readouterr().err.strip().splitlines()
+    assert notice == [
+        "notice: --mode is an alias of --trainer-mode, kept for one release; use --trainer-mode"
+    ]
+
+    assert main(["train", "cpu", "--learn", "--mode", "async"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        notice[0],
+        "error: --trainer-mode 'async': the CPU run takes sync, colocate_async, separate_async",
+    ]
+
+    with pytest.raises(SystemExit):
+        main(["train", "cpu", "--help"])
+    assert "--trainer-mode TRAINER_MODE" in capsys.readouterr().out
 
 
 def test_bare_train_shows_help(capsys):

@@ -103,7 +103,7 @@ def test_the_async_mode_renders_verls_keys_and_a_bad_mode_is_one_clear_error(tmp
     sync = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1")
     assert async_cpu_overrides(sync) == []
     with pytest.raises(
-        ConfigError, match="--mode 'async': the CPU run takes sync, colocate_async, separate_as"
+        ConfigError, match="--trainer-mode 'async': the CPU run takes sync, colocate_async, separate_as"
     ):
         check_mode("async")
 

@@ -1,11 +1,11 @@
 """The CPU loop on verl's own vLLM server (`make train-cpu ROLLOUT=vllm`, trainer/proofs/train_cpu_vllm.py): its shims stay
-out of every GPU run, its overrides compose against verl's config, its leftovers are removed; and, opt-in
+out of every GPU run (what a GPU run imports is tests/trainer/test_rooms.py's), its overrides compose against verl's
+config, its leftovers are removed; and, opt-in
 (`make test-vllm`, SEARCHRL_VLLM_TESTS=1, in .venv-vllm-cpu), the run itself passes and `stale_sync` stops it at the
 first sync."""
 
 from __future__ import annotations
 
-import ast
 import mmap
 import multiprocessing
 import os
@@ -34,82 +34,6 @@ from searchrl.trainer.settings import TrainSettings
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm-cpu"
 VLLM_TESTS = os.environ.get("SEARCHRL_VLLM_TESTS") == "1"  # make test-vllm
-CPU_ONLY = {
-    "searchrl.trainer.cpu.vllm_shims",
-    "searchrl.trainer.proofs.train_cpu_vllm",
-    "searchrl.trainer.cpu.plugin",
-}
-
-
-def _module_file(name: str) -> Path | None:
-    if name.startswith("searchrl.trainer."):
-        path = REPO / "trainer" / (name.removeprefix("searchrl.trainer.").replace(".", "/") + ".py")
-    elif name.startswith("searchrl.retrieval."):
-        path = REPO / "retrieval" / (name.removeprefix("searchrl.retrieval.").replace(".", "/") + ".py")
-    elif name.startswith("searchrl."):
-        path = REPO / "searchrl" / (name.removeprefix("searchrl.").replace(".", "/") + ".py")
-    else:
-        return None
-    return path if path.is_file() else None
-
-
-def _imports(path: Path) -> set[str]:
-    """Every `searchrl...` module a file imports, at module level or inside a function (ast.walk sees both)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("searchrl")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("searchrl"):
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from searchrl.trainer import x`
-    return found
-
-
-def _closure(roots: set[str]) -> set[str]:
-    seen: set[str] = set()
-    todo = list(roots)
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        path = _module_file(name)
-        if path is not None:
-            todo += sorted(_imports(path))
-    return {name for name in seen if _module_file(name) is not None}
-
-
-def _gpu_settings(tmp_path: Path, **kw: object) -> TrainSettings:
-    return TrainSettings(_env_file=None, data_dir=tmp_path, **kw)
-
-
-@pytest.mark.parametrize("rollout", ["vllm", "sglang"])
-@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
-def test_no_gpu_run_imports_a_cpu_shim(tmp_path, rollout, mode):
-    """What a GPU run imports: `searchrl train local`'s launch path, and in every Ray process the plugin modules
-    its overrides name (with the classes they register). None of it reaches the CPU-only modules."""
-    extra: dict[str, object] = {"nnodes": 2, "rollout_nodes": 1} if mode == "separate_async" else {}
-    if rollout == "sglang":  # a model sglang 0.5.12 can read back (Qwen2 it cannot: settings refuse it)
-        extra["model_name"] = "meta-llama/Llama-3.2-3B-Instruct"
-    try:
-        settings = _gpu_settings(tmp_path, rollout_name=rollout, trainer_mode=mode, **extra)
-    except ValueError as exc:  # a combination the settings refuse is no GPU run
-        pytest.skip(" ".join(str(exc).split())[:300])
-    overrides = render_overrides(settings)
-    value = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == VLLM_SYNC_KEY)
-    plugins = value.strip("'\"").split(",")
-    assert not set(plugins) & CPU_ONLY, plugins
-    named = {m.group(0) for o in overrides for m in re.finditer(r"searchrl(?:\.\w+)+", o)}
-    roots = {
-        "searchrl.trainer.launch",
-        "searchrl.trainer.weight_sync.vllm_classes",
-        "searchrl.trainer.lockfiles",
-        *plugins,
-        *named,
-    }
-    reached = _closure({r for r in roots if _module_file(r)} | {r.rsplit(".", 1)[0] for r in roots})
-    assert "searchrl.trainer.weight_sync.vllm_sync" in reached or rollout != "vllm"
-    assert not reached & CPU_ONLY, sorted(reached & CPU_ONLY)
 
 
 def test_the_shims_are_named_only_by_the_cpu_run():

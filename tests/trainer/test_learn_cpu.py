@@ -51,7 +51,7 @@ def _learn(out: Path, sabotaged: str | None = None, mode: str = "sync") -> subpr
             "--out",
             str(out),
             *(["--seeds", "0"] if mode == "sync" else []),
-            "--mode",
+            "--trainer-mode",
             mode,
         ],  # fmt: skip
         capture_output=True,

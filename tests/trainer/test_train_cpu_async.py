@@ -24,7 +24,7 @@ def _train_cpu_async(
     out: Path, env: dict[str, str] | None = None, mode: str = "colocate_async"
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "searchrl", "train", "cpu", "--mode", mode, "--out", str(out)],
+        [sys.executable, "-m", "searchrl", "train", "cpu", "--trainer-mode", mode, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=1500,

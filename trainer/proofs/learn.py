@@ -32,9 +32,10 @@ The first assistant turn is scripted, as in the smoke run, but as environment (l
 trainer/cpu/scripted_agent_loop.py):
 the policy is trained only on what it sampled. `model-written searches` counts calls the model wrote itself.
 
-In verl's async modes (`--mode separate_async`) the checks are the same but for three things (`seeds_verdict`,
-docs/training.md): each question's first trained group is compared with its last, a question trained once is
-left out, and the rise and the probe (1 and 5) are judged on the mean over at least 3 seeds, the others per seed.
+In verl's async modes (`--trainer-mode separate_async`) the checks are the same but for three things
+(`seeds_verdict`, docs/training.md): each question's first trained group is compared with its last, a question
+trained once is left out, and the rise and the probe (1 and 5) are judged on the mean over at least 3 seeds, the
+others per seed.
 """
 
 from __future__ import annotations

