@@ -345,7 +345,7 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
 
 
 def _old_own_turn(solution_str: str) -> str:
-    """trainer/proofs/learn_task.py's own turn before issue 39: the text after the last `</tool_response>`."""
+    """The learning reward's own turn before issue 39: the text after the last `</tool_response>`."""
     import re
 
     return re.sub(r"^\s*assistant\s*", "", solution_str.rpartition("</tool_response>")[2], count=1)
@@ -361,7 +361,8 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
     from searchrl.trainer.cpu.scripted_agent_loop import SCRIPTED_AGENT_NAME, ScriptedToolAgentLoop
     from searchrl.trainer.overrides import merge_overrides
     from searchrl.trainer.plugins.generated_spans import LAST_TURN, SPANS, TOOL_RESPONSES
-    from searchrl.trainer.proofs.learn_task import answer_char_share
+    from searchrl.trainer.proofs.learn import REWARD_FN_NAME, REWARD_FN_PATH
+    from searchrl.trainer.proofs.rewards import answer_char_share
 
     tok = offline_tokenizer
     settings = _settings(tmp_path, qa_sample, live_bm25_url).model_copy(
@@ -370,7 +371,8 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
     prepare_data(settings)
     write_tool_config(settings)
     learn = [
-        "reward.custom_reward_function.path=pkg://searchrl.trainer.proofs.learn_task",
+        f"reward.custom_reward_function.path={REWARD_FN_PATH}",
+        f"reward.custom_reward_function.name={REWARD_FN_NAME}",
         "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True",
     ]
     cfg = compose(merge_overrides(render_overrides(settings), learn))
@@ -419,7 +421,7 @@ def test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_
     tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample, reply, score
 ):
     """`make learn-cpu-real`'s path for one trajectory: our loop puts the turn budget into the request verl sends
-    the server (verl sets no max_tokens), and verl's reward manager, loading trainer/proofs/real_task.py by pkg://, scores
+    the server (verl sets no max_tokens), and verl's reward manager, loading trainer/proofs/rewards.py by pkg://, scores
     the own turn after the live service's response: 1 when clean, 0 when it invents a tool response or says
     nothing. The mask metric counts the invented span as the model's, apart from the observation."""
     from searchrl.trainer.cpu.scripted_agent_loop import ScriptedToolAgentLoop

@@ -37,7 +37,7 @@ from searchrl.trainer.proofs.learn import (
     summarize,
 )
 from searchrl.trainer.proofs.learn_epochs import Trajectory
-from searchrl.trainer.proofs.learn_task import answer_char_share, compute_score, own_turn
+from searchrl.trainer.proofs.rewards import answer_char_share, answer_chars_reward, own_turn
 from searchrl.trainer.step_checks import (
     SYNC_MAX_PROB_DIFF,
     StepRow,
@@ -130,11 +130,11 @@ def test_the_learning_reward_scores_the_recorded_own_turn_and_refuses_a_trajecto
     assert answer_char_share("bbb xx", ["Bob"]) == pytest.approx(3 / 5)
     assert answer_char_share("", ["Bob"]) == 0.0 and answer_char_share("abc", []) == 0.0
     info = {"search_calls": 1, "search_failures": 0, **record}
-    out = compute_score("dev", solution, {"target": ["Bob"]}, info)
+    out = answer_chars_reward("dev", solution, {"target": ["Bob"]}, info)
     assert out["score"] == out["answer_char_share"] == pytest.approx(3 / 5)
     assert out["em"] == 0.0 and out["search_calls"] == 1.0  # the production reward's keys are all there
     with pytest.raises(ValueError, match="not run by searchrl_tool_agent"):
-        compute_score("dev", solution, {"target": ["Bob"]}, {"search_calls": 1, "search_failures": 0})
+        answer_chars_reward("dev", solution, {"target": ["Bob"]}, {"search_calls": 1, "search_failures": 0})
 
 
 # ---- the rollout engine --------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from searchrl.trainer.proofs.real_learn import (
     learn_overrides,
     pick_lr,
 )
-from searchrl.trainer.proofs.real_task import compute_score, turn_score
+from searchrl.trainer.proofs.rewards import clean_turn_reward, turn_score
 from searchrl.trainer.step_checks import COLUMNS, StepRow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def record(turn: str, *, response: bool = True) -> dict[str, object]:
 )
 def test_the_reward_pays_a_non_empty_own_turn_without_an_invented_tool_response(turn, score):
     assert turn_score(turn) == score
-    out = compute_score("dev", trajectory(turn), GOLD, record(turn))
+    out = clean_turn_reward("dev", trajectory(turn), GOLD, record(turn))
     assert out["score"] == score and "em" in out  # the production reward's keys are still there
 
 
@@ -69,25 +69,28 @@ def test_the_own_turn_is_the_recorded_one_not_the_tail_after_an_invented_respons
     """Splitting on the last `</tool_response>` would score only the tail after the invented block (issue 39
     item 4): that tail is clean, so the cheat would score 1. The agent loop's record holds the whole turn."""
     turn = "<tool_response>\nmade up\n</tool_response>\nSo the answer is Lang."
-    assert compute_score("dev", trajectory(turn), GOLD, record(turn))["score"] == 0.0
+    assert clean_turn_reward("dev", trajectory(turn), GOLD, record(turn))["score"] == 0.0
     assert turn_score("So the answer is Lang.") == 1.0  # what the old split would have scored
     # verl dropped the response (it would cross the budget): nothing to answer
     assert (
-        compute_score("dev", trajectory("", response=False), GOLD, record("", response=False))["score"] == 0.0
+        clean_turn_reward("dev", trajectory("", response=False), GOLD, record("", response=False))["score"]
+        == 0.0
     )
     assert (
-        compute_score("dev", trajectory("Lang", response=False), GOLD, record("Lang", response=False))[
+        clean_turn_reward("dev", trajectory("Lang", response=False), GOLD, record("Lang", response=False))[
             "score"
         ]
         == 0.0
     )
     with pytest.raises(ValueError, match="not run by searchrl_tool_agent"):
-        compute_score("dev", trajectory(turn), GOLD, {"question": "q"})  # no record: never guessed
+        clean_turn_reward("dev", trajectory(turn), GOLD, {"question": "q"})  # no record: never guessed
 
 
 def test_the_null_runs_reward_is_a_coin_flip_whatever_the_turn_and_keeps_the_real_score():
     turn = "<tool_response>\nmade up\n</tool_response>"
-    outs = [compute_score("dev", trajectory(turn), GOLD, record(turn), random_rate=0.65) for _ in range(400)]
+    outs = [
+        clean_turn_reward("dev", trajectory(turn), GOLD, record(turn), random_rate=0.65) for _ in range(400)
+    ]
     assert 0.55 < sum(o["score"] for o in outs) / 400 < 0.75
     assert {o["no_invented_response"] for o in outs} == {0.0}
     assert "+reward.custom_reward_function.reward_kwargs.random_rate=0.65" in learn_overrides(
@@ -185,7 +188,8 @@ def test_the_rollout_server_honours_a_requests_max_tokens_as_vllm_does():
 
 def test_the_run_overrides_carry_the_reward_the_budget_and_bf16(monkeypatch):
     overrides = learn_overrides("bfloat16", 3, 96)
-    assert "reward.custom_reward_function.path=pkg://searchrl.trainer.proofs.real_task" in overrides
+    assert "reward.custom_reward_function.path=pkg://searchrl.trainer.proofs.rewards" in overrides
+    assert "reward.custom_reward_function.name=clean_turn_reward" in overrides
     assert "+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens=96" in overrides
     assert "+actor_rollout_ref.rollout.engine_kwargs.hf.dtype=bfloat16" in overrides
     assert "actor_rollout_ref.rollout.seed=3" in overrides

@@ -4,7 +4,7 @@
 flipped advantage or a tool response left in the loss would print the same table. This run uses the same
 plumbing (trainer/proofs/train_cpu.py: data prep -> parquet `ground_truth` -> verl's reward worker -> GRPO advantages ->
 FSDP2 update -> naive weight sync -> `hf` rollout with our search tool against the bundled service -> checkpoint,
-resume, verl's merger) on a reward the random tiny model reaches by chance and can climb (trainer/proofs/learn_task.py),
+resume, verl's merger) on a reward the random tiny model reaches by chance and can climb (trainer/proofs/rewards.py),
 and fails with one line unless all of these hold:
 
 1. **The reward rose, question by question**: each train question's mean reward over the last epoch minus the
@@ -115,8 +115,8 @@ LR = 1.5e-2
 ASYNC_MIN_SEEDS = 3
 ASYNC_SEEDS = (0, 1, 2)
 ROLLOUTS = "rollouts"  # verl's per-step trajectory dumps, under each seed's folder
-REWARD_FN_PATH = "pkg://searchrl.trainer.proofs.learn_task"
-REWARD_FN_NAME = "compute_score"
+REWARD_FN_PATH = "pkg://searchrl.trainer.proofs.rewards"
+REWARD_FN_NAME = "answer_chars_reward"
 
 
 def learn_settings(
@@ -414,11 +414,11 @@ def token_rewards(tokenizer: Any, answers: Sequence[str], size: int | None = Non
 
     Tokens are decoded as verl's reward manager decodes a response, special tokens skipped, so they carry no
     characters: the end-of-turn token ends the turn empty and earns 0, as an empty turn does from the reward
-    (trainer/proofs/learn_task.py); any other token with no visible character (white space, other special tokens) is
+    (trainer/proofs/rewards.py); any other token with no visible character (white space, other special tokens) is
     left out, since the turn would go on after it. (Decoded with special tokens, `<|im_end|>` was scored as the
     letters of its name.)
     """
-    from searchrl.trainer.proofs.learn_task import answer_char_share
+    from searchrl.trainer.proofs.rewards import answer_char_share
 
     ends = {tokenizer.eos_token_id}
     rewards = []

@@ -5,7 +5,7 @@ GRPO learns only from groups whose samples score differently: a 0/1 reward at ba
 with probability 1 - p^8 - (1-p)^8, and a reward the model never earns gives no gradient at all (DESIGN.md 3d:
 at 135M "writes its own tool call" and "answers in format" scored 0.000 in 80 samples). So before a run spends
 half an hour, `gate` samples each train question `n` times at T = 1 with the run's per-turn token budget, scores
-every turn with the run's reward (trainer/proofs/real_task.py), and refuses to train (one line, exit 2) when no group
+every turn with the run's reward (trainer/proofs/rewards.py), and refuses to train (one line, exit 2) when no group
 varies. The same samples give the run its null: how far the mean reward of a second epoch lands from the first
 when the policy does not change at all (`null_rise`), which the run's rise must beat.
 
@@ -29,14 +29,14 @@ from typing import Any
 
 from searchrl.errors import ConfigError
 from searchrl.trainer.data import read_split
-from searchrl.trainer.proofs.real_task import turn_score
+from searchrl.trainer.proofs.rewards import turn_score
 from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
 NULL_DRAWS = 2000
 NULL_QUANTILE = 0.95
-# What the run teaches: "own-turn" (stage 1, trainer/proofs/real_task.py: answer the real tool response without inventing
+# What the run teaches: "own-turn" (stage 1, trainer/proofs/rewards.py: answer the real tool response without inventing
 # one) or "query" (stage 2, trainer/proofs/real_query.py: close a scripted search-call opening with a query that finds
 # the evidence)
 STAGES = ("own-turn", "query")

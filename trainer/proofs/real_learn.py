@@ -2,7 +2,7 @@
 behaviour through verl's GRPO loop on CPU (issue 39 item 8).
 
 SmolLM2-135M-Instruct, after a scripted search call and the bundled BM25 service's real top-3 response, often
-writes a `<tool_response>` of its own, inventing the evidence (DESIGN.md 3d). The reward (trainer/proofs/real_task.py)
+writes a `<tool_response>` of its own, inventing the evidence (DESIGN.md 3d). The reward (trainer/proofs/rewards.py)
 pays 1 for a non-empty own turn without one. The run:
 
 1. **Gate** (trainer/proofs/real_gate.py): every train question sampled 8 times at T = 1 with the per-turn budget; the
@@ -64,9 +64,10 @@ PROBE_QUESTIONS = 12  # held-out dev questions for the greedy probe (two models 
 MIN_DROP = 0.30  # invented tool-response tokens per trajectory, epoch 2 against epoch 1
 TOPK = 3
 PASSAGE_CHARS = 200
-REWARD_FN_PATH = "pkg://searchrl.trainer.proofs.real_task"
-REWARD_FN_NAME = "compute_score"
+REWARD_FN_PATH = "pkg://searchrl.trainer.proofs.rewards"
+REWARD_FN_NAME = "clean_turn_reward"
 QUERY_REWARD_FN_PATH = "pkg://searchrl.trainer.proofs.real_query"
+QUERY_REWARD_FN_NAME = "compute_score"
 
 
 def invented_per_trajectory(row: StepRow) -> float:
@@ -263,7 +264,7 @@ def learn_overrides(
     retrieval_url: str = "",
 ) -> list[str]:
     """The CPU overrides, the run's precision, the reward, a seeded rollout and the per-turn token budget; with
-    `random_reward` the reward is a coin flip at that rate (the null run, trainer/proofs/real_task.py). Stage 2 scripts
+    `random_reward` the reward is a coin flip at that rate (the null run, trainer/proofs/rewards.py). Stage 2 scripts
     the search-call opening instead of the whole call and scores the query against `retrieval_url`."""
     from searchrl.trainer.overrides import hydra_value
     from searchrl.trainer.proofs.real import precision_overrides
@@ -273,7 +274,7 @@ def learn_overrides(
     query = stage == "query"
     pairs: list[tuple[str, object]] = [
         ("reward.custom_reward_function.path", QUERY_REWARD_FN_PATH if query else REWARD_FN_PATH),
-        ("reward.custom_reward_function.name", REWARD_FN_NAME),
+        ("reward.custom_reward_function.name", QUERY_REWARD_FN_NAME if query else REWARD_FN_NAME),
         ("actor_rollout_ref.rollout.seed", seed),
         ("+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens", turn_tokens),
     ]
