@@ -18,6 +18,7 @@ from typing import Any
 
 from searchrl.errors import DataError
 from searchrl.infer.summary import failed, question_key, run_label
+from searchrl.jsonl import jsonl_rows
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,11 @@ def drop_failed(path: Path, done: dict[str, dict[str, Any]]) -> list[str]:
     retry = [k for k, rec in done.items() if failed(rec)]
     if not retry:
         return []
-    lines = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if "protocol_hash" in row or question_key(row) not in retry:
-                lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+    lines = [
+        json.dumps(row, ensure_ascii=False) + "\n"
+        for _, row in jsonl_rows(path, lambda lineno, exc: None)  # a line cut by a kill is dropped
+        if "protocol_hash" in row or question_key(row) not in retry
+    ]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(lines), encoding="utf-8")
     tmp.replace(path)
@@ -62,23 +59,17 @@ def read_progress(path: Path, protocol: dict[str, Any]) -> dict[str, dict[str, A
     """Records already written by an interrupted run of the same protocol, by question key (last line wins)."""
     if not path.exists():
         return {}
+
+    def half_written(lineno: int, exc: json.JSONDecodeError) -> None:
+        log.warning("%s:%d: a half-written line (killed mid-write); that question runs again", path, lineno)
+
     done: dict[str, dict[str, Any]] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                log.warning(
-                    "%s:%d: a half-written line (killed mid-write); that question runs again", path, lineno
-                )
-                continue
-            if "protocol_hash" in row:
-                if row["protocol_hash"] != protocol["protocol_hash"]:
-                    raise DataError(f"{path} belongs to another protocol; delete it or change --output-dir")
-                continue
-            done[question_key(row)] = row
+    for _, row in jsonl_rows(path, half_written):
+        if "protocol_hash" in row:
+            if row["protocol_hash"] != protocol["protocol_hash"]:
+                raise DataError(f"{path} belongs to another protocol; delete it or change --output-dir")
+            continue
+        done[question_key(row)] = row
     return done
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from searchrl.devset import dev_qa_path
 from searchrl.errors import DataError
+from searchrl.jsonl import jsonl_rows
 
 SEARCHR1_REPO = "PeterJinGo/nq_hotpotqa_train"
 SEARCHR1_TEST_FILE = "test.parquet"
@@ -75,17 +76,10 @@ def _row_to_item(row: dict[str, Any], where: str, default_source: str) -> QAItem
 
 
 def _load_jsonl(path: Path) -> list[QAItem]:
-    items = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from exc
-            items.append(_row_to_item(row, f"{path}:{lineno}", "dev"))
-    return items
+    def not_json(lineno: int, exc: json.JSONDecodeError) -> None:
+        raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from exc
+
+    return [_row_to_item(row, f"{path}:{lineno}", "dev") for lineno, row in jsonl_rows(path, not_json)]
 
 
 def _load_parquet(path: Path) -> list[QAItem]:
