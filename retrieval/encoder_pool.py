@@ -71,19 +71,22 @@ class EncoderPool:
         self.encoders: list[Encoder] = []
         if workers == 1:
             self.encoders.append(factory(0))
-            return
-        sets = core_sets(workers, threads)
-        for i in range(workers):
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-{i}")
-            self._executors.append(executor)
-            self.encoders.append(executor.submit(self._start_worker, factory, i, sets[i]).result())
-        log.info(
-            "%s pool: %d workers x %d threads%s",
-            name,
-            workers,
-            threads,
-            f", pinned to {sets}" if self.pinned else "",
-        )
+        else:
+            sets = core_sets(workers, threads)
+            for i in range(workers):
+                executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-{i}")
+                self._executors.append(executor)
+                self.encoders.append(executor.submit(self._start_worker, factory, i, sets[i]).result())
+            log.info(
+                "%s pool: %d workers x %d threads%s",
+                name,
+                workers,
+                threads,
+                f", pinned to {sets}" if self.pinned else "",
+            )
+        # the Encoder interface the dense backend reads: every worker loaded the same encoder, on one device
+        first = self.encoders[0]
+        self.spec, self.dim, self.device = first.spec, first.dim, first.device
 
     def _start_worker(self, factory: EncoderFactory, index: int, cores: list[int]) -> Encoder:
         if self.pinned:
@@ -94,18 +97,6 @@ class EncoderPool:
     @property
     def first(self) -> Encoder:
         return self.encoders[0]
-
-    @property
-    def spec(self) -> Any:
-        return self.first.spec
-
-    @property
-    def dim(self) -> int:
-        return self.first.dim
-
-    @property
-    def device(self) -> str:
-        return self.first.device
 
     @property
     def batch_size(self) -> int:
