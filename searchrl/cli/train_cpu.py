@@ -289,7 +289,7 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
     if mode != "sync" and len(set(seeds)) < ASYNC_MIN_SEEDS:
         raise ConfigError(
             f"--seeds {given}: --trainer-mode {mode} judges the rise on the mean over at least {ASYNC_MIN_SEEDS} "
-            "seeds (one async seed is too noisy alone, docs/training.md): pass e.g. --seeds 0,1,2"
+            "seeds (one async seed is too noisy alone, docs/cpu-proofs.md): pass e.g. --seeds 0,1,2"
         )
     if args.beside_sync and mode == "sync":
         raise ConfigError("--beside-sync compares an async mode with sync: add --trainer-mode separate_async")

@@ -33,7 +33,7 @@ trainer/cpu/scripted_agent_loop.py):
 the policy is trained only on what it sampled. `model-written searches` counts calls the model wrote itself.
 
 In verl's async modes (`--trainer-mode separate_async`) the checks are the same but for three things
-(`seeds_verdict`, docs/training.md): each question's first trained group is compared with its last, a question
+(`seeds_verdict`, docs/cpu-proofs.md): each question's first trained group is compared with its last, a question
 trained once is left out, and the rise and the probe (1 and 5) are judged on the mean over at least 3 seeds, the
 others per seed.
 """
