@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from searchrl.config import load_settings
@@ -373,3 +375,9 @@ def test_presets_built_on_other_settings_validate_their_changes():
     changed = base.with_changes(rollout_n=4, lr=1e-5)
     assert (changed.rollout_n, changed.lr) == (4, 1e-5)
     assert changed.model_dump() == {**base.model_dump(), "rollout_n": 4, "lr": 1e-5}
+    # every preset goes through it: no trainer module copies settings unvalidated (the learn and real-learn presets did)
+    trainer = Path(__file__).resolve().parents[2] / "trainer"
+    copies = [
+        p.relative_to(trainer).as_posix() for p in trainer.rglob("*.py") if ".model_copy(" in p.read_text()
+    ]
+    assert copies == [], copies

@@ -133,8 +133,8 @@ def learn_settings(
     no warm-up (DESIGN.md 3c). In an async `mode` the step's trajectories may come from older weights (at most
     train_cpu.ASYNC_THRESHOLD - 1 updates behind); separate_async pushes the weights after that one update
     (verl's parameter_sync_step 1)."""
-    return cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode).model_copy(
-        update={
+    return cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode).with_changes(
+        **{
             "experiment_name": EXPERIMENT,
             "seed": seed,
             "train_batch_size": PROMPTS_PER_STEP,

@@ -231,8 +231,8 @@ def learn_settings(
 
     return cpu_settings(
         out_dir, model_dir, url, steps=steps
-    ).model_copy(
-        update={
+    ).with_changes(
+        **{
             "experiment_name": experiment,
             "chat_template": "searchrl",
             "seed": seed,
