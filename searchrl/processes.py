@@ -2,8 +2,8 @@
 
 Three children are stopped, each with the signal it shuts down cleanly on: `searchrl serve` (retrieval/process.py
 and the benches) gets SIGTERM, uvicorn's graceful drain, as SkyServe scales a replica down; sglang's server
-(infer/sglang.py) SIGTERM; verl's trainer (trainer/launch.py, trainer/proofs/train_cpu.py) SIGINT, so that
-Python's atexit runs `ray.shutdown` for the Ray it started. Each gets `grace_s` to exit, then SIGKILL.
+(infer/sglang.py) SIGTERM; verl's trainer (trainer/supervisor.py) SIGINT, so that Python's atexit runs
+`ray.shutdown` for the Ray it started. Each gets `grace_s` to exit, then SIGKILL.
 
 A child started with `start_new_session=True` leads a process group of its own, and the whole group gets the
 signals: sglang's scheduler and detokenizer and verl's Ray processes stop with their parent instead of living on

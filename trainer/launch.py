@@ -18,12 +18,13 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
      passages searched on CPU (ALLOW_FLAT_INDEX=1 overrides; retrieval/corpus_check.py).
   8. Record: the overrides, the resolved settings (no secrets) and the service's corpus checksum and index
      fingerprint go into <run>/searchrl/, like nanoGPT keeps its config inside the checkpoint.
-  9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground; its exit code is ours, except that a
-     step line failing a check (tool responses in the loss, a search with no tool-response token seen, verl's
-     rollout/actor limit, a missing check metric) stops verl there with one line, and weights the rollout does not
-     hold as sent fail inside verl at the sync (ROLLOUT=vllm: the workers' fingerprint, trainer/weight_sync/vllm_sync.py;
-     ROLLOUT=sglang: a block of every tensor read back by name, trainer/weight_sync/sglang_sync.py). SMOKE=1 then checks the
-     run (trainer/smoke_checks.py): a search happened, a checkpoint was written, merged, and loads.
+  9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground, under the one verl supervisor
+     (trainer/supervisor.py); its exit code is ours, except that a step line failing a check (tool responses in
+     the loss, a search with no tool-response token seen, verl's rollout/actor limit, a missing check metric) stops
+     verl there with one line, and weights the rollout does not hold as sent fail inside verl at the sync
+     (ROLLOUT=vllm: the workers' fingerprint, trainer/weight_sync/vllm_sync.py; ROLLOUT=sglang: a block of every
+     tensor read back by name, trainer/weight_sync/sglang_sync.py). SMOKE=1 then checks the run
+     (trainer/smoke_checks.py): a search happened, a checkpoint was written, merged, and loads.
 """
 
 from __future__ import annotations
@@ -32,16 +33,13 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError, StepCheckError
-from searchrl.processes import stop_process
+from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
 from searchrl.retrieval.corpus_check import (
     CorpusIdentity,
     check_index_speed,
@@ -56,6 +54,8 @@ from searchrl.trainer.merge import TRACKER_FILE
 from searchrl.trainer.node.stack_check import StackError, check_flash_attn_2
 from searchrl.trainer.overrides import hydra_value, merge_overrides, render_overrides, verl_command
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
+from searchrl.trainer.step_checks import StepRow, gpu_step_problems
+from searchrl.trainer.supervisor import supervise
 from searchrl.trainer.template_check import check_train_template
 from searchrl.trainer.toolconfig import write_tool_config
 
@@ -256,47 +256,30 @@ def record_run(
 STEPS_LOG = "steps.log"  # verl's `step:N - ...` console lines of every invocation, in <run>/searchrl/
 
 
-# After a failed step check verl gets SIGINT (Python's atexit runs: ray.shutdown stops a Ray it started itself) and
-# this long to exit before its whole process group is killed.
-STOP_GRACE_S = 30.0
-
-
-def _run_trainer(cmd: Sequence[str], steps_log: Path | None = None) -> int:
-    """verl in the foreground, its output passed through; each step line is also appended to `steps_log` and
-    checked as it arrives (trainer/step_checks.py `gpu_step_problems`). A warning is logged at once; the first
-    failure stops verl at that step and raises StepCheckError: a GPU run never trains on past tool responses in its
-    loss or a check that did not run. A stale rollout is not what stops it here: the mean probability difference
-    cannot see one in bf16 (docs/training.md); the weight sync check does, inside verl at the sync (hf, vLLM:
+def _run_trainer(cmd: Sequence[str], steps_log: Path | None) -> int:
+    """verl in the foreground under the one supervisor (trainer/supervisor.py), its output passed through; each
+    step line is also appended to `steps_log` and checked as it arrives (`_gpu_step_failures`). The first failure
+    stops verl at that step and raises StepCheckError: a GPU run never trains on past tool responses in its loss or
+    a check that did not run. A stale rollout is not what stops it here: the mean probability difference cannot see
+    one in bf16 (docs/training.md); the weight sync check does, inside verl at the sync (hf, vLLM:
     trainer/weight_sync/vllm_sync.py; sglang, sampled rows of every tensor: trainer/weight_sync/sglang_sync.py)."""
-    from searchrl.trainer.step_checks import gpu_step_problems, parse_steps
-
     log.info("starting verl: %s -m verl.trainer.main_ppo (%d overrides)", cmd[0], len(cmd) - 3)
-    if steps_log is None:
-        return subprocess.run(list(cmd), check=False).returncode
-    proc = subprocess.Popen(
-        list(cmd),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        start_new_session=True,  # its own process group: a failed check stops verl and every child it started
+    return supervise(
+        cmd,
+        on_step=_gpu_step_failures,
+        on_line=sys.stdout.write,
+        log_path=steps_log,
+        log_steps_only=True,
+        append=True,
     )
-    assert proc.stdout is not None
-    with open(steps_log, "a", encoding="utf-8") as steps:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            for row in parse_steps(line, "gpu"):
-                steps.write(line if line.endswith("\n") else line + "\n")
-                steps.flush()
-                failures, warnings = gpu_step_problems(row)
-                for problem in warnings:
-                    log.warning("%s", problem)
-                if failures:
-                    stop_process(proc, STOP_GRACE_S, sig=signal.SIGINT)
-                    raise StepCheckError(
-                        f"{'; '.join(failures)}; verl stopped at step {row.step} (log: {steps_log})"
-                    )
-    return proc.wait()
+
+
+def _gpu_step_failures(row: StepRow) -> list[str]:
+    """A GPU step's failures (trainer/step_checks.py `gpu_step_problems`); its warnings are logged at once."""
+    failures, warnings = gpu_step_problems(row)
+    for problem in warnings:
+        log.warning("%s", problem)
+    return failures
 
 
 def resume_overrides(run_dir: Path, step: int) -> list[str]:

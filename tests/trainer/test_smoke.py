@@ -210,12 +210,12 @@ def test_train_local_stops_verl_at_the_first_step_with_tool_responses_in_the_los
     import time
 
     from searchrl.errors import StepCheckError
-    from searchrl.trainer import launch
+    from searchrl.trainer import launch, supervisor
 
     monkeypatch.setenv("SMOKE", "1")
     monkeypatch.setenv("PYTHONPATH", str(_standin_verl(tmp_path / "standin", ignore_sigint)))
     monkeypatch.setattr(launch, "installed_cuda", lambda: None)
-    monkeypatch.setattr(launch, "STOP_GRACE_S", 2.0)
+    monkeypatch.setattr(supervisor, "STOP_GRACE_S", 2.0)
     settings = TrainSettings(
         qa_source=str(qa_sample),
         data_dir=tmp_path / "data",

@@ -33,13 +33,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -263,61 +260,41 @@ def run_main_ppo(
     label: str = "",
     extra_env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
-    """verl's trainer in a subprocess, the CPU plugin in its environment (Ray workers inherit it).
+    """verl's trainer under the one verl supervisor (trainer/supervisor.py), the CPU plugin in its environment (Ray
+    workers inherit it); its exit code (124 past `timeout_s`) and its log.
 
     Its output goes to `log_path` as it comes; each phase of verl's start-up and each slow rollout batch gets one
     line (trainer/verl_progress.py), each step line verl prints is shown at once (one short line: a CPU run's
     steps otherwise sit silent in the log for minutes) and handed to `on_step`; the first step with a problem
-    stops verl there (searchrl/processes.py `stop_process`) and raises SmokeCheckError: a broken run costs a
-    start-up and the steps up to the broken one, not the whole run.
+    stops verl there and raises SmokeCheckError: a broken run costs a start-up and the steps up to the broken one,
+    not the whole run.
     """
-    from searchrl.processes import stop_process
     from searchrl.trainer.cpu.plugin import ENV
-    from searchrl.trainer.launch import STOP_GRACE_S
+    from searchrl.trainer.supervisor import supervise
     from searchrl.trainer.verl_progress import StartupProgress
 
-    env = {**os.environ, **ENV, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    timed_out = threading.Event()
-
-    def expire() -> None:
-        timed_out.set()
-        stop_process(proc, 5.0, sig=signal.SIGINT)
-
-    timer = threading.Timer(timeout_s, expire)
-    timer.start()
     progress = StartupProgress()
-    try:
-        with open(log_path, "w", encoding="utf-8") as out:
-            for line in proc.stdout:
-                out.write(line)
-                phase = progress.line(line)
-                if phase is not None:
-                    log.info("%s%s", f"{label}: " if label else "", phase)
-                for row in parse_steps(line, label):
-                    out.flush()
-                    log.info("%s", step_summary(row))
-                    problems = on_step(row) if on_step is not None else []
-                    if problems:
-                        stop_process(proc, STOP_GRACE_S, sig=signal.SIGINT)
-                        raise SmokeCheckError(
-                            f"{'; '.join(problems)}; verl stopped at step {row.step} "
-                            f"({f'invocation {label}, ' if label else ''}log: {log_path})"
-                        )
-        code = proc.wait()
-    finally:
-        timer.cancel()
-    return (124 if timed_out.is_set() else code), log_path.read_text(encoding="utf-8", errors="replace")
+
+    def show_phase(line: str) -> None:
+        phase = progress.line(line)
+        if phase is not None:
+            log.info("%s%s", f"{label}: " if label else "", phase)
+
+    def show_and_check(row: StepRow) -> list[str]:
+        log.info("%s", step_summary(row))
+        return on_step(row) if on_step is not None else []
+
+    code = supervise(
+        command,
+        on_step=show_and_check,
+        on_line=show_phase,
+        log_path=log_path,
+        env={**ENV, "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})},
+        timeout_s=timeout_s,
+        label=label,
+        error=SmokeCheckError,
+    )
+    return code, log_path.read_text(encoding="utf-8", errors="replace")
 
 
 _ERROR_LINE = re.compile(r"\b(\w+(?:Error|Exception)): (.+)$")
