@@ -125,11 +125,11 @@ ASYNC_THRESHOLD = 2
 # 2026-11-27 about half the chances had one (8 of 15 steps after the first of an invocation; a 3-step run has one
 # chance and two of them had none and failed "spans two versions"), so ten chances (steps 2 and 4-12) leave an
 # estimated 0.5^10 = 0.1% for a healthy run to fail that check. A step costs ~3 s; start-up is most of the run.
+ASYNC_STEPS = 12
 # separate_async's weight transfer: the gloo checkpoint engine, registered when verl imports its module
 # (rollout.checkpoint_engine.custom_backend_module)
 GLOO_ENGINE = "gloo"
 GLOO_ENGINE_MODULE = "searchrl.trainer.cpu.gloo_engine"
-ASYNC_STEPS = 12
 # separate_async's gloo bucket (MB): verl's default 2048 would be allocated on every sync for a <1 MB model
 GLOO_BUCKET_MB = 64
 # how often the async run's replay buffer polls for finished groups (trainer/plugins/sampler.py: verl polls every 2 s)
