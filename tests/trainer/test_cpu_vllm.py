@@ -20,7 +20,7 @@ import pytest
 
 from searchrl.errors import ConfigError
 from searchrl.trainer.overrides import VLLM_SYNC_KEY, merge_overrides, render_overrides
-from searchrl.trainer.proofs import train_cpu_vllm as cpu_vllm_run
+from searchrl.trainer.proofs import train_cpu_vllm
 from searchrl.trainer.proofs.train_cpu import cpu_overrides, cpu_settings
 from searchrl.trainer.proofs.train_cpu_vllm import (
     PLUGINS,
@@ -160,9 +160,9 @@ def _no_leftovers(before: tuple[set[str], set[str]]) -> None:
     caches) left in /tmp; vLLM wrote nothing under ~/.cache/vllm."""
     shm_before, scratch_before = before
     shm, scratch = _snapshot()
-    held = cpu_vllm_run._mapped_shm()
-    ours = {n for n in shm - shm_before if n.startswith(cpu_vllm_run.SHM_PREFIXES)}
-    assert not {n for n in ours if cpu_vllm_run._inode(Path("/dev/shm", n)) not in held}, sorted(ours)
+    held = train_cpu_vllm._mapped_shm()
+    ours = {n for n in shm - shm_before if n.startswith(train_cpu_vllm.SHM_PREFIXES)}
+    assert not {n for n in ours if train_cpu_vllm._inode(Path("/dev/shm", n)) not in held}, sorted(ours)
     assert not scratch - scratch_before, sorted(scratch - scratch_before)
 
 

@@ -472,9 +472,9 @@ def _learn_run(rewards: list[float], spread: float = 0.05, **values: float) -> L
 
 
 def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch):
-    import searchrl.trainer.proofs.learn as cpu_learn
+    import searchrl.trainer.proofs.learn as learn
 
-    monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps: [])  # columns are check_steps' own test
+    monkeypatch.setattr(learn, "check_steps", lambda rows, steps: [])  # columns are check_steps' own test
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
     assert _learn_run(rising).problems(steps=20) == []
     flat = _learn_run([0.3] * 20).problems(steps=20)
@@ -529,9 +529,9 @@ def test_an_async_mode_judges_the_rise_and_probe_on_the_seeds_mean_and_every_oth
 ):
     """One async seed is too noisy to judge alone (separate_async seeds rose +0.014 to +0.124): the rise and the
     probe are judged on the mean over at least 3 seeds, every other check on each seed, and sync stays per seed."""
-    import searchrl.trainer.proofs.learn as cpu_learn
+    import searchrl.trainer.proofs.learn as learn
 
-    monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps, bound=None: [])
+    monkeypatch.setattr(learn, "check_steps", lambda rows, steps, bound=None: [])
 
     def runs(ends: list[float], mode: str = "separate_async") -> list[LearnRun]:
         out = []
@@ -544,24 +544,24 @@ def test_an_async_mode_judges_the_rise_and_probe_on_the_seeds_mean_and_every_oth
     # seed 0 alone would fail (+0.01), the mean over three seeds rises +0.07
     mixed = runs([0.31, 0.40, 0.40])
     assert mixed[0].learning_problems() and not mixed[1].learning_problems()
-    assert cpu_learn.seeds_verdict(mixed) is None
+    assert learn.seeds_verdict(mixed) is None
     flat = runs([0.31, 0.32, 0.33])
     for run in flat:
         run.probe_merged = run.probe_initial + 0.05
-    assert cpu_learn.seeds_verdict(flat) == (
+    assert learn.seeds_verdict(flat) == (
         "the learning run (seeds 0, 1, 2) failed: reward did not rise: per question (first group -> last, paired), "
         "mean over 3 seeds +0.020 (seed 0: +0.010, 1: +0.020, 2: +0.030) (needs +0.05); probe did not move: mean "
         "over 3 seeds +0.050 (seed 0: +0.050, 1: +0.050, 2: +0.050) (needs +0.10)"
     )
     # a check that holds whatever the sampling drew fails the seed it failed on, whatever the mean
     mixed[1].weight_change = 0.0
-    assert cpu_learn.seeds_verdict(mixed) == (
+    assert learn.seeds_verdict(mixed) == (
         "the learning run (seed 1) failed: the merged weights equal the initial weights"
     )
-    assert "is not judged" in (cpu_learn.seeds_verdict(runs([0.4, 0.4])) or "")
+    assert "is not judged" in (learn.seeds_verdict(runs([0.4, 0.4])) or "")
     # sync: each seed passes every check on its own
-    assert cpu_learn.seeds_verdict(runs([0.4, 0.4, 0.4], "sync")) is None
-    assert (cpu_learn.seeds_verdict(runs([0.4, 0.31, 0.4], "sync")) or "").startswith(
+    assert learn.seeds_verdict(runs([0.4, 0.4, 0.4], "sync")) is None
+    assert (learn.seeds_verdict(runs([0.4, 0.31, 0.4], "sync")) or "").startswith(
         "the learning run (seed 1) failed: reward did not rise: per question (first epoch -> last, paired)"
     )
 
@@ -594,9 +594,9 @@ def test_the_modes_beside_each_other_are_one_table_and_one_plot(tmp_path):
 def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_collapsed(monkeypatch):
     """Issue 39 item 6: at lr 3e-2 every group scored alike from step ~15 (no advantage, no gradient), and the
     rise was measured over a window in which nothing was learning any more."""
-    import searchrl.trainer.proofs.learn as cpu_learn
+    import searchrl.trainer.proofs.learn as learn
 
-    monkeypatch.setattr(cpu_learn, "check_steps", lambda rows, steps: [])
+    monkeypatch.setattr(learn, "check_steps", lambda rows, steps: [])
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
     collapsed = _learn_run(rising)
     late = {step for step in range(21 - WINDOW, 21)}
