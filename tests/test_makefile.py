@@ -1,16 +1,19 @@
 """The Makefile's GPU targets fail in seconds on a machine without a GPU, before any download (issue 27 item 6);
-`make check` type-checks every product module (issue 47 item 1)."""
+`make check` type-checks every product module (issue 47 item 1); TRAINER_MODE is the one name of the trainer mode
+(issue 47 item 4)."""
 
 from __future__ import annotations
 
 import glob
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -97,3 +100,49 @@ def test_check_reads_every_product_module(tmp_path: Path, monkeypatch: pytest.Mo
             parts = path.relative_to(REPO / folder).with_suffix("").parts
             expected.add(".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)]))
     assert len(read) == len(set(read)) and set(read) == expected
+
+
+def _cpu_run_argv(plan: str) -> list[str]:
+    """The `searchrl train cpu ...` command of a `make -n` plan, as argv after `searchrl`."""
+    (line,) = [ln for ln in plan.splitlines() if "/searchrl train cpu" in ln]
+    return shlex.split(line)[1:]
+
+
+@pytest.mark.parametrize("target", ["train-cpu", "learn-cpu"])
+def test_cpu_runs_take_trainer_mode_and_async_is_its_alias_for_one_release(
+    tmp_path: Path, target: str
+) -> None:
+    """TRAINER_MODE is the one name (make train, sky/train.yaml, train-cpu, learn-cpu) for verl's trainer mode; each
+    of its values reaches `searchrl train cpu` as the CLI parses it. ASYNC=colocate|separate, the old name, means the
+    same as TRAINER_MODE=<it>_async and says so in one line; a contradiction or another value is one line, exit 2."""
+    from searchrl.cli import build_parser
+    from searchrl.trainer.settings import TrainerMode
+
+    parser = build_parser()
+    plain = _make("-n", target, tmp_path=tmp_path)
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr
+    assert parser.parse_args(_cpu_run_argv(plain.stdout)).trainer_mode == "sync"  # the CLI's default
+    for mode in get_args(TrainerMode):
+        plan = _make("-n", target, f"TRAINER_MODE={mode}", tmp_path=tmp_path)
+        assert plan.returncode == 0 and plan.stderr == "", plan.stderr
+        assert parser.parse_args(_cpu_run_argv(plan.stdout)).trainer_mode == mode
+        if mode == "sync":
+            continue
+        alias = mode.removesuffix("_async")
+        for also in ([], [f"TRAINER_MODE={mode}"]):  # alone, or with the TRAINER_MODE it means
+            aliased = _make("-n", target, f"ASYNC={alias}", *also, tmp_path=tmp_path)
+            assert aliased.returncode == 0 and _cpu_run_argv(aliased.stdout) == _cpu_run_argv(plan.stdout)
+            (said,) = aliased.stderr.splitlines()
+            assert said.endswith(
+                f": ASYNC={alias} is an alias of TRAINER_MODE={mode}, kept for one release: use TRAINER_MODE={mode}"
+            )
+    for bad, says in [
+        (["ASYNC=colocate", "TRAINER_MODE=separate_async"], "disagrees with TRAINER_MODE=separate_async"),
+        (["ASYNC=separate", "TRAINER_MODE=sync"], "disagrees with TRAINER_MODE=sync"),
+        (["ASYNC=colocate_async"], "the alias takes colocate or separate"),
+        (["ASYNC=yes"], "the alias takes colocate or separate"),
+    ]:
+        refused = _make("-n", target, *bad, tmp_path=tmp_path)
+        assert refused.returncode == 2 and refused.stdout == "", (bad, refused.stdout)
+        (line,) = refused.stderr.splitlines()
+        assert says in line and line.endswith(".  Stop."), line

@@ -141,9 +141,9 @@ def test_sabotage_a_flipped_advantage_or_shuffled_rewards_fail_the_learning_run_
 def test_separate_async_learn_cpu_learns_over_three_seeds_with_every_step_versioned_and_staleness_per_step(
     tmp_path,
 ):
-    """`make learn-cpu ASYNC=separate`: the learning run in verl's separate_async mode (standalone hf replica,
-    weights over gloo) on seeds 0, 1, 2: every seed passes the checks that hold whatever its sampling drew (each
-    step's versions, its weight push, masks, advantages, no collapse), and the rise and the probe pass on the
+    """`make learn-cpu TRAINER_MODE=separate_async`: the learning run in verl's separate_async mode (standalone hf
+    replica, weights over gloo) on seeds 0, 1, 2: every seed passes the checks that hold whatever its sampling drew
+    (each step's versions, its weight push, masks, advantages, no collapse), and the rise and the probe pass on the
     seeds' mean (learn.seeds_verdict)."""
     proc = _learn(tmp_path / "learn", mode="separate_async")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

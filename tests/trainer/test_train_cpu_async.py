@@ -1,5 +1,6 @@
-"""`make train-cpu ASYNC=colocate`: verl's colocate_async trainer on CPU with its weights-version checks, and an
-engine that does not stamp its turns failing it. Minutes each (verl's entry point, Ray, FSDP2 on gloo)."""
+"""`make train-cpu TRAINER_MODE=colocate_async`: verl's colocate_async trainer on CPU with its weights-version
+checks, and an engine that does not stamp its turns failing it. Minutes each (verl's entry point, Ray, FSDP2 on
+gloo)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,8 @@ def _step_values(lines: list[str], key: str) -> list[float]:
 @pytest.mark.timeout(2400)
 @pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="3.5-7 min on 2 shared cores: make test-separate-async")
 def test_separate_async_pushes_weights_to_a_standalone_replica_every_step_and_resumes(tmp_path):
-    """`make train-cpu ASYNC=separate`: verl's separate_async trainer with the trainer and a standalone hf replica
-    on a fake Ray GPU each, the weights pushed over the gloo checkpoint engine after two local updates
+    """`make train-cpu TRAINER_MODE=separate_async`: verl's separate_async trainer with the trainer and a standalone
+    hf replica on a fake Ray GPU each, the weights pushed over the gloo checkpoint engine after two local updates
     (parameter_sync_step 2), our async buffer checking every version against the replica's ledger, a checkpoint
     at step 2 and a resume to step ASYNC_STEPS; exit 0 means step_checks' checks passed, and the log shows why
     they could: a timed push and a ledger-verified version on every step but the resumed one's first."""

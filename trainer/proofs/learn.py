@@ -111,7 +111,7 @@ MIN_VARYING = 0.9
 # every step varied in 5 seeds, entropy 7.05 -> 0.98-4.29 at step 20 (docs/cpu-proofs.md).
 LR = 1.5e-2
 # An async mode judges the rise and the probe on the mean over this many seeds or more (seeds_verdict says why);
-# `make learn-cpu ASYNC=separate` runs ASYNC_SEEDS.
+# `make learn-cpu TRAINER_MODE=separate_async` runs ASYNC_SEEDS.
 ASYNC_MIN_SEEDS = 3
 ASYNC_SEEDS = (0, 1, 2)
 ROLLOUTS = "rollouts"  # verl's per-step trajectory dumps, under each seed's folder
