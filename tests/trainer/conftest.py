@@ -13,6 +13,7 @@ import pytest
 
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_user_prompt
 from searchrl.trainer.cpu.tiny_model import CHATML_HERMES_TEMPLATE
+from searchrl.trainer.settings import TrainSettings
 from tests.conftest import FIXTURES, TINY_CORPUS
 
 QA_SAMPLE = FIXTURES / "qa_train_sample.jsonl"
@@ -48,6 +49,21 @@ def compose() -> Callable[[list[str]], Any]:
 @pytest.fixture(scope="session")
 def qa_sample() -> Path:
     return QA_SAMPLE
+
+
+def fixture_settings(tmp_path: Path, qa_sample: Path, urls: list[str], **kw: Any) -> TrainSettings:
+    """A run on the QA fixture's small split, one GPU, a batch of 8 (the 20 fixture rows fill it), its data and
+    checkpoints under `tmp_path`: the settings the launch, agent-loop and resume tests vary from."""
+    return TrainSettings(
+        qa_source=str(qa_sample),
+        dataset_size="small",
+        data_dir=tmp_path / "data",
+        checkpoint_dir=tmp_path / "ckpt",
+        retrieval_urls=urls,
+        gpus_per_node=1,
+        train_batch_size=8,
+        **kw,
+    )
 
 
 def _training_texts() -> list[str]:

@@ -20,7 +20,7 @@ from searchrl.trainer.data import prepare_data
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.toolconfig import write_tool_config
-from tests.trainer.conftest import SCRIPTED_TEXTS, SEVENTH_SEAL_QUESTION
+from tests.trainer.conftest import SCRIPTED_TEXTS, SEVENTH_SEAL_QUESTION, fixture_settings
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -58,16 +58,7 @@ class ScriptedServer:
 
 
 def _settings(tmp_path: Path, qa_sample: Path, url: str) -> TrainSettings:
-    return TrainSettings(
-        qa_source=str(qa_sample),
-        dataset_size="small",
-        data_dir=tmp_path / "data",
-        checkpoint_dir=tmp_path / "ckpt",
-        retrieval_urls=[url],
-        train_batch_size=8,
-        gpus_per_node=1,
-        logger="console",
-    )
+    return fixture_settings(tmp_path, qa_sample, [url], logger="console")
 
 
 def _dataset_row(settings: TrainSettings, cfg: Any, tokenizer: Any, tmp_path: Path) -> dict[str, Any]:
@@ -151,6 +142,15 @@ async def _reward(cfg: Any, tokenizer: Any, row: dict[str, Any], output: Any) ->
     return await manager.run_single(DataProto(batch=batch, non_tensor_batch=non_tensor))
 
 
+async def _scored_run(
+    cfg: Any, tokenizer: Any, row: dict[str, Any], replies: list[str], loop_cls: Any
+) -> tuple[Any, Any, list[dict], dict[str, Any]]:
+    """One trajectory through verl's agent loop and then verl's reward path: (output, server, tool calls, reward)."""
+    calls: list[dict] = []
+    output, server = await _run_loop(cfg, tokenizer, row, replies, calls, loop_cls)
+    return output, server, calls, await _reward(cfg, tokenizer, row, output)
+
+
 def test_tool_agent_loop_searches_live_service_and_scores_answer(
     tmp_path, live_bm25_url, offline_tokenizer, compose, qa_sample
 ):
@@ -170,10 +170,8 @@ def test_tool_agent_loop_searches_live_service_and_scores_answer(
     async def both():
         results = {}
         for name, final in (("right", RIGHT), ("wrong", WRONG)):
-            calls: list[dict] = []
             replies = [tool_call_text(SEVENTH_SEAL_QUESTION), f"{THINK_ANSWER}\n{final}"]
-            output, server = await _run_loop(cfg, tok, row, replies, calls, SearchToolAgentLoop)
-            results[name] = (output, server, calls, await _reward(cfg, tok, row, output))
+            results[name] = await _scored_run(cfg, tok, row, replies, SearchToolAgentLoop)
         return results
 
     results = asyncio.run(both())
@@ -382,9 +380,7 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
     plain, invented = "bbb xx ingmar", "bbb ingmar <tool_response>\nzz\n</tool_response> xx"
 
     async def run(config: Any, reply: str) -> tuple[Any, dict[str, Any], str, list[dict]]:
-        calls: list[dict] = []
-        output, _ = await _run_loop(config, tok, row, [reply], calls, ScriptedToolAgentLoop)
-        scored = await _reward(config, tok, row, output)
+        output, _, calls, scored = await _scored_run(config, tok, row, [reply], ScriptedToolAgentLoop)
         return output, scored, tok.decode(output.response_ids, skip_special_tokens=True), calls
 
     async def all_three():
@@ -441,13 +437,7 @@ def test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_
         ],
     )
     row = _dataset_row(settings, cfg, tok, tmp_path)
-    calls: list[dict] = []
-
-    async def run() -> tuple[Any, Any, dict[str, Any]]:
-        output, server = await _run_loop(cfg, tok, row, [reply], calls, ScriptedToolAgentLoop)
-        return output, server, await _reward(cfg, tok, row, output)
-
-    output, server, reward = asyncio.run(run())
+    output, server, _, reward = asyncio.run(_scored_run(cfg, tok, row, [reply], ScriptedToolAgentLoop))
     assert [p["max_tokens"] for p in server.sampling_params] == [96]
     assert reward["reward_score"] == score
     metrics = mask_step_metrics([(tok.convert_ids_to_tokens(output.response_ids), output.response_mask)])
@@ -490,13 +480,7 @@ def test_the_query_stage_scripts_the_call_opening_as_environment_and_scores_the_
         False  # as cpu_overrides(False) sets it
     )
     row = _dataset_row(settings, cfg, tok, tmp_path)
-    calls: list[dict] = []
-
-    async def run() -> tuple[Any, Any, dict[str, Any]]:
-        output, server = await _run_loop(cfg, tok, row, [reply], calls, ScriptedToolAgentLoop)
-        return output, server, await _reward(cfg, tok, row, output)
-
-    output, server, reward = asyncio.run(run())
+    output, server, calls, reward = asyncio.run(_scored_run(cfg, tok, row, [reply], ScriptedToolAgentLoop))
     opening = tok.encode(OPENING, add_special_tokens=False)
     assert len(server.prompts) == 1 and server.prompts[0][-len(opening) :] == opening
     assert [p["max_tokens"] for p in server.sampling_params] == [48]

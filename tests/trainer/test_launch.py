@@ -21,21 +21,11 @@ from searchrl.trainer.launch import (
 from searchrl.trainer.overrides import main_ppo_command, render_overrides
 from searchrl.trainer.settings import TrainSettings
 from tests.live import free_port
-from tests.trainer.conftest import forget_flash_attn, write_flash_attn
+from tests.trainer.conftest import fixture_settings, forget_flash_attn, write_flash_attn
 
 
 def _settings(tmp_path, qa_sample, urls, **kw):
-    return TrainSettings(
-        qa_source=str(qa_sample),
-        dataset_size="small",
-        data_dir=tmp_path / "data",
-        checkpoint_dir=tmp_path / "ckpt",
-        retrieval_urls=urls,
-        gpus_per_node=1,
-        train_batch_size=8,
-        health_deadline_s=2,
-        **kw,
-    )
+    return fixture_settings(tmp_path, qa_sample, urls, health_deadline_s=2, **kw)  # a dead replica fails fast
 
 
 NEW_DRIVER = "580.95.05"

@@ -18,7 +18,7 @@ from searchrl.errors import CheckpointError
 from searchrl.trainer.checkpoint import TRACKER_FILE, check_resume
 from searchrl.trainer.launch import prepare_launch, record_run
 from searchrl.trainer.settings import TrainSettings
-from tests.trainer.conftest import compose_verl
+from tests.trainer.conftest import compose_verl, fixture_settings
 from tests.trainer.test_checkpoint import cut_short, write_checkpoint
 
 
@@ -67,15 +67,11 @@ def _load_as_verl(overrides: list[str]) -> tuple[int, list[str]]:
 
 
 def _settings(tmp_path: Path, qa_sample: Path, url: str) -> TrainSettings:
-    settings = TrainSettings(
-        qa_source=str(qa_sample),
-        dataset_size="small",
-        data_dir=tmp_path / "data",
-        checkpoint_dir=tmp_path / "ckpt",
-        retrieval_urls=[url],
-        gpus_per_node=1,
+    settings = fixture_settings(
+        tmp_path,
+        qa_sample,
+        [url],
         flash_attn=False,  # no flash-attn here; the launch check refuses FLASH_ATTN=1 without it
-        train_batch_size=8,
         health_deadline_s=2,
         checkpoint_wait_s=0,
         total_steps=50,
