@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from searchrl.cli import build_parser, main
-from searchrl.cli.flags import FLAGS
+from searchrl.cli.flags import FLAGS, verb
 
 
 def _actions(*verb: str) -> dict[str, argparse.Action]:
@@ -80,3 +80,66 @@ def test_a_number_below_its_bound_is_one_line_naming_the_flag(
 ) -> None:
     assert main([*argv, "--data-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == line
+
+
+def _doc_handler(args: argparse.Namespace) -> int:
+    """say hello to a name
+
+    Print one greeting on stdout: the words of the verb's
+    own --help, folded onto one line by argparse.
+    """
+    return 0
+
+
+def _tiny(*args: Any, **kwargs: Any) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="t")
+    verb(parser.add_subparsers(dest="v"), *args, **kwargs)
+    return parser
+
+
+def test_a_verb_declared_by_its_handler_shows_the_docstring_as_its_help_and_description() -> None:
+    parser = _tiny("hello", _doc_handler)
+    assert "hello     say hello to a name" in parser.format_help()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert (
+        "Print one greeting on stdout: the words of the verb's own --help, folded onto one line by argparse."
+        in " ".join(sub.choices["hello"].format_help().split())
+    )
+    args = parser.parse_args(["hello"])
+    assert args.handler is _doc_handler
+
+
+def test_a_verb_given_help_keeps_it_and_ignores_the_docstring() -> None:
+    from searchrl.cli.train import _run_dir
+
+    assert _run_dir.__doc__  # a note for readers, not the verb's help
+    parser: Any = build_parser()
+    train = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    run_dir = next(a for a in train._actions if isinstance(a, argparse._SubParsersAction)).choices["run-dir"]
+    assert run_dir.description is None
+    assert _tiny("hello", _doc_handler, help="hi").format_help().count("hello     hi") == 1
+
+
+def test_a_verb_without_help_or_docstring_is_refused_when_declared() -> None:
+    def quiet(args: argparse.Namespace) -> int:
+        return 0
+
+    with pytest.raises(TypeError, match="verb 'q': give help= or a docstring on quiet"):
+        _tiny("q", quiet)
+
+
+def test_a_verb_suppresses_flags_not_given_unless_told_otherwise() -> None:
+    for suppress, seen in ((True, {"v", "handler"}), (False, {"v", "handler", "n"})):
+        parser = argparse.ArgumentParser(prog="t")
+        verb(parser.add_subparsers(dest="v"), "x", _doc_handler, suppress=suppress).add_argument("--n")
+        assert set(vars(parser.parse_args(["x"]))) == seen
+
+
+@pytest.mark.parametrize(("area", "stream"), [("sky", "err"), ("train", "err"), ("index", "out")])
+def test_a_group_given_no_verb_prints_its_help_and_exits_2(
+    area: str, stream: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([area]) == 2
+    printed = capsys.readouterr()
+    assert getattr(printed, stream).startswith(f"usage: searchrl {area} [-h]")
+    assert getattr(printed, "out" if stream == "err" else "err") == ""

@@ -11,12 +11,19 @@ from __future__ import annotations
 import argparse
 
 from searchrl.cli import given
-from searchrl.cli.flags import add_flags, bench_handler
+from searchrl.cli.flags import add_flags, bench_handler, verb
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+    p = verb(
+        sub,
         "bench",
+        bench_handler(
+            "searchrl.bench.service:run_bench",
+            "searchrl.bench.service_report:format_report",
+            _bench_kwargs,
+            settings=("data_dir", "corpus", "encoder", "index_type"),
+        ),
         help="benchmark the retrieval service (in-process ceiling vs HTTP under load)",
         description=(
             "Measure the dense backend's in-process ceiling (today's torch fp32, several batch sizes), then a "
@@ -26,7 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "(anonymous vs file-backed), the encoder worker scaling, and replicas/$ per 1M queries. Unique "
             "queries; loopback only; bounded in time."
         ),
-        argument_default=argparse.SUPPRESS,
     )
     p.add_argument("--seconds", type=float, help="seconds per service scenario (default 8)")
     p.add_argument(
@@ -68,14 +74,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "corpus": "corpus to benchmark (default bundled)",
             "encoder": "encoder (default bundled-minilm)",
         },
-    )
-    p.set_defaults(
-        handler=bench_handler(
-            "searchrl.bench.service:run_bench",
-            "searchrl.bench.service_report:format_report",
-            _bench_kwargs,
-            settings=("data_dir", "corpus", "encoder", "index_type"),
-        )
     )
 
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from searchrl.cli import given
+from searchrl.cli.flags import verb
 
 # flags shared by eval and compare -> InferSettings fields
 _SHARED = [
@@ -218,26 +219,14 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "eval",
-        help="run a QA set through the search agent and score it",
-        description="Run a QA set through the search agent (or the no-search baseline) and write one result file "
-        "with answers, EM/F1, searches, turns, transcripts and the protocol.",
-        argument_default=argparse.SUPPRESS,
-    )
+    p = verb(sub, "eval", _eval)
     p.add_argument("--model", help="served model name (server) or HF id/folder (local)")
     p.add_argument("--label", help="run name in reports (default: 'model, backend, search')")
     p.add_argument("--no-search", dest="search", action="store_false", help="the no-search baseline")
     p.add_argument("--retrieval-url", dest="retrieval_url", help="retrieval service URL(s), comma-separated")
     _add_shared(p)
-    p.set_defaults(handler=_eval)
 
-    c = sub.add_parser(
-        "compare",
-        help="compare evaluation runs in one report (Markdown + HTML)",
-        description="Build a report over result files, or first run the matrix models x backends x tools.",
-        argument_default=argparse.SUPPRESS,
-    )
+    c = verb(sub, "compare", _compare)
     c.add_argument("results", nargs="*", help="result files or directories from `searchrl eval`")
     c.add_argument("--models", help="run the matrix: NAME[@LLM_URL],... ")
     c.add_argument("--backends", help="LABEL=RETRIEVAL_URL,... (one retrieval service per backend)")
@@ -272,16 +261,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="include runs marked invalid (too many failures, aborted); they are flagged in every table",
     )
     _add_shared(c)
-    c.set_defaults(handler=_compare)
 
-    b = sub.add_parser(
-        "eval-budget",
-        help="print the web search budget (requests) an evaluation needs, with its cost, before running it",
-        description="Worst-case upstream requests of RUNS evaluations over the selected questions (every "
-        "searching turn used, no cache hits, +1 pre-flight per run). The number goes to stdout, for "
-        "SEARCHRL_RETRIEVAL_WEB_DAILY_BUDGET; the explanation and the cost estimate go to stderr.",
-        argument_default=argparse.SUPPRESS,
-    )
+    b = verb(sub, "eval-budget", _eval_budget)
     b.add_argument("--runs", type=int, default=1, help="evaluation runs that search this backend (default 1)")
     b.add_argument(
         "--queries-per-call",
@@ -321,10 +302,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         b.add_argument(
             flag, dest=dest, type=int if dest not in ("qa", "datasets") else str, help="as for eval"
         )
-    b.set_defaults(handler=_eval_budget)
 
 
 def _eval(args: argparse.Namespace) -> int:
+    """run a QA set through the search agent and score it
+
+    Run a QA set through the search agent (or the no-search baseline) and write one result file with answers,
+    EM/F1, searches, turns, transcripts and the protocol.
+    """
     from searchrl.config import load_settings
     from searchrl.errors import InvalidRunError
     from searchrl.infer.evaluate import run_eval
@@ -349,6 +334,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _eval_budget(args: argparse.Namespace) -> int:
+    """print the web search budget (requests) an evaluation needs, with its cost, before running it
+
+    Worst-case upstream requests of RUNS evaluations over the selected questions (every searching turn used,
+    no cache hits, +1 pre-flight per run). The number goes to stdout, for SEARCHRL_RETRIEVAL_WEB_DAILY_BUDGET;
+    the explanation and the cost estimate go to stderr.
+    """
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.infer.budget import plan_search_budget
@@ -382,6 +373,10 @@ def _eval_budget(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    """compare evaluation runs in one report (Markdown + HTML)
+
+    Build a report over result files, or first run the matrix models x backends x tools.
+    """
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.infer.comparison import check_comparable

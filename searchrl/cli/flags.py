@@ -1,5 +1,9 @@
-"""What several `searchrl` verbs share: the retrieval flags, the settings built from them, and the benchmark verbs'
-one handler.
+"""What several `searchrl` verbs share: how a verb is declared, the retrieval flags, the settings built from them,
+and the benchmark verbs' one handler.
+
+A verb is declared once, by `verb` (its name and handler; its help and description are the handler's docstring,
+as click's `@command` takes them), and a verb with verbs of its own by `group`; every area module uses them instead
+of repeating argparse's add_parser, argument_default and set_defaults.
 
 A flag that means the same in several verbs (`--data-dir`, `--corpus`, `--index-type`, `--out`, ...) is defined
 once in `FLAGS`, so its spelling, type and dest agree everywhere; a verb whose help says more about it passes its
@@ -11,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +25,61 @@ from searchrl.cli import given
 
 if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def verb(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    handler: Handler,
+    help: str | None = None,
+    description: str | None = None,
+    *,
+    suppress: bool = True,
+) -> argparse.ArgumentParser:
+    """Add the verb `name` to `sub`, run by `handler`; returns its parser for the verb's own flags.
+
+    Without `help`, the texts are the handler's docstring, as click's `@command` takes them: its first paragraph is
+    the verb's line in the parent's list, the rest (if any) the description on its own --help; so a verb's words
+    are written once, beside the code they describe. argparse folds the docstring's line breaks into spaces.
+    `suppress` (the default): a flag not given is absent from the namespace, so pydantic-settings keeps env > .env >
+    default precedence (`given`); a verb whose flags carry their own defaults passes False.
+    """
+    if help is None:
+        if not handler.__doc__:
+            raise TypeError(f"verb {name!r}: give help= or a docstring on {handler.__name__}")
+        help, _, rest = inspect.cleandoc(handler.__doc__).partition("\n\n")
+        description = rest or None
+    p = sub.add_parser(
+        name, help=help, description=description, argument_default=argparse.SUPPRESS if suppress else None
+    )
+    p.set_defaults(handler=handler)
+    return p
+
+
+def group(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help: str,
+    description: str,
+    dest: str,
+    *,
+    usage_on_stdout: bool = False,
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """Add `name`, a verb with verbs of its own (`searchrl index build`), and return its verbs; the chosen one's
+    name lands in `dest`. Given without one, it prints its help (on stderr, or stdout for `usage_on_stdout`) and
+    exits 2."""
+    p = sub.add_parser(name, help=help, description=description)
+    verbs = p.add_subparsers(dest=dest, metavar="VERB")
+
+    def usage(_args: argparse.Namespace) -> int:
+        p.print_help(sys.stdout if usage_on_stdout else sys.stderr)
+        return 2
+
+    p.set_defaults(handler=usage)
+    return verbs
+
 
 # dest -> (flag, add_argument keywords): the retrieval flags several verbs take
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -81,7 +142,7 @@ def bench_handler(
     report: str,
     kwargs: Callable[[argparse.Namespace], dict[str, object]],
     settings: tuple[str, ...] = ("data_dir",),
-) -> Callable[[argparse.Namespace], int]:
+) -> Handler:
     """The handler of a benchmark verb: RetrievalSettings from the flags `settings`, then `kwargs(args)` (which
     checks the verb's own flags), then `run(settings, **kwargs)` and `report(result)` on stdout; exit 0.
 

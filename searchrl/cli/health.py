@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 
+from searchrl.cli.flags import verb
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "health",
-        help="check a retrieval service answers a real /retrieve query",
-        description="POST a real query with retries until a correct answer or the deadline; exit 0 only then.",
-        argument_default=argparse.SUPPRESS,
-    )
+    p = verb(sub, "health", _health)
     p.add_argument(
         "urls", nargs="+", metavar="URL", help="service base URL(s); commas separate a failover list"
     )
@@ -34,10 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--query", help="the question to send (default: Who directed The Seventh Seal?)")
     p.add_argument("--topk", type=int, help="passages to ask for (default 3)")
     p.add_argument("--expect", help="pass only if a returned passage contains this text (case-insensitive)")
-    p.set_defaults(handler=_health)
 
 
 def _health(args: argparse.Namespace) -> int:
+    """check a retrieval service answers a real /retrieve query
+
+    POST a real query with retries until a correct answer or the deadline; exit 0 only then.
+    """
     from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
     from searchrl.retrieval.client import HEALTH_QUERY, check_health
 

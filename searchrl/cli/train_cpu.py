@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from searchrl.cli.flags import verb
+
 _OUT = "outputs/train-cpu"  # --out's default; the other runs put theirs in a folder of their own (`_out`)
 
 
@@ -59,12 +61,7 @@ class _ModeAlias(argparse.Action):
 
 def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add `cpu` and `bench-rollout` to `searchrl train`'s verbs."""
-    p = verbs.add_parser(
-        "cpu",
-        help="verl's real GRPO loop on CPU with a tiny random model: steps, resume, merge, eval (make train-cpu)",
-        description="Serve the bundled corpus, make a tiny Qwen2 offline, train 2 steps with verl, resume to "
-        "step 3, merge, evaluate the merged model; print the step table. Minutes on 2 cores, no GPU, no download.",
-    )
+    p = verb(verbs, "cpu", _cpu, suppress=False)
     p.add_argument("--out", default=_OUT, help="work folder, emptied first (default %(default)s)")
     p.add_argument("--qa", help="QA JSONL (question, golden_answers; default the bundled dev set)")
     p.add_argument("--questions", type=int, default=12, help="questions used (default %(default)s)")
@@ -168,23 +165,21 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="with --learn: comma-separated seeds, one run each, one reward curve with their band (default 0; "
         "in an async mode 0,1,2: its rise and probe are judged on the mean over 3 seeds or more)",
     )
-    p.set_defaults(handler=_cpu)
 
-    p = verbs.add_parser(
-        "bench-rollout",
-        help="one GRPO model turn through the hf rollout engine: one at a time (before) vs batched (make bench-rollout)",
-        description="Time the model's turn of N trajectories with the CPU runs' prompts, the old way (batch 1, "
-        "1 thread, a second forward for log-probs) and the engine's batched way; print tokens/s and the CPU.",
-    )
+    p = verb(verbs, "bench-rollout", _bench_rollout, suppress=False)
     p.add_argument("model", help="a known model name (smollm2-135m) or a HF model folder")
     p.add_argument("--sequences", type=int, default=8, help="trajectories in the turn (default %(default)s)")
     p.add_argument(
         "--max-tokens", dest="max_tokens", type=int, default=64, help="new tokens cap (default %(default)s)"
     )
-    p.set_defaults(handler=_bench_rollout)
 
 
 def _cpu(args: argparse.Namespace) -> int:
+    """verl's real GRPO loop on CPU with a tiny random model: steps, resume, merge, eval (make train-cpu)
+
+    Serve the bundled corpus, make a tiny Qwen2 offline, train 2 steps with verl, resume to step 3, merge,
+    evaluate the merged model; print the step table. Minutes on 2 cores, no GPU, no download.
+    """
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
     from searchrl.trainer.proofs.train_cpu import DEV_QA, run_cpu_smoke
@@ -316,6 +311,11 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
 
 
 def _bench_rollout(args: argparse.Namespace) -> int:
+    """one GRPO model turn through the hf rollout engine: one at a time (before) vs batched (make bench-rollout)
+
+    Time the model's turn of N trajectories with the CPU runs' prompts, the old way (batch 1, 1 thread, a
+    second forward for log-probs) and the engine's batched way; print tokens/s and the CPU.
+    """
     from searchrl.devset import dev_qa_path
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
