@@ -45,9 +45,8 @@ from searchrl.trainer.weight_sync import sglang_sync
 from searchrl.trainer.weight_sync.sglang_readback import READBACK_ARCHITECTURES
 from searchrl.trainer.weight_sync.sglang_sync import ROWS, compare_blocks, leading_block, read_copies
 from searchrl.trainer.weight_sync.tap import TappedUpdateMixin
+from tests.trainer.qwen2_stream import FFN, HIDDEN, KV, PADDED, PREFIX, VOCAB, Q, hf_weights
 
-VOCAB, PADDED, HIDDEN, Q, KV, FFN = 10, 16, 8, 8, 4, 12
-PREFIX = "model.layers.0."
 FUSED = {
     "q_proj": ("qkv_proj", "q"),
     "k_proj": ("qkv_proj", "k"),
@@ -55,32 +54,6 @@ FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-
-
-def hf_weights(seed: int) -> dict[str, torch.Tensor]:
-    """What verl's FSDP engine streams for a one-layer Qwen2 (fp32, HF names, tied lm_head sent too)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g)
-
-    embed = r(VOCAB, HIDDEN)
-    return {
-        "model.embed_tokens.weight": embed,
-        PREFIX + "self_attn.q_proj.weight": r(Q, HIDDEN),
-        PREFIX + "self_attn.k_proj.weight": r(KV, HIDDEN),
-        PREFIX + "self_attn.v_proj.weight": r(KV, HIDDEN),
-        PREFIX + "self_attn.q_proj.bias": r(Q),
-        PREFIX + "self_attn.k_proj.bias": r(KV),
-        PREFIX + "self_attn.v_proj.bias": r(KV),
-        PREFIX + "self_attn.o_proj.weight": r(HIDDEN, Q),
-        PREFIX + "mlp.gate_proj.weight": r(FFN, HIDDEN),
-        PREFIX + "mlp.up_proj.weight": r(FFN, HIDDEN),
-        PREFIX + "mlp.down_proj.weight": r(HIDDEN, FFN),
-        PREFIX + "input_layernorm.weight": r(HIDDEN),
-        "model.norm.weight": r(HIDDEN),
-        "lm_head.weight": embed,
-    }
 
 
 class SglangRank:
@@ -101,6 +74,7 @@ class SglangRank:
             PREFIX + "mlp.gate_up_proj.weight": z(2 * ffn, HIDDEN),
             PREFIX + "mlp.down_proj.weight": z(HIDDEN, ffn),
             PREFIX + "input_layernorm.weight": z(HIDDEN),
+            PREFIX + "post_attention_layernorm.weight": z(HIDDEN),
             "model.norm.weight": z(HIDDEN),
         }
         self.sizes: dict[object, int] = {"q": q, "k": kv, "v": kv, 0: ffn, 1: ffn}

@@ -37,7 +37,8 @@ def _free_port() -> int:
 def _rank(rank: int, port: int, out: Any) -> None:
     """Both cases on one process group (one start-up): with the agreement, then without it (last, because it
     leaves rank 1 in a barrier until the group's timeout)."""
-    from tests.trainer.test_vllm_sync import Adapter, Engine, Server, VerlDroppingServer, Worker, hf_weights
+    from tests.trainer.qwen2_stream import hf_weights
+    from tests.trainer.test_vllm_sync import Adapter, Engine, Server, VerlDroppingServer, Worker
 
     dist.init_process_group(
         "gloo",

@@ -34,36 +34,7 @@ from searchrl.trainer.weight_sync.vllm_sync import (
     FingerprintWorkerMixin,
     vllm_param_name,
 )
-
-VOCAB, PADDED, HIDDEN, Q, KV, FFN, HEAD_DIM = 10, 16, 8, 8, 4, 12, 2
-PREFIX = "model.layers.0."
-
-
-def hf_weights(seed: int) -> dict[str, torch.Tensor]:
-    """What verl's FSDP engine streams for a one-layer Qwen2 (fp32, HF names, tied lm_head sent too)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g)
-
-    w = {
-        "model.embed_tokens.weight": r(VOCAB, HIDDEN),
-        PREFIX + "self_attn.q_proj.weight": r(Q, HIDDEN),
-        PREFIX + "self_attn.k_proj.weight": r(KV, HIDDEN),
-        PREFIX + "self_attn.v_proj.weight": r(KV, HIDDEN),
-        PREFIX + "self_attn.q_proj.bias": r(Q),
-        PREFIX + "self_attn.k_proj.bias": r(KV),
-        PREFIX + "self_attn.v_proj.bias": r(KV),
-        PREFIX + "self_attn.o_proj.weight": r(HIDDEN, Q),
-        PREFIX + "mlp.gate_proj.weight": r(FFN, HIDDEN),
-        PREFIX + "mlp.up_proj.weight": r(FFN, HIDDEN),
-        PREFIX + "mlp.down_proj.weight": r(HIDDEN, FFN),
-        PREFIX + "input_layernorm.weight": 1 + 0.1 * r(HIDDEN),
-        PREFIX + "post_attention_layernorm.weight": 1 + 0.1 * r(HIDDEN),
-        "model.norm.weight": 1 + 0.1 * r(HIDDEN),
-    }
-    w["lm_head.weight"] = w["model.embed_tokens.weight"].clone()
-    return w
+from tests.trainer.qwen2_stream import FFN, HEAD_DIM, HIDDEN, KV, PADDED, PREFIX, VOCAB, Q, hf_weights
 
 
 class VllmQwen2Rank(torch.nn.Module):
