@@ -265,6 +265,17 @@ class _Inputs:
     max_turns: int
     observation_chars: int
 
+    def lengths(self, count: int, seed: int) -> list[int]:
+        """`count` sequence lengths of this run's shape (sample_lengths with its prompt, response and turn limits)."""
+        return sample_lengths(
+            count,
+            max_prompt=self.max_prompt,
+            max_response=self.max_response,
+            max_turns=self.max_turns,
+            observation_chars=self.observation_chars,
+            seed=seed,
+        )
+
 
 def _inputs(s: TrainSettings, shape: ModelShape) -> _Inputs:
     return _Inputs(
@@ -293,19 +304,9 @@ def _step_cost(x: _Inputs, packed: bool, hw: Hardware = HARDWARE) -> StepCost:
     per_mini = x.mini_batch * x.rollout_n // n_gpus  # one GPU's samples in a PPO mini batch
     per_step = x.train_batch * x.rollout_n // n_gpus  # ... in the whole batch (the log-prob passes)
 
-    def lengths(count: int, seed: int) -> list[int]:
-        return sample_lengths(
-            count,
-            max_prompt=x.max_prompt,
-            max_response=x.max_response,
-            max_turns=x.max_turns,
-            observation_chars=x.observation_chars,
-            seed=seed,
-        )
-
     def phase(name: str, count: int, calls: int, backward: bool) -> Phase:
         return _phase(
-            name, lengths(count, 0 if backward else 1), calls, backward,
+            name, x.lengths(count, 0 if backward else 1), calls, backward,
             packed=packed, flash=x.flash, rows=x.rows, budget=x.budget,
         )  # fmt: skip
 

@@ -37,15 +37,9 @@ def _verl_micro_batches(
 
 
 def _default_lengths(count: int, seed: int = 0) -> list[int]:
-    s = TrainSettings(_env_file=None)
-    return step_cost.sample_lengths(
-        count,
-        max_prompt=s.max_prompt_length,
-        max_response=s.max_response_length,
-        max_turns=s.max_turns,
-        observation_chars=s.max_tool_response_chars,
-        seed=seed,
-    )
+    """The lengths the cost model samples for a default run (the shape does not change them)."""
+    x = step_cost._inputs(TrainSettings(_env_file=None), step_cost.MODEL_SHAPES["qwen2.5-3b"])
+    return x.lengths(count, seed)
 
 
 def _cases() -> list[tuple[str, list[int], int]]:
