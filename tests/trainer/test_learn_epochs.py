@@ -6,8 +6,6 @@ compared unbalanced windows before), and a run whose dumps show unequal windows 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -64,28 +62,13 @@ def test_windows_must_be_whole_epochs_or_the_run_is_refused():
         epoch_steps(40, 2, 20)  # one epoch: first and last would be the same window
 
 
-def test_learn_cpu_refuses_questions_7_with_one_line_before_anything_starts(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "searchrl",
-            "train",
-            "cpu",
-            "--learn",
-            "--questions",
-            "7",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        check=False,
-    )
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+def test_learn_cpu_refuses_questions_7_with_one_line_before_anything_starts(tmp_path, capsys):
+    from searchrl.cli import main
+
+    assert main(["train", "cpu", "--learn", "--questions", "7", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, err[-2000:]
     assert "20 steps are not a whole number (at least 2) of 3-step epochs (6 train rows" in errors[0]
     assert not (tmp_path / "seed-0").exists()
 
