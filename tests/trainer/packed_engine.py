@@ -54,14 +54,15 @@ def _setup(out: Path) -> None:
     dist.init_process_group("gloo", init_method=(out / "store").as_uri(), rank=0, world_size=1)
 
 
-def _engine(model_dir: Path, remove_padding: bool) -> Any:
-    """verl's FSDP2 engine for a causal LM, built as its training worker builds it, in fp32 with sdpa."""
+def fsdp_engine(model_dir: str, engine_config: Any, *, remove_padding: bool = True) -> Any:
+    """verl's FSDP engine for a causal LM with sdpa, built as its training worker builds it (engine_workers.py:136-143,
+    179); test_grad_accumulation.py builds its FSDP1 and FSDP2 engines here too."""
     from verl.trainer.config import CheckpointConfig
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.config import FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
 
     model = HFModelConfig(
-        path=str(model_dir),
+        path=model_dir,
         load_tokenizer=False,
         use_remove_padding=remove_padding,
         enable_gradient_checkpointing=True,  # as the GPU overrides set it
@@ -69,20 +70,24 @@ def _engine(model_dir: Path, remove_padding: bool) -> Any:
     )
     engine = EngineRegistry.new(
         model_type="language_model",
-        backend="fsdp2",
+        backend=engine_config.strategy,
         model_config=model,
-        engine_config=FSDPEngineConfig(
-            strategy="fsdp2",
-            dtype="float32",
-            model_dtype="fp32",
-            mixed_precision=FP32,
-            use_torch_compile=False,
-        ),
+        engine_config=engine_config,
         optimizer_config=FSDPOptimizerConfig(lr=1e-3),
         checkpoint_config=CheckpointConfig(),
     )
     engine.initialize()
     return engine
+
+
+def _engine(model_dir: Path, remove_padding: bool) -> Any:
+    """verl's FSDP2 engine in fp32."""
+    from verl.workers.config import FSDPEngineConfig
+
+    config = FSDPEngineConfig(
+        strategy="fsdp2", dtype="float32", model_dtype="fp32", mixed_precision=FP32, use_torch_compile=False
+    )
+    return fsdp_engine(str(model_dir), config, remove_padding=remove_padding)
 
 
 def _batch(remove_padding: bool, *, dynamic: bool = False, restart_positions: bool = True) -> Any:

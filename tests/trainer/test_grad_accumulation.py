@@ -36,6 +36,7 @@ import pytest
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
 from tests.trainer.conftest import gather_ranks
+from tests.trainer.packed_engine import fsdp_engine
 
 K = 8  # micro batches in the mini batch (a GPU run's mini batch has ~16 per GPU)
 ROWS = 2  # samples per micro batch
@@ -123,31 +124,6 @@ def _loss(  # pragma: no cover (subprocess)
     return (model_output["log_probs"].values() * data["weights"].values() * mask).sum(), {}
 
 
-def _engine(model_dir: str, engine_config: Any) -> Any:  # pragma: no cover (subprocess)
-    """verl's FSDP engine for a causal LM, built as its training worker builds it (engine_workers.py:136-143, 179)."""
-    from verl.trainer.config import CheckpointConfig
-    from verl.workers.config import FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.engine import EngineRegistry
-
-    model = HFModelConfig(
-        path=model_dir,
-        load_tokenizer=False,
-        use_remove_padding=True,
-        enable_gradient_checkpointing=True,  # as the GPU overrides set it
-        override_config={"attn_implementation": "sdpa"},
-    )
-    engine = EngineRegistry.new(
-        model_type="language_model",
-        backend=engine_config.strategy,
-        model_config=model,
-        engine_config=engine_config,
-        optimizer_config=FSDPOptimizerConfig(lr=1e-3),
-        checkpoint_config=CheckpointConfig(),
-    )
-    engine.initialize()
-    return engine
-
-
 def _accumulate(
     engine: Any, rank: int, save_to: str | None
 ) -> dict[str, Any]:  # pragma: no cover (subprocess)
@@ -193,7 +169,7 @@ def _worker(  # pragma: no cover (subprocess)
 
     results: dict[str, Any] = {}
     for name, engine_config in configs.items():
-        engine = _engine(model_dir, engine_config)
+        engine = fsdp_engine(model_dir, engine_config)
         results[name] = {**_accumulate(engine, rank, saves.get(name)), "mesh": engine.device_mesh.ndim}
     queue.put((rank, results))
     dist.destroy_process_group()
