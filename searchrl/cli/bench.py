@@ -15,25 +15,7 @@ from searchrl.cli.flags import add_flags, bench_handler, verb
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = verb(
-        sub,
-        "bench",
-        bench_handler(
-            "searchrl.bench.service:run_bench",
-            "searchrl.bench.service_report:format_report",
-            _bench_kwargs,
-            settings=("data_dir", "corpus", "encoder", "index_type"),
-        ),
-        help="benchmark the retrieval service (in-process ceiling vs HTTP under load)",
-        description=(
-            "Measure the dense backend's in-process ceiling (today's torch fp32, several batch sizes), then a "
-            "real `searchrl serve` subprocess (which auto-tunes its encoder at start-up) at 1/32/128 one-query "
-            "clients, 4 clients x 32 queries, and 32 clients with 5x repeated queries, beside a reference-like "
-            "server (one encode + search per request, no batcher) at 1 and 128 clients, the service's RSS "
-            "(anonymous vs file-backed), the encoder worker scaling, and replicas/$ per 1M queries. Unique "
-            "queries; loopback only; bounded in time."
-        ),
-    )
+    p = verb(sub, "bench", _bench)
     p.add_argument("--seconds", type=float, help="seconds per service scenario (default 8)")
     p.add_argument(
         "--ceiling-seconds", dest="ceiling_seconds", type=float, help="seconds per ceiling point (default 3)"
@@ -90,6 +72,14 @@ def _csv(value: str, cast: type) -> tuple:  # type: ignore[type-arg]
 
 
 def _bench_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """benchmark the retrieval service (in-process ceiling vs HTTP under load)
+
+    Measure the dense backend's in-process ceiling (today's torch fp32, several batch sizes), then a real
+    `searchrl serve` subprocess (which auto-tunes its encoder at start-up) at 1/32/128 one-query clients, 4
+    clients x 32 queries, and 32 clients with 5x repeated queries, beside a reference-like server (one encode +
+    search per request, no batcher) at 1 and 128 clients, the service's RSS (anonymous vs file-backed), the
+    encoder worker scaling, and replicas/$ per 1M queries. Unique queries; loopback only; bounded in time.
+    """
     from searchrl.errors import ConfigError
 
     kwargs = given(args, "seconds", "ceiling_seconds", "out_dir", "e5_seconds", "server_threads")
@@ -103,3 +93,11 @@ def _bench_kwargs(args: argparse.Namespace) -> dict[str, object]:
         if hasattr(args, name):
             kwargs[name] = _csv(getattr(args, name), int)
     return kwargs
+
+
+_bench = bench_handler(
+    "searchrl.bench.service:run_bench",
+    "searchrl.bench.service_report:format_report",
+    _bench_kwargs,
+    settings=("data_dir", "corpus", "encoder", "index_type"),
+)

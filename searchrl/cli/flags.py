@@ -147,7 +147,7 @@ def bench_handler(
     checks the verb's own flags), then `run(settings, **kwargs)` and `report(result)` on stdout; exit 0.
 
     `run` and `report` are 'module:function' strings, imported when the verb runs, so that `searchrl --help` never
-    imports a benchmark (numpy, faiss, torch).
+    imports a benchmark (numpy, faiss, torch). The handler carries `kwargs`'s docstring, the verb's help for `verb`.
     """
 
     def handler(args: argparse.Namespace) -> int:
@@ -159,6 +159,7 @@ def bench_handler(
         print(_function(report)(result))  # noqa: T201 - results go to stdout
         return 0
 
+    handler.__doc__ = kwargs.__doc__
     return handler
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from searchrl.cli.flags import add_flags, retrieval_settings
+from searchrl.cli.flags import add_flags, group, retrieval_settings, verb
 from searchrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -26,19 +26,16 @@ _WHERE = ("corpus", "encoder", "index_type", "data_dir", "index_dir")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "index", help="build or download retrieval indexes", description=__doc__.splitlines()[0]
+    verbs = group(
+        sub,
+        "index",
+        help="build or download retrieval indexes",
+        description=__doc__.splitlines()[0],
+        dest="index_verb",
+        usage_on_stdout=True,
     )
-    verbs = p.add_subparsers(dest="index_verb", metavar="VERB")
-    p.set_defaults(handler=lambda _args: _usage(p))
 
-    b = verbs.add_parser(
-        "build",
-        help="build a dense (FAISS) and/or BM25 index over a corpus",
-        description="Build a self-describing index directory (manifest.json) over a Search-R1 JSONL corpus; "
-        "an existing matching index is reused unless --force.",
-        argument_default=argparse.SUPPRESS,
-    )
+    b = verb(verbs, "build", _build)
     b.add_argument(
         "--backend",
         choices=["dense", "bm25", "all", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"],
@@ -53,30 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("--device", help="auto | cpu | cuda")
     b.add_argument("--precision", help="auto | fp32 | bf16 | fp16 (fp16 on GPU only)")
     b.add_argument("--force", action="store_true", help="rebuild even if a matching index exists")
-    b.set_defaults(handler=_build)
 
-    d = verbs.add_parser(
-        "download",
-        help="download a public corpus or prebuilt index from the Hugging Face Hub",
-        description="wiki18-100k: 100k-passage wiki-18 subset + its E5 Flat index (maknee/wiki-18-subsets); "
-        "wiki18: the full 21M-passage corpus (PeterJinGo/wiki-18-corpus); wiki18-e5-index: Search-R1's "
-        "E5 Flat index over it (PeterJinGo/wiki-18-e5-index, ~64.5 GB).",
-        argument_default=argparse.SUPPRESS,
-    )
+    d = verb(verbs, "download", _download)
     d.add_argument("name", choices=DOWNLOADS, help="what to download")
     add_flags(d, "data_dir")
     d.add_argument("--force", action="store_true", help="re-import the index even if present")
-    d.set_defaults(handler=_download)
 
-    c = verbs.add_parser(
-        "copy",
-        help="copy a built index and its corpus between data directories (to or from the index bucket)",
-        description="Copy the index the settings name (backend, corpus, encoder, index type) and its corpus from "
-        "one data directory to another: into the bucket mount once (sky/index-build.yaml), out of it on every "
-        "replica (sky/retrieval.yaml setup). Verifies corpus checksum, encoder, row count and, with "
-        "--fingerprint, the exact build; files already there are skipped. No download, no build.",
-        argument_default=argparse.SUPPRESS,
-    )
+    c = verb(verbs, "copy", _copy)
     c.add_argument("--from", dest="source", required=True, help="data directory to copy from")
     c.add_argument("--to", dest="dest", required=True, help="data directory to copy into")
     c.add_argument(
@@ -99,20 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="comma-separated manifest fingerprints the copied indexes must have (pins one build); "
         "empty = any",
     )
-    c.set_defaults(handler=_copy)
 
-    v = verbs.add_parser(
-        "convert",
-        help="turn a Flat index into IVF16384,SQ8 (or another FAISS type) on CPU, from its own vectors",
-        description="Train a compressed index on a sample of a Flat index's vectors and fill it from them in "
-        "chunks (no encoder pass over the corpus, no GPU), measure recall@3 against the Flat index on real "
-        "questions encoded with its encoder, and install it as the index directory the service loads for "
-        "--index-type (manifest with `recall`). Memory and disk needed are printed first; a node with less is "
-        "refused (exit 2). A killed run resumes where it stopped when run again with the same flags (work in "
-        "`.<index dir>.convert/` next to it), giving the same index. Recall below --min-recall exits 2 and "
-        "installs nothing; the Flat index is only read. Arithmetic: docs/sizing.md, section Converting; costs: docs/deploy.md section 3.",
-        argument_default=argparse.SUPPRESS,
-    )
+    v = verb(verbs, "convert", _convert)
     v.add_argument(
         "--from",
         dest="from_path",
@@ -192,7 +160,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     v.add_argument("--plan", action="store_true", help="print the plan (memory, disk, chunks) and stop")
     v.add_argument("--force", action="store_true", help="convert again even if the target index exists")
-    v.set_defaults(handler=_convert)
 
     # benchmarks live in their own modules: index types (eval) and retrieval quality on a QA set (recall)
     from searchrl.cli.index_eval import register_convert_bench, register_eval, register_scale
@@ -202,11 +169,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     register_scale(verbs)
     register_convert_bench(verbs)
     register_recall(verbs)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
 
 
 def _kinds(choice: str) -> list[str]:
@@ -219,6 +181,11 @@ def _kinds(choice: str) -> list[str]:
 
 
 def _build(args: argparse.Namespace) -> int:
+    """build a dense (FAISS) and/or BM25 index over a corpus
+
+    Build a self-describing index directory (manifest.json) over a Search-R1 JSONL corpus; an existing
+    matching index is reused unless --force.
+    """
     from searchrl.logs import setup_logging
     from searchrl.retrieval.indexing import ensure_index, load_manifest
 
@@ -238,6 +205,12 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
+    """download a public corpus or prebuilt index from the Hugging Face Hub
+
+    wiki18-100k: 100k-passage wiki-18 subset + its E5 Flat index (maknee/wiki-18-subsets); wiki18: the full
+    21M-passage corpus (PeterJinGo/wiki-18-corpus); wiki18-e5-index: Search-R1's E5 Flat index over it
+    (PeterJinGo/wiki-18-e5-index, ~64.5 GB).
+    """
     from searchrl.logs import setup_logging
     from searchrl.retrieval.prebuilt import download
 
@@ -249,6 +222,13 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _copy(args: argparse.Namespace) -> int:
+    """copy a built index and its corpus between data directories (to or from the index bucket)
+
+    Copy the index the settings name (backend, corpus, encoder, index type) and its corpus from one data
+    directory to another: into the bucket mount once (sky/index-build.yaml), out of it on every replica
+    (sky/retrieval.yaml setup). Verifies corpus checksum, encoder, row count and, with --fingerprint, the
+    exact build; files already there are skipped. No download, no build.
+    """
     from pathlib import Path
 
     from searchrl.logs import setup_logging
@@ -269,6 +249,16 @@ def _copy(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    """turn a Flat index into IVF16384,SQ8 (or another FAISS type) on CPU, from its own vectors
+
+    Train a compressed index on a sample of a Flat index's vectors and fill it from them in chunks (no encoder
+    pass over the corpus, no GPU), measure recall@3 against the Flat index on real questions encoded with its
+    encoder, and install it as the index directory the service loads for --index-type (manifest with
+    `recall`). Memory and disk needed are printed first; a node with less is refused (exit 2). A killed run
+    resumes where it stopped when run again with the same flags (work in `.<index dir>.convert/` next to it),
+    giving the same index. Recall below --min-recall exits 2 and installs nothing; the Flat index is only
+    read. Arithmetic: docs/sizing.md, section Converting; costs: docs/deploy.md section 3.
+    """
     from pathlib import Path
 
     from searchrl.logs import setup_logging

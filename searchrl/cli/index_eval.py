@@ -24,20 +24,11 @@ import argparse
 from pathlib import Path
 
 from searchrl.cli import given
-from searchrl.cli.flags import add_flags, bench_handler, bounded, factory_strings
+from searchrl.cli.flags import add_flags, bench_handler, bounded, factory_strings, verb
 
 
 def register_eval(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "eval",
-        help="recall@k of index types vs Flat, with memory, disk, build and load time",
-        description=(
-            "Build each FAISS index type over the dense Flat index's vectors (or N synthetic vectors around "
-            "them), and report recall@k against exact search on held-out queries, size on disk and in memory, "
-            "build time and load time. {nlist} and {pq_m} in a factory string are filled in from N and dim."
-        ),
-        argument_default=argparse.SUPPRESS,
-    )
+    p = verb(sub, "eval", _eval)
     p.add_argument(
         "--types",
         help="';'-separated FAISS factory strings (default 'Flat;SQfp16;HNSW32;IVF{nlist},Flat;IVF{nlist},SQ8;"
@@ -59,17 +50,15 @@ def register_eval(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         "encoder",
         helps={"corpus": "corpus (default bundled)", "encoder": "encoder (default bundled-minilm)"},
     )
-    p.set_defaults(
-        handler=bench_handler(
-            "searchrl.bench.index_eval:run_index_eval",
-            "searchrl.bench.index_eval:format_index_eval",
-            _eval_kwargs,
-            settings=("data_dir", "corpus", "encoder", "nprobe", "ef_search"),
-        )
-    )
 
 
 def _eval_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """recall@k of index types vs Flat, with memory, disk, build and load time
+
+    Build each FAISS index type over the dense Flat index's vectors (or N synthetic vectors around them), and
+    report recall@k against exact search on held-out queries, size on disk and in memory, build time and load
+    time. {nlist} and {pq_m} in a factory string are filled in from N and dim.
+    """
     from searchrl.errors import ConfigError
 
     kwargs = given(args, "out_dir")
@@ -97,32 +86,32 @@ def _eval_kwargs(args: argparse.Namespace) -> dict[str, object]:
     return kwargs
 
 
+_eval = bench_handler(
+    "searchrl.bench.index_eval:run_index_eval",
+    "searchrl.bench.index_eval:format_index_eval",
+    _eval_kwargs,
+    settings=("data_dir", "corpus", "encoder", "nprobe", "ef_search"),
+)
+
+
 def register_scale(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "scale",
-        help="IVF-SQ8 at growing N (768 dims): build, memory, recall, one-core q/s per nprobe, fit to wiki-18",
-        description=(
-            "Build IVF{nlist},SQ8 over N synthetic 768-dim vectors (around the corpus's real ones, widened by an "
-            "orthonormal map) for each N, measure recall@k against exact search and one-core search time per "
-            "nprobe, fit ms = a + b*bytes scanned + c*centroid bytes, and predict wiki-18 (21M, IVF16384,SQ8). "
-            "The fit without the largest N is checked against it. Method: searchrl/bench/scale.py."
-        ),
-        argument_default=argparse.SUPPRESS,
-    )
+    p = verb(sub, "scale", _scale)
     p.add_argument("--sizes", help="comma-separated vector counts (default 250k,500k,1M,2M)")
     p.add_argument("--nprobe", help="comma-separated nprobe values (default 32,64,128)")
     p.add_argument("--queries", type=int, help="held-out queries (default 200)")
     p.add_argument("--k", type=int, help="recall@k (default 3)")
     p.add_argument("--dim", type=int, help="vector dims (default 768, e5-base-v2's)")
     add_flags(p, "out_dir", "data_dir")
-    p.set_defaults(
-        handler=bench_handler(
-            "searchrl.bench.scale:run_scale", "searchrl.bench.scale:format_scale", _scale_kwargs
-        )
-    )
 
 
 def _scale_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """IVF-SQ8 at growing N (768 dims): build, memory, recall, one-core q/s per nprobe, fit to wiki-18
+
+    Build IVF{nlist},SQ8 over N synthetic 768-dim vectors (around the corpus's real ones, widened by an
+    orthonormal map) for each N, measure recall@k against exact search and one-core search time per nprobe,
+    fit ms = a + b*bytes scanned + c*centroid bytes, and predict wiki-18 (21M, IVF16384,SQ8). The fit without
+    the largest N is checked against it. Method: searchrl/bench/scale.py.
+    """
     from searchrl.bench.scale import parse_sizes
     from searchrl.errors import ConfigError
 
@@ -138,19 +127,11 @@ def _scale_kwargs(args: argparse.Namespace) -> dict[str, object]:
     return kwargs
 
 
+_scale = bench_handler("searchrl.bench.scale:run_scale", "searchrl.bench.scale:format_scale", _scale_kwargs)
+
+
 def register_convert_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "convert-bench",
-        help="`index convert` on a synthetic 2M x 768 Flat file: time and peak RSS per phase, recall@3, fit to wiki-18",
-        description=(
-            "Write a synthetic Flat index of N 768-dim vectors to disk (around real bundled MiniLM vectors, as "
-            "`searchrl index scale`), convert it to each --types entry with `searchrl index convert`'s code, and "
-            "report seconds and peak RSS per phase, recall@3 against exact search, index size, and the fitted time "
-            "and memory for wiki-18 (21M, IVF16384,SQ8) on 16 cores, labelled an ESTIMATE with its fit. Method: "
-            "searchrl/bench/convert.py."
-        ),
-        argument_default=argparse.SUPPRESS,
-    )
+    p = verb(sub, "convert-bench", _convert_bench)
     p.add_argument("--n", help="vectors in the Flat file (default 2M)")
     p.add_argument("--types", help="';'-separated factory strings (default 'SQ8;IVF1024,SQ8;IVF{nlist},SQ8')")
     p.add_argument("--base", type=int, help="bundled passages whose vectors seed the clusters (default 2000)")
@@ -160,16 +141,17 @@ def register_convert_bench(sub: argparse._SubParsersAction) -> None:  # type: ig
         "--workdir", type=Path, help="where the Flat file and shards go (default outputs/convert-bench)"
     )
     add_flags(p, "out_dir", "data_dir", helps={"data_dir": "where the bundled corpus lives (default ./data)"})
-    p.set_defaults(
-        handler=bench_handler(
-            "searchrl.bench.convert:run_convert_bench",
-            "searchrl.bench.convert:format_convert_bench",
-            _convert_bench_kwargs,
-        )
-    )
 
 
 def _convert_bench_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """`index convert` on a synthetic 2M x 768 Flat file: time and peak RSS per phase, recall@3, fit to wiki-18
+
+    Write a synthetic Flat index of N 768-dim vectors to disk (around real bundled MiniLM vectors, as
+    `searchrl index scale`), convert it to each --types entry with `searchrl index convert`'s code, and report
+    seconds and peak RSS per phase, recall@3 against exact search, index size, and the fitted time and memory
+    for wiki-18 (21M, IVF16384,SQ8) on 16 cores, labelled an ESTIMATE with its fit. Method:
+    searchrl/bench/convert.py.
+    """
     from searchrl.bench.scale import parse_sizes
     from searchrl.errors import ConfigError
 
@@ -185,3 +167,10 @@ def _convert_bench_kwargs(args: argparse.Namespace) -> dict[str, object]:
         bounded(args, ("base", "n_base", 10), ("queries", "n_queries", 10), ("chunk", "chunk", 1000))
     )
     return kwargs
+
+
+_convert_bench = bench_handler(
+    "searchrl.bench.convert:run_convert_bench",
+    "searchrl.bench.convert:format_convert_bench",
+    _convert_bench_kwargs,
+)
