@@ -26,9 +26,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from searchrl.batches import run_batch
 from searchrl.errors import InferenceError
 from searchrl.infer.llm import Completion, Sampling, load_tokenizer
 
@@ -388,18 +390,8 @@ class LocalLLM:
             batch = self._take_batch()
             if not batch:
                 continue
-            try:
-                results = await asyncio.to_thread(
-                    self._generate_batch, [r.prompt for r in batch], [r.sampling for r in batch]
-                )
-            except Exception as exc:  # the callers get the error; the worker goes on with the queue
-                for r in batch:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
-                continue
-            for r, res in zip(batch, results, strict=True):
-                if not r.future.done():
-                    r.future.set_result(res)
+            prompts, samplings = [r.prompt for r in batch], [r.sampling for r in batch]
+            await run_batch([r.future for r in batch], partial(self._generate_batch, prompts, samplings))
 
     def weights_identity(self) -> dict[str, Any]:
         """What identifies the loaded weights (`weights_identity` above), for the protocol hash."""

@@ -42,6 +42,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import ray
@@ -51,6 +52,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from searchrl.batches import run_batch
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
 from searchrl.trainer.plugins.versions import HF_SERVER_NAME
@@ -299,16 +301,7 @@ class HFGenerateServer:
             batch = [r for r in self._pending if r.sampling == sampling][: self.max_batch]
             taken = {id(r) for r in batch}
             self._pending = [r for r in self._pending if id(r) not in taken]
-            try:
-                results = await asyncio.to_thread(self.generate_batch, batch)
-            except Exception as exc:  # every caller of the batch gets the error, none waits forever
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
-                continue
-            for request, result in zip(batch, results, strict=True):
-                if not request.future.done():
-                    request.future.set_result(result)
+            await run_batch([r.future for r in batch], partial(self.generate_batch, batch))
 
     def generate_batch(self, batch: list[_Request]) -> list[_Result]:
         """One left-padded `generate` for the batch: each sequence's tokens, their sampling log-probs, and the
