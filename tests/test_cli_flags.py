@@ -124,7 +124,7 @@ def test_a_verb_without_help_or_docstring_is_refused_when_declared() -> None:
     def quiet(args: argparse.Namespace) -> int:
         return 0
 
-    with pytest.raises(TypeError, match="verb 'q': give help= or a docstring on quiet"):
+    with pytest.raises(TypeError, match="verb 'q': no help given and no docstring on quiet"):
         _tiny("q", quiet)
 
 

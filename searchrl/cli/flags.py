@@ -47,10 +47,7 @@ def verb(
     default precedence (`given`); a verb whose flags carry their own defaults passes False.
     """
     if help is None:
-        if not handler.__doc__:
-            raise TypeError(f"verb {name!r}: give help= or a docstring on {handler.__name__}")
-        help, _, rest = inspect.cleandoc(handler.__doc__).partition("\n\n")
-        description = rest or None
+        help, description = _doc_texts(name, handler)
     p = sub.add_parser(
         name, help=help, description=description, argument_default=argparse.SUPPRESS if suppress else None
     )
@@ -61,15 +58,16 @@ def verb(
 def group(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
-    help: str,
-    description: str,
+    register: Callable[..., None],
     dest: str,
     *,
     usage_on_stdout: bool = False,
 ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
     """Add `name`, a verb with verbs of its own (`searchrl index build`), and return its verbs; the chosen one's
-    name lands in `dest`. Given without one, it prints its help (on stderr, or stdout for `usage_on_stdout`) and
-    exits 2."""
+    name lands in `dest`. Its help and description are the docstring of `register`, the function that declares
+    it (as click's `@group` takes its function's). Given without a verb, it prints its help (on stderr, or stdout
+    for `usage_on_stdout`) and exits 2."""
+    help, description = _doc_texts(name, register)
     p = sub.add_parser(name, help=help, description=description)
     verbs = p.add_subparsers(dest=dest, metavar="VERB")
 
@@ -79,6 +77,14 @@ def group(
 
     p.set_defaults(handler=usage)
     return verbs
+
+
+def _doc_texts(name: str, function: Callable[..., Any]) -> tuple[str, str | None]:
+    """A verb's help (the docstring's first paragraph) and description (the rest, or None)."""
+    if not function.__doc__:
+        raise TypeError(f"verb {name!r}: no help given and no docstring on {function.__name__}")
+    help, _, rest = inspect.cleandoc(function.__doc__).partition("\n\n")
+    return help, rest or None
 
 
 # dest -> (flag, add_argument keywords): the retrieval flags several verbs take

@@ -26,14 +26,11 @@ _WHERE = ("corpus", "encoder", "index_type", "data_dir", "index_dir")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    verbs = group(
-        sub,
-        "index",
-        help="build or download retrieval indexes",
-        description=__doc__.splitlines()[0],
-        dest="index_verb",
-        usage_on_stdout=True,
-    )
+    """build or download retrieval indexes
+
+    `searchrl index`: build or download retrieval indexes.
+    """
+    verbs = group(sub, "index", register, dest="index_verb", usage_on_stdout=True)
 
     b = verb(verbs, "build", _build)
     b.add_argument(

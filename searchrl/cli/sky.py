@@ -45,13 +45,11 @@ _FLAGS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    verbs = group(
-        sub,
-        "sky",
-        help="SkyPilot tasks: validate, endpoint, probe, serve, train",
-        description="Validate the sky/ task files, find the retrieval endpoint, launch the trainer.",
-        dest="sky_verb",
-    )
+    """SkyPilot tasks: validate, endpoint, probe, serve, train
+
+    Validate the sky/ task files, find the retrieval endpoint, launch the trainer.
+    """
+    verbs = group(sub, "sky", register, dest="sky_verb")
 
     v = verb(verbs, "validate", _validate)
     v.add_argument("paths", nargs="*", help="task files (default: the five in sky/)")

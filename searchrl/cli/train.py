@@ -89,13 +89,11 @@ def _settings(args: argparse.Namespace) -> TrainSettings:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    verbs = group(
-        sub,
-        "train",
-        help="prepare and run search-agent GRPO training on verl",
-        description="Data prep, verl tool config, hydra overrides, local launch and checkpoint merge.",
-        dest="verb",
-    )
+    """prepare and run search-agent GRPO training on verl
+
+    Data prep, verl tool config, hydra overrides, local launch and checkpoint merge.
+    """
+    verbs = group(sub, "train", register, dest="verb")
 
     p = _settings_verb(verbs, "data", "write verl train/test parquet", _data)
     p.add_argument("--force", action="store_true", help="rewrite even if matching files exist")
