@@ -28,3 +28,6 @@ async def run_batch(futures: Sequence[asyncio.Future[T]], call: Callable[[], lis
     for future, result in zip(futures, results, strict=True):
         if not future.done():
             future.set_result(result)
+
+
+__all__ = ["run_batch"]
