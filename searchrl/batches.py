@@ -13,10 +13,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
-async def run_batch(futures: Sequence[asyncio.Future[T]], call: Callable[[], list[T]]) -> None:
+async def run_batch(futures: Sequence[asyncio.Future[_T]], call: Callable[[], list[_T]]) -> None:
     """Run `call()` in a thread; give the i-th future the i-th result, or every future the exception it raised."""
     try:
         results = await asyncio.to_thread(call)
