@@ -84,6 +84,12 @@ smoke: $(VENV)/.infer  ## end to end on a corpus: download (named ones), serve, 
 bench-index: $(VENV)/.retrieval  ## recall@k vs Flat, memory, disk, build/load time per FAISS index type
 	$(BIN)/searchrl index eval $(INDEX_EVAL_ARGS)
 
+# issue 47: what precision=auto picks for a build here, and the bundled dense build in fp32 then bf16 (~15 min on 2 cores)
+BUILD_BENCH_ARGS ?=
+.PHONY: bench-build
+bench-build: $(VENV)/.retrieval  ## the dense build in fp32 vs bf16, back to back: seconds, cosine per passage, top 3, recall@3; what auto picks
+	$(BIN)/searchrl index build-bench $(BUILD_BENCH_ARGS)
+
 # issue 24 item 5: needs ~10 GB of RAM for 2M x 768 (~25 min on 2 cores); SCALE_ARGS="--sizes 100k,200k" is quick
 SCALE_ARGS ?=
 bench-scale: $(VENV)/.retrieval  ## IVF-SQ8 at 250k..2M x 768 dims: build, memory, recall, one-core q/s per nprobe, fit to wiki-18

@@ -75,7 +75,9 @@ class IndexManifest(BaseModel):
     corpus_path: str  # where the corpus was at build time (informational; the checksum is what is checked)
     corpus_checksum: str
     # dense only
-    encoder: dict[str, Any] | None = None  # EncoderSpec.to_dict(): name, pooling, prefixes, dim, normalize
+    # EncoderSpec.to_dict(): name, pooling, prefixes, dim, normalize; and, for builds since issue 47, the
+    # precision the passages were encoded in (a key of this dict, so older manifests keep their fingerprint)
+    encoder: dict[str, Any] | None = None
     dim: int | None = None
     index_type: str | None = None  # FAISS factory string (Flat, HNSW32, IVF4096,SQ8, ...)
     metric: str | None = None  # inner_product (normalised vectors: cosine)
@@ -98,8 +100,9 @@ class IndexManifest(BaseModel):
     def summary(self) -> str:
         """One line for `searchrl index build` output and logs."""
         if self.kind == "dense":
-            enc = (self.encoder or {}).get("name")
-            what = f"encoder={enc} dim={self.dim} index={self.index_type}"
+            enc = self.encoder or {}
+            precision = f" ({enc['precision']})" if enc.get("precision") else ""
+            what = f"encoder={enc.get('name')}{precision} dim={self.dim} index={self.index_type}"
         else:
             what = f"stemmer={(self.tokenizer or {}).get('stemmer')} stopwords={(self.tokenizer or {}).get('stopwords')}"
         return f"{self.kind}: {self.count} passages, {what}, built in {self.build_seconds:.1f}s"
@@ -448,7 +451,7 @@ def build_dense_index(
             count=count,
             corpus_path=str(Path(corpus_path).resolve()),
             corpus_checksum=checksum,
-            encoder=encoder.spec.to_dict(),
+            encoder={**encoder.spec.to_dict(), "precision": encoder.precision},
             dim=encoder.dim,
             index_type=index_type,
             metric="inner_product",
@@ -575,6 +578,13 @@ def ensure_index(
             if encoder_factory
             else Encoder.from_settings(settings, batch_size=settings.encode_batch_size)
         )
+        if settings.precision == "auto":  # measured on this CPU (retrieval/encode_precision.py)
+            from searchrl.retrieval.encode_precision import choose_build_encoder
+
+            encoder, why = choose_build_encoder(
+                encoder, corpus_path, count_rows(corpus_path), batch_size=settings.encode_batch_size
+            )
+            log.info("dense index build encodes passages in %s", why)
         build_dense_index(
             corpus_path,
             index_dir,

@@ -73,6 +73,7 @@ def test_a_benchmark_verb_runs_with_the_settings_and_keywords_its_flags_give(
         (["index", "convert-bench", "--chunk", "10"], "error: --chunk: must be at least 1000, got 10"),
         (["index", "eval", "--train-sample", "0"], "error: --train-sample: must be positive, got 0"),
         (["index", "eval", "--synthetic", "-1"], "error: --synthetic: must be positive, got -1"),
+        (["index", "build-bench", "--queries", "0"], "error: --queries: must be at least 1, got 0"),
     ],
 )
 def test_a_number_below_its_bound_is_one_line_naming_the_flag(

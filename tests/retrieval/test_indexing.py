@@ -60,6 +60,7 @@ def test_dense_manifest_describes_the_index(dense_dir: Path) -> None:
         "passage_prefix": "",
         "dim": 384,
         "normalize": True,
+        "precision": "fp32",
     }
     assert (m.index_type, m.metric, m.source) == ("Flat", "inner_product", "built")
     assert m.corpus_checksum == corpus_checksum(TINY_CORPUS)
