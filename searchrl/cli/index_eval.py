@@ -182,32 +182,29 @@ _convert_bench = bench_handler(
 
 
 def register_build_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "build-bench",
-        help="a dense build in fp32 and in bf16, back to back: seconds, cosine, top 3, recall@3; what auto picks",
-        description=(
-            "Build the corpus's dense Flat index in fp32 and, on a CPU with native BF16, in bf16, one after the "
-            "other under --workdir; report each build's seconds and passages/s, the cosine of every bf16 passage "
-            "vector to its fp32 twin, how many of the held-out queries' top 3 stay the same, recall@3 on the dev "
-            "QA set, and what `precision=auto` picks on this machine. Method: searchrl/bench/build_precision.py."
-        ),
-        argument_default=argparse.SUPPRESS,
-    )
+    p = verb(sub, "build-bench", _build_bench)
     p.add_argument("--queries", type=int, help="held-out queries for the top-3 comparison (default 400)")
     p.add_argument("--workdir", type=Path, help="where the two indexes go (default outputs/build-bench)")
     p.add_argument(
         "--batch-size", dest="encode_batch_size", type=int, help="passages per forward pass (default 64)"
     )
     add_flags(p, "out_dir", "data_dir", "corpus", "encoder")
-    p.set_defaults(
-        handler=bench_handler(
-            "searchrl.bench.build_precision:run_build_bench",
-            "searchrl.bench.build_precision:format_build_bench",
-            _build_bench_kwargs,
-            settings=("data_dir", "corpus", "encoder", "encode_batch_size"),
-        )
-    )
 
 
 def _build_bench_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """a dense build in fp32 and in bf16, back to back: seconds, cosine, top 3, recall@3; what auto picks
+
+    Build the corpus's dense Flat index in fp32 and, on a CPU with native BF16, in bf16, one after the other
+    under --workdir; report each build's seconds and passages/s, the cosine of every bf16 passage vector to its
+    fp32 twin, how many of the held-out queries' top 3 stay the same, recall@3 on the dev QA set, and what
+    `precision=auto` picks on this machine. Method: searchrl/bench/build_precision.py.
+    """
     return {**given(args, "out_dir", "workdir"), **bounded(args, ("queries", "queries", 1))}
+
+
+_build_bench = bench_handler(
+    "searchrl.bench.build_precision:run_build_bench",
+    "searchrl.bench.build_precision:format_build_bench",
+    _build_bench_kwargs,
+    settings=("data_dir", "corpus", "encoder", "encode_batch_size"),
+)
