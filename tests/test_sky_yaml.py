@@ -7,6 +7,7 @@ subprocess of `skypilot.sky_python()`; `searchrl sky ...` from this interpreter 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -278,9 +279,7 @@ def run_node(
     **env: str,
 ) -> tuple[int, str, str]:
     """Build `yaml_name`'s script for node `rank` with SkyPilot's codegen, run it in a fake node at `home`."""
-    built = json.loads(
-        in_sky_python(BUILD_SCRIPT, str(SKY / yaml_name), str(rank), str(nodes)).strip().splitlines()[-1]
-    )
+    built = json.loads(_codegen(BUILD_SCRIPT, yaml_name, str(rank), str(nodes)))
     assert built["mount_cached"] == [mount_cached]
     bin_dir = home / "bin"
     for folder in (
@@ -483,9 +482,22 @@ def real_uv() -> str:
 
 def built_setup(yaml_name: str, **envs: str) -> dict[str, Any]:
     """sky/<yaml_name>'s setup and run scripts and storage mounts, as SkyPilot builds them with these --env's."""
-    out = in_sky_python(BUILD_SETUP, str(SKY / yaml_name), json.dumps(envs))
-    built: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    built: dict[str, Any] = json.loads(_codegen(BUILD_SETUP, yaml_name, json.dumps(envs, sort_keys=True)))
     return built
+
+
+@functools.cache
+def _built(code: str, yaml_name: str, yaml_text: str, *argv: str) -> str:
+    del yaml_text  # part of the key only: a changed task file is built again
+    return in_sky_python(code, str(SKY / yaml_name), *argv).strip().splitlines()[-1]
+
+
+def _codegen(code: str, yaml_name: str, *argv: str) -> str:
+    """The JSON line SkyPilot's codegen printed for sky/<yaml_name> with these arguments, built once per test run.
+
+    Each build starts SkyPilot's python (~5 s) and gives the same script for the same task file and arguments, so
+    the tests that run one built script in several fake nodes share it (the scripts are run fresh every time)."""
+    return _built(code, yaml_name, (SKY / yaml_name).read_text(), *argv)
 
 
 def run_setup(
