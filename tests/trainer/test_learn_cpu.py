@@ -5,6 +5,9 @@ and its reward curve. Each sabotage switches on one bug a peer shipped (trainer/
 with the one line that names the check it broke: `stale_sync` (at the weight sync after step 1) and
 `observations_in_loss` (at step 1) stop early and run in `make test`; `flip_advantage` and `shuffle_rewards` need
 the whole curve (~4 min each on a quiet 2-core Xeon) and run in `make test-sabotage` (all four).
+
+The learning run and the two that stop early are three separate runs of the CLI, started together (`sync_runs`,
+tests/trainer/conftest.py's CliRuns says why); each test reads its own run's output.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.learn import MIN_RISE, MIN_VARYING, STEPS
+from tests.trainer.conftest import CliRuns, selected
 
 REPO = Path(__file__).resolve().parents[2]
 LEARNED = re.compile(
@@ -35,39 +40,56 @@ SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-s
 SEPARATE_ASYNC_TESTS = os.environ.get("SEARCHRL_SEPARATE_ASYNC_TESTS") == "1"
 
 
-def _learn(out: Path, sabotaged: str | None = None, mode: str = "sync") -> subprocess.CompletedProcess[str]:
-    """The CLI as `make learn-cpu` runs it: seed 0 in sync, the async modes' default seeds (0, 1, 2) otherwise."""
+LEARN_TIMEOUT_S = 2400
+
+
+def _learn_args(sabotaged: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
+    """The CLI as `make learn-cpu` runs it (seed 0 in sync, the async modes' default seeds 0, 1, 2 otherwise), less
+    its --out, and its environment: ours with `sabotaged` switched on, or none."""
     env = {k: v for k, v in os.environ.items() if k != sabotage.ENV}
     if sabotaged:
         env[sabotage.ENV] = sabotaged
+    args = ["train", "cpu", "--learn", *(["--seeds", "0"] if mode == "sync" else []), "--trainer-mode", mode]
+    return args, env
+
+
+def _learn(out: Path, sabotaged: str | None = None, mode: str = "sync") -> subprocess.CompletedProcess[str]:
+    args, env = _learn_args(sabotaged, mode)
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "searchrl",
-            "train",
-            "cpu",
-            "--learn",
-            "--out",
-            str(out),
-            *(["--seeds", "0"] if mode == "sync" else []),
-            "--trainer-mode",
-            mode,
-        ],  # fmt: skip
+        [sys.executable, "-m", "searchrl", *args, "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=2400,
+        timeout=LEARN_TIMEOUT_S,
         cwd=REPO,
         env=env,
         check=False,
     )
 
 
+HONEST = "learn"
+LEARNS = "test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step"
+STOPS_EARLY = "test_sabotage_a_stale_sync_or_observations_in_the_loss_stop_the_learning_run_at_their_step"
+
+
+@pytest.fixture(scope="module")
+def sync_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliRuns]:
+    """The learning run and the early-stopping sabotages this session selected, started together when the first
+    is needed (CliRuns: 259 s side by side against 359 s in a row here); keyed by sabotage, HONEST for none."""
+    runs = CliRuns(tmp_path_factory.mktemp("learn-runs"))
+    keys: list[str | None] = [None] if selected(request, LEARNS) else []
+    keys += [item.callspec.params["sabotaged"] for item in selected(request, STOPS_EARLY)]
+    for key in keys:
+        runs.start(key or HONEST, *_learn_args(key, "sync"))
+    yield runs
+    runs.stop()  # any a failed or interrupted session left running
+
+
 @pytest.mark.slow
 @pytest.mark.live
-@pytest.mark.timeout(2400)  # ~5 min on a quiet 2-core machine, ~14 with other work on the same cores
-def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(tmp_path):
-    proc = _learn(tmp_path / "learn")
+# ~5 min on a quiet 2-core machine, ~14 with other work on the same cores
+@pytest.mark.timeout(LEARN_TIMEOUT_S)
+def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(sync_runs):
+    proc = sync_runs.result(HONEST, LEARN_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     match = LEARNED.match(last)
@@ -77,7 +99,7 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(tmp
     assert float(match.group(5)) < 1e-4 and match.group(6) == "0"
     rows = [line for line in proc.stdout.splitlines() if re.match(r"^\| \d+ \| (1|2 \(resumed\)) \| ", line)]
     assert len(rows) == STEPS
-    assert (tmp_path / "learn" / "reward_curve.png").stat().st_size > 10_000
+    assert (sync_runs.out(HONEST) / "reward_curve.png").stat().st_size > 10_000
     assert "| seed | reward first epoch | reward last epoch | paired rise | questions rose |" in proc.stdout
 
 
@@ -107,11 +129,11 @@ def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str,
     ],
 )
 def test_sabotage_a_stale_sync_or_observations_in_the_loss_stop_the_learning_run_at_their_step(
-    tmp_path, sabotaged, named
+    sync_runs, sabotaged, named
 ):
     """In every `make test`: a stale rollout fails the exact weight fingerprint at the sync after step 1, tool
     responses in the loss fail step 1's check; each costs a start-up and a step, not the whole run."""
-    _fails_with_one_line(_learn(tmp_path / sabotaged, sabotaged), sabotaged, named)
+    _fails_with_one_line(sync_runs.result(sabotaged, LEARN_TIMEOUT_S), sabotaged, named)
 
 
 @pytest.mark.slow
