@@ -245,3 +245,29 @@ def selected(request: pytest.FixtureRequest, name: str) -> list[pytest.Function]
     items = request.session.items
     return [i for i in items if isinstance(i, pytest.Function) and i.originalname == name]
 
+
+TRAIN_CPU_TIMEOUT_S = 1500
+# `make train-cpu` per trainer mode, and the test that reads its run
+TRAIN_CPU_RUNS = {
+    "sync": ("test_make_train_cpu_trains_searches_resumes_merges_and_evaluates", ()),
+    "colocate_async": (
+        "test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes",
+        ("--trainer-mode", "colocate_async"),
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def train_cpu_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CliRuns]:
+    """`make train-cpu` in sync (test_train_cpu.py) and in colocate_async (test_train_cpu_async.py), the ones this
+    session selected, started together when the first is needed: the colocate run goes on beside the sync run and
+    then test_train_cpu.py's raising-reward run (the three took 272 s so against 356 s one after another on a quiet
+    2-core Zen 4, 324 s with another suite sharing the cores)."""
+    runs = CliRuns(tmp_path_factory.mktemp("train-cpu-runs"))
+    for mode, (test, flags) in TRAIN_CPU_RUNS.items():
+        if selected(request, test):
+            runs.start(mode, ["train", "cpu", *flags])
+    yield runs
+    runs.stop()

@@ -5,9 +5,7 @@ FSDP2 on gloo and the `hf` rollout engine (docs/cpu-proofs.md, "First run on CPU
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +14,7 @@ from searchrl.trainer.cpu.scripted_agent_loop import question_of, scripted_tool_
 from searchrl.trainer.overrides import merge_overrides
 from searchrl.trainer.proofs.train_cpu import first_error
 from searchrl.trainer.step_checks import StepRow, check_steps, parse_steps, step_table
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.trainer.conftest import TRAIN_CPU_TIMEOUT_S
 
 # One step line as verl's console logger prints it inside the TaskRunner actor (trimmed).
 STEP_LINE = (
@@ -187,17 +184,11 @@ def test_the_sampler_stops_at_the_first_failed_group(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.live
-def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(tmp_path):
-    """What `make train-cpu` runs, as a user runs it: the CLI, its exit code and its printed table."""
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "searchrl", "train", "cpu", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        cwd=REPO,
-        check=False,
-    )
+def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(train_cpu_runs):
+    """What `make train-cpu` runs, as a user runs it: the CLI, its exit code and its printed table (the run goes
+    on beside the colocate_async one, tests/trainer/conftest.py's train_cpu_runs)."""
+    out = train_cpu_runs.out("sync")
+    proc = train_cpu_runs.result("sync", TRAIN_CPU_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3"]

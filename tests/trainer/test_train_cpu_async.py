@@ -14,6 +14,7 @@ import pytest
 
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.train_cpu import ASYNC_STEPS
+from tests.trainer.conftest import TRAIN_CPU_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[2]
 SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
@@ -28,7 +29,7 @@ def _train_cpu_async(
         [sys.executable, "-m", "searchrl", "train", "cpu", "--trainer-mode", mode, "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=TRAIN_CPU_TIMEOUT_S,
         cwd=REPO,
         check=False,
         env={**os.environ, **(env or {})},
@@ -37,11 +38,12 @@ def _train_cpu_async(
 
 @pytest.mark.slow
 @pytest.mark.live
-def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(tmp_path):
+def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(train_cpu_runs):
     """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
-    step ASYNC_STEPS, merge and eval; step_checks' async checks passed (exit 0), and the log shows why they could."""
-    out = tmp_path / "run"
-    proc = _train_cpu_async(out)
+    step ASYNC_STEPS, merge and eval; step_checks' async checks passed (exit 0), and the log shows why they could.
+    The run started beside test_train_cpu.py's (tests/trainer/conftest.py's train_cpu_runs)."""
+    out = train_cpu_runs.out("colocate_async")
+    proc = train_cpu_runs.result("colocate_async", TRAIN_CPU_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert f"merged step {ASYNC_STEPS}:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
     logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
