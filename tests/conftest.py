@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,8 @@ TINY_QA = FIXTURES / "tiny_qa.jsonl"
 # minute before failing. Offline, it fails at once and says so.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# Secrets and knobs a developer's shell may carry; tests must never see them.
+# Secrets and knobs a developer's shell may carry (besides every SEARCHRL_* variable); tests must never see them,
+# nor the runs they start.
 _LEAKY = (
     "RETRIEVAL_API_KEY",
     "RETRIEVAL_SERVICE_URL",
@@ -50,11 +51,32 @@ _LEAKY = (
 )
 
 
+def clean_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment less what a developer's shell may carry (every SEARCHRL_* variable, so the
+    SEARCHRL_TEST_SABOTAGE switch and the opt-in gates too, the secrets and TrainSettings' recipe names in _LEAKY),
+    plus `extra`: a copy, this process's own is left as it is.
+
+    What `clean_env` leaves each test, and the whole environment of every run a session- or module-scoped fixture
+    starts: those start before `clean_env` applies (pytest sets up the wider scopes first), so a run handed
+    os.environ there got the shell's (issue 53 item 5: a sabotage left in a shell failed the healthy train-cpu run).
+    """
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("SEARCHRL_") or k in _LEAKY)}
+    env.update(extra or {})
+    return env
+
+
+def apply_clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make this process's environment clean_environ()'s until `monkeypatch` is undone: for a wider-scoped fixture
+    whose children take no env of their own (multiprocessing's spawn) or that runs the CLI in process."""
+    keep = clean_environ()
+    for name in list(os.environ):
+        if name not in keep:
+            monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("SEARCHRL_") or name in _LEAKY:
-            monkeypatch.delenv(name, raising=False)
+    apply_clean_environ(monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +84,7 @@ def searchrl_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel `pip wheel --no-deps` builds from this checkout (what the image installs), once a session."""
     out = tmp_path_factory.mktemp("wheel")
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)]
-    subprocess.run(cmd, check=True, timeout=600)
+    subprocess.run(cmd, check=True, timeout=600, env=clean_environ())
     (wheel,) = out.glob("searchrl-*.whl")
     return wheel
 
@@ -88,7 +110,7 @@ def sglang_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
          "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "-d", str(out),
          f"sglang=={SGLANG_VERSION}"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=clean_environ(),
     )  # fmt: skip
     assert proc.returncode == 0, (
         f"pip download sglang=={SGLANG_VERSION} failed (needs PyPI): {proc.stderr[-500:]}"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.cli import main
-from tests.conftest import DEV_QA, REPO
+from tests.conftest import DEV_QA, REPO, apply_clean_environ
 
 pytestmark = [pytest.mark.slow, pytest.mark.live]
 
@@ -36,6 +36,8 @@ def real_runs(
 ) -> tuple[Path, dict[str, dict]]:
     out = tmp_path_factory.mktemp("real-weights")
     with pytest.MonkeyPatch.context() as mp:
+        # a module fixture starts before clean_env, and the eval's settings read the environment
+        apply_clean_environ(mp)
         mp.chdir(REPO)  # `--model smollm2-135m` resolves to data/models/smollm2-135m, as for a user
         for extra in RUNS.values():
             argv = ["eval", "--engine", "local", "--model", "smollm2-135m", "--device", "cpu",

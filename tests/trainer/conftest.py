@@ -18,7 +18,7 @@ from searchrl.processes import stop_process
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_user_prompt
 from searchrl.trainer.cpu.tiny_model import CHATML_HERMES_TEMPLATE
 from searchrl.trainer.settings import TrainSettings
-from tests.conftest import FIXTURES, TINY_CORPUS
+from tests.conftest import FIXTURES, TINY_CORPUS, clean_environ
 
 QA_SAMPLE = FIXTURES / "qa_train_sample.jsonl"
 SEVENTH_SEAL_QUESTION = (
@@ -201,6 +201,10 @@ class CliRuns:
     learning run and its two early-stopping sabotages took 259 s side by side against 359 s in a row. Each run is
     the same command as before, so each test still proves what it did. Output goes to files, so no run blocks on a
     pipe nobody reads yet; `stop()` ends any still running when a session fails or is interrupted.
+
+    A run's environment is `clean_environ()` plus the variables it asks for, never os.environ as it stands: the
+    fixtures that start these runs are set up before the autouse `clean_env`, so a SEARCHRL_TEST_SABOTAGE left in the
+    shell reached the healthy train-cpu run and failed it at step 1 with that sabotage's figures (issue 53 item 5).
     """
 
     def __init__(self, root: Path) -> None:
@@ -214,7 +218,8 @@ class CliRuns:
         return self.root / f"{key}.{stream}"
 
     def start(self, key: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-        """`python -m searchrl ARGS --out <out(key)>` in the repo, in its own process group."""
+        """`python -m searchrl ARGS --out <out(key)>` in the repo, in its own process group, with clean_environ()
+        plus `env` (only the variables given there reach it from the test)."""
         argv = [sys.executable, "-m", "searchrl", *args, "--out", str(self.out(key))]
         with open(self._log(key, "stdout"), "wb") as out, open(self._log(key, "stderr"), "wb") as err:
             self.procs[key] = subprocess.Popen(
@@ -222,7 +227,7 @@ class CliRuns:
                 stdout=out,
                 stderr=err,
                 cwd=REPO,
-                env=None if env is None else dict(env),
+                env=clean_environ(env),
                 start_new_session=True,
             )
 

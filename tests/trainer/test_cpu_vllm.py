@@ -203,5 +203,6 @@ def test_sabotage_stale_sync_stops_the_vllm_run_at_its_first_sync(tmp_path):
     proc = _vllm_run(tmp_path, {"SEARCHRL_TEST_SABOTAGE": "stale_sync"})
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "weight sync check failed at step 1" in proc.stderr, proc.stderr[-3000:]
+    assert "error: SABOTAGE stale_sync was switched on" in proc.stderr  # never a healthy run's failure
     assert not (tmp_path / "run" / "train-2.log").exists()  # stopped in the first invocation
     _no_leftovers(before)

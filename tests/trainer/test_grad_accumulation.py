@@ -35,6 +35,7 @@ import pytest
 
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
+from tests.conftest import apply_clean_environ
 from tests.trainer.conftest import gather_ranks
 from tests.trainer.packed_engine import fsdp_engine
 
@@ -230,6 +231,8 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     args = ((tmp / "store").as_uri(), str(tmp / "model"), engine_configs, saves, queue)
     started = time.monotonic()
     with pytest.MonkeyPatch.context() as patch:
+        # a module fixture starts before clean_env, and the plugin reads SEARCHRL_TEST_SABOTAGE at import
+        apply_clean_environ(patch)
         for key, value in ENV.items():  # the spawned workers import verl on the CPU platform
             patch.setenv(key, value)
         procs = [ctx.Process(target=_worker, args=(rank, *args)) for rank in range(WORLD)]

@@ -23,6 +23,7 @@ import pytest
 
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.learn import MIN_RISE, MIN_VARYING, STEPS
+from tests.conftest import clean_environ
 from tests.trainer.conftest import CliRuns, selected
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,10 +46,9 @@ LEARN_TIMEOUT_S = 2400
 
 def _learn_args(sabotaged: str | None, mode: str) -> tuple[list[str], dict[str, str]]:
     """The CLI as `make learn-cpu` runs it (seed 0 in sync, the async modes' default seeds 0, 1, 2 otherwise), less
-    its --out, and its environment: ours with `sabotaged` switched on, or none."""
-    env = {k: v for k, v in os.environ.items() if k != sabotage.ENV}
-    if sabotaged:
-        env[sabotage.ENV] = sabotaged
+    its --out, and its environment: clean_environ() (`sync_runs` starts before clean_env) with `sabotaged` switched
+    on, or none."""
+    env = clean_environ({sabotage.ENV: sabotaged} if sabotaged else None)
     args = ["train", "cpu", "--learn", *(["--seeds", "0"] if mode == "sync" else []), "--trainer-mode", mode]
     return args, env
 
@@ -104,10 +104,13 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(syn
 
 
 def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str, named: str) -> None:
+    """Exit 2 with one error line naming the broken check, and the sabotage named first thing and in that line."""
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     print(f"{sabotaged}: exit {proc.returncode}; {errors}; {proc.stdout.strip().splitlines()[-1:]}")
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-4000:]
     assert len(errors) == 1 and re.search(named, errors[0]), errors
+    assert proc.stderr.splitlines()[:1] == [sabotage.announcement(sabotaged)], proc.stderr[:2000]
+    assert errors[0].startswith(f"error: SABOTAGE {sabotaged} was switched on ({sabotage.ENV}): "), errors
 
 
 @pytest.mark.slow

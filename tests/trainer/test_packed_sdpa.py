@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, clean_environ
 
 TOLERANCE = 1e-5  # fp32 throughout; measured differences are ~5e-7 (log-probs, entropy) and ~1e-6 (gradients)
 
@@ -26,6 +26,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.trainer.packed_engine", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        env=clean_environ(),  # a module fixture starts before clean_env: not the shell's SEARCHRL_* variables
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 
 from searchrl.errors import StepCheckError
 from searchrl.trainer.weight_sync import fingerprint as weight_fingerprint
+from tests.conftest import apply_clean_environ
 
 # the group's own timeout: what a rank left behind would wait for (bounded here so the "before" case ends)
 GROUP_TIMEOUT_S = 12
@@ -87,8 +88,11 @@ def outcomes() -> dict[tuple[bool, int], tuple[str, float]]:
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
+    with pytest.MonkeyPatch.context() as patch:
+        # spawned ranks take this environment, and a module fixture starts before clean_env
+        apply_clean_environ(patch)
+        for p in procs:
+            p.start()
     results = {}
     try:
         for _ in range(4):

@@ -68,6 +68,7 @@ def test_sabotage_an_engine_that_does_not_stamp_versions_stops_the_async_run_at_
     proc = _train_cpu_async(tmp_path / "run", {sabotage.ENV: sabotage.NO_VERSION_STAMPS})
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-4000:]
     assert "trajectories carry no weights version" in proc.stderr
+    assert f"error: SABOTAGE {sabotage.NO_VERSION_STAMPS} was switched on" in proc.stderr
     log = (tmp_path / "run" / "train-1.log").read_text(errors="replace")
     assert not re.search(r"\bstep:\d+ - ", log)  # no step trained
 

@@ -22,7 +22,10 @@ learning check must notice; each is a bug a peer shipped:
   (trainer/plugins/sampler.py).
 
 Nothing in a user's run reads this variable unless it is set; an unknown name is refused, so a typo in a test
-cannot pass silently as "no sabotage".
+cannot pass silently as "no sabotage". A run with one switched on says so in its first line (`announcement`) and in
+its error line (`name_in`), both from `searchrl train cpu` (searchrl/cli/train_cpu.py), so a sabotaged run's failure
+is never read as a healthy run's; the tests hand each run they start only the variables it asks for
+(tests/conftest.py `clean_environ`), so a switch left in a shell reaches no run that did not ask for it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from searchrl.errors import ConfigError
+from searchrl.errors import ConfigError, SearchRLError
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +60,21 @@ def current() -> str | None:
 
 def active(name: str) -> bool:
     return current() == name
+
+
+def announcement(name: str) -> str:
+    """The line a CPU run with sabotage `name` switched on starts with."""
+    return f"SABOTAGE {name} is switched on ({ENV}={name}): this run is meant to fail; unset {ENV} for a real run"
+
+
+def name_in(exc: BaseException, name: str) -> None:
+    """Name sabotage `name` in how `exc` will be shown: a SearchRLError's message (the one `error: ...` line
+    `searchrl` prints) starts with it; any other exception, a bug that keeps its traceback, gets it as a note."""
+    tag = f"SABOTAGE {name} was switched on ({ENV})"
+    if isinstance(exc, SearchRLError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        exc.args = (f"{tag}: {exc.args[0]}",)
+    else:
+        exc.add_note(tag)
 
 
 # Both advantage sabotages wrap the function verl's GRPO path looks up on `core_algos` at each call
@@ -145,9 +163,11 @@ __all__ = [
     "SHUFFLE_SEED",
     "STALE_SYNC",
     "active",
+    "announcement",
     "current",
     "flip_advantages",
     "misjoin",
+    "name_in",
     "shuffle_rewards",
     "stale_vllm_weights",
 ]
