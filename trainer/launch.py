@@ -54,7 +54,7 @@ from searchrl.trainer.merge import TRACKER_FILE
 from searchrl.trainer.node.stack_check import StackError, check_flash_attn_2
 from searchrl.trainer.overrides import hydra_value, merge_overrides, render_overrides, verl_command
 from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
-from searchrl.trainer.step_checks import StepRow, gpu_step_problems
+from searchrl.trainer.step_checks import ProbDiffWatch, StepRow, gpu_step_problems, parse_steps
 from searchrl.trainer.supervisor import supervise
 from searchrl.trainer.template_check import check_train_template
 from searchrl.trainer.toolconfig import write_tool_config
@@ -258,28 +258,35 @@ STEPS_LOG = "steps.log"  # verl's `step:N - ...` console lines of every invocati
 
 def _run_trainer(cmd: Sequence[str], steps_log: Path | None) -> int:
     """verl in the foreground under the one supervisor (trainer/supervisor.py), its output passed through; each
-    step line is also appended to `steps_log` and checked as it arrives (`_gpu_step_failures`). The first failure
-    stops verl at that step and raises StepCheckError: a GPU run never trains on past tool responses in its loss or
-    a check that did not run. A stale rollout is not what stops it here: the mean probability difference cannot see
-    one in bf16 (docs/training.md); the weight sync check does, inside verl at the sync (hf, vLLM:
-    trainer/weight_sync/vllm_sync.py; sglang, sampled rows of every tensor: trainer/weight_sync/sglang_sync.py)."""
+    step line is also appended to `steps_log` and checked as it arrives (`gpu_step_problems` with the run's
+    `ProbDiffWatch`, seeded with the steps earlier invocations appended, so a resume keeps the run's baseline and
+    streak). The first failure stops verl at that step and raises StepCheckError: a GPU run never trains on past
+    tool responses in its loss or a check that did not run. A stale rollout is not what stops it here: the mean
+    probability difference cannot see one in bf16 (docs/training.md); the weight sync check does, inside verl at the
+    sync (hf, vLLM: trainer/weight_sync/vllm_sync.py; sglang, sampled rows of every tensor:
+    trainer/weight_sync/sglang_sync.py). The mean over the run is logged in one line when verl ends."""
     log.info("starting verl: %s -m verl.trainer.main_ppo (%d overrides)", cmd[0], len(cmd) - 3)
-    return supervise(
-        cmd,
-        on_step=_gpu_step_failures,
-        on_line=sys.stdout.write,
-        log_path=steps_log,
-        log_steps_only=True,
-        append=True,
-    )
+    watch = ProbDiffWatch()
+    if steps_log is not None and steps_log.is_file():
+        watch.seed(parse_steps(steps_log.read_text(encoding="utf-8", errors="replace"), "gpu"))
 
+    def step_failures(row: StepRow) -> list[str]:
+        failures, warnings = gpu_step_problems(row, watch)
+        for problem in warnings:
+            log.warning("%s", problem)
+        return failures
 
-def _gpu_step_failures(row: StepRow) -> list[str]:
-    """A GPU step's failures (trainer/step_checks.py `gpu_step_problems`); its warnings are logged at once."""
-    failures, warnings = gpu_step_problems(row)
-    for problem in warnings:
-        log.warning("%s", problem)
-    return failures
+    try:
+        return supervise(
+            cmd,
+            on_step=step_failures,
+            on_line=sys.stdout.write,
+            log_path=steps_log,
+            log_steps_only=True,
+            append=True,
+        )
+    finally:
+        log.info("%s", watch.summary())
 
 
 def resume_overrides(run_dir: Path, step: int) -> list[str]:

@@ -7,7 +7,8 @@ So after verl returns, `searchrl train local` with SMOKE=1 checks, and fails wit
   2. a checkpoint was written for the last step (verl's `latest_checkpointed_iteration.txt`);
   3. verl's merger turns it into a Hugging Face folder, and that folder loads with transformers (trainer/merge.py);
   4. every step verl logged (<run>/searchrl/steps.log, kept by `searchrl train local`) is within verl's FAQ limit
-     for the rollout/actor probability difference (mean < 0.01; above 0.005 a warning), trained on no
+     for the rollout/actor probability difference (a mean >= 0.01 on 3 steps in a row, or one step >= 0.05,
+     fails; `ProbDiffWatch`), trained on no
      tool-response token, saw one where it searched, and logged every figure these need (trainer/step_checks.py
      `gpu_step_problems`). The mean difference is no weight-sync check in bf16; the fingerprint is, inside verl
      (trainer/weight_sync/vllm_sync.py, vLLM only; not sglang).
@@ -23,7 +24,7 @@ from pathlib import Path
 from searchrl.errors import CheckpointError, SmokeCheckError
 from searchrl.trainer.merge import MergeResult, find_latest_checkpoint, merge_latest
 from searchrl.trainer.settings import TrainSettings
-from searchrl.trainer.step_checks import gpu_step_problems, parse_steps
+from searchrl.trainer.step_checks import ProbDiffWatch, gpu_step_problems, parse_steps
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +71,14 @@ def check_steps_log(path: Path) -> int:
         raise SmokeCheckError(
             f"no step lines in {path}: verl logged no training step (is trainer.logger console?)"
         )
+    watch = ProbDiffWatch()
     for row in rows:
-        failures, warnings = gpu_step_problems(row)
+        failures, warnings = gpu_step_problems(row, watch)
         if failures:
             raise SmokeCheckError(failures[0])
         for warning in warnings:
             log.warning("%s", warning)
+    log.info("%s", watch.summary())
     return len(rows)
 
 

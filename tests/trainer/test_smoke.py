@@ -157,16 +157,21 @@ def test_the_rollout_actor_probability_gap_fails_or_warns_at_verls_faq_limits(
     tmp_path, offline_tokenizer, caplog, mean, outcome
 ):
     """verl's FAQ: a mean rollout/actor probability difference above 0.01 is a precision or sync bug, above
-    0.005 suspicious. The smoke run reads the step lines `searchrl train local` kept and says so."""
+    0.005 suspicious. bf16 noise may cross either on one step, so the smoke run (reading the step lines `searchrl
+    train local` kept) fails on 3 steps in a row over 0.01, and says once that a baseline in the band is one
+    (trainer/step_checks.py ProbDiffWatch)."""
     settings = _settings(tmp_path)
     _train_like_verl(settings, offline_tokenizer, [(1, 0)], last_step=4, prob_diff_mean=mean)
     if outcome == "fails":
-        with pytest.raises(SmokeCheckError, match=r"step 1: rollout/actor mean prob diff 0\.02 >= 0\.01"):
+        with pytest.raises(
+            SmokeCheckError, match=r"step 3: rollout/actor mean prob diff 0\.02 >= 0\.01 on 3 steps in a row"
+        ):
             check_smoke_run(settings)
         return
-    caplog.set_level("WARNING", logger="searchrl.trainer.smoke_checks")
+    caplog.set_level("INFO", logger="searchrl.trainer.smoke_checks")
     check_smoke_run(settings)
-    assert ("mean prob diff 0.007 >= 0.005" in caplog.text) is (outcome == "warns")
+    assert ("mean prob diff baseline 0.007" in caplog.text) is (outcome == "warns")
+    assert f"rollout/actor mean prob diff over 4 steps: median {mean:.3g}" in caplog.text
 
 
 # A stand-in for `python -m verl.trainer.main_ppo`, found first on PYTHONPATH: it prints verl's console step lines

@@ -30,6 +30,7 @@ from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.proofs.train_cpu import FP32, cpu_overrides, cpu_settings, run_training, write_qa
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.step_checks import (
+    ProbDiffWatch,
     StepRow,
     check_steps,
     gpu_step_problems,
@@ -206,11 +207,12 @@ def check_real_steps(
             if per_step
             else check_steps(rows, steps, searching=searching)
         )
+    watch = ProbDiffWatch()  # one over the rows given: the mean is judged as a run's series, not step by step
     if per_step:
-        return [f for row in rows for f in gpu_step_problems(row)[0]]
+        return [f for row in rows for f in gpu_step_problems(row, watch)[0]]
     problems = check_steps(rows, steps, max_prob_diff=math.inf, searching=searching)
     # gpu_step_problems repeats the mask checks check_steps made: each problem once
-    return list(dict.fromkeys(problems + [f for row in rows for f in gpu_step_problems(row)[0]]))
+    return list(dict.fromkeys(problems + [f for row in rows for f in gpu_step_problems(row, watch)[0]]))
 
 
 __all__ = [
