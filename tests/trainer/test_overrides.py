@@ -7,6 +7,7 @@ import warnings
 import pytest
 
 from searchrl.trainer.overrides import (
+    FLASHINFER_SAMPLER_KEY,
     REWARD_FN_NAME,
     REWARD_FN_PATH,
     SAMPLER_ASYNC_NAME,
@@ -159,6 +160,7 @@ def test_override_keys_are_existing_and_unique(tmp_path, compose):
         "+reward.custom_reward_function.reward_kwargs.failure_window",
         "+trainer.v1.sampler.sampler_kwargs.tokenizer",  # the sampler's loss-mask metrics (trainer/plugins/masks.py)
         VLLM_SYNC_KEY,  # the exact weight-sync check on vLLM (trainer/weight_sync/vllm_sync.py)
+        FLASHINFER_SAMPLER_KEY,  # vLLM's native top-p sampler, no FlashInfer JIT at engine start
     }
     bare = compose([])
     from omegaconf import OmegaConf
@@ -563,3 +565,25 @@ def test_verl_loads_an_async_replay_buffer_exactly_in_the_async_modes(mode):
 
     name = SAMPLER_NAME if mode == "sync" else SAMPLER_ASYNC_NAME
     assert issubclass(load_extern_type(SAMPLER_PATH, name), ReplayBufferAsync) is (mode != "sync")
+
+
+@pytest.mark.parametrize("rollout", ["vllm", "sglang"])
+def test_vllms_workers_start_with_flashinfers_sampler_off_and_ray_accepts_it(tmp_path, compose, rollout):
+    """Issue 53 item 1: the rendered run hands VLLM_USE_FLASHINFER_SAMPLER=0 to every Ray worker through verl's own
+    runtime-env merge (verl/trainer/main_ppo.py run_ppo: get_ppo_ray_runtime_env, then ray_init.runtime_env over
+    it), as a string Ray's runtime-env schema takes (an unquoted 0 composes to an int, which Ray refuses). vLLM's
+    rule on that value is tests/trainer/test_flashinfer_sampler.py."""
+    from omegaconf import OmegaConf
+    from ray.runtime_env import RuntimeEnv
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    model = "meta-llama/Llama-3.2-3B-Instruct" if rollout == "sglang" else "Qwen/Qwen2.5-3B-Instruct"
+    settings = TrainSettings(data_dir=tmp_path, rollout_name=rollout, model_name=model)
+    cfg = compose(render_overrides(settings))
+    ray_init = cfg.ray_kwargs.get("ray_init", {})
+    merged = OmegaConf.merge(get_ppo_ray_runtime_env(cfg), ray_init.get("runtime_env", {}))
+    env_vars = RuntimeEnv(**OmegaConf.to_container(merged)).env_vars()
+    assert env_vars.get("VLLM_USE_FLASHINFER_SAMPLER") == ("0" if rollout == "vllm" else None)
+    with pytest.raises(TypeError):
+        RuntimeEnv(env_vars={"VLLM_USE_FLASHINFER_SAMPLER": 0})  # why hydra_value quotes a numeric string
+    assert hydra_value("0") == "'0'" and hydra_value(0) == "0" and hydra_value("inf") == "'inf'"
