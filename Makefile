@@ -120,6 +120,7 @@ bench-start: $(VENV)/.retrieval  ## replica start: index copy + serve to the fir
 # make train NETWORK_TIER=best INFRA=aws/us-east-1 ...   (EFA; the job and its recoveries stay by the bucket)
 # make train TRAINER_MODE=separate_async [ROLLOUT_NODES=1] ...   (verl's async modes; docs/training.md "Trainer modes")
 # make train ROLLOUT=sglang ...   (refused for models sglang 0.5.12 cannot read back, Qwen2 among them: trainer/weight_sync/sglang_readback.py)
+# make train NODES=1 REHEARSE_MULTI_NODE=1 ...   (the 2-node trainer's FSDP2, no-sync and HSDP, as 2 x 4 on one node: docs/training.md)
 # Both run in $(SKY_VENV) alone: nothing here needs the dev venv (torch, verl).
 SERVICE ?= searchrl-retrieval
 SECRETS ?=
@@ -132,6 +133,7 @@ NETWORK_TIER ?= standard
 INFRA ?=
 TRAINER_MODE ?=
 ROLLOUT_NODES ?=
+REHEARSE_MULTI_NODE ?=
 serve-retrieval-sky: $(SKY_VENV)/.sky  ## launch the retrieval service on SkyServe (ENV="SEARCHRL_INDEX_BUCKET=..." mounts the index bucket; CPUS/MEMORY/DISK_SIZE size the replica) and print its endpoint
 	$(SKY_VENV)/bin/python -m searchrl sky serve --name $(SERVICE) --secret RETRIEVAL_API_KEY $(if $(DRY_RUN),--dry-run) $(if $(CPUS),--cpus $(CPUS)) $(if $(MEMORY),--memory $(MEMORY)) $(if $(DISK_SIZE),--disk-size $(DISK_SIZE)) $(addprefix --env ,$(ENV))
 	$(if $(DRY_RUN),@echo "dry run: not waiting for $(SERVICE)",$(SKY_VENV)/bin/python -m searchrl sky endpoint $(SERVICE))
@@ -144,7 +146,7 @@ sky-index-convert: $(SKY_VENV)/.sky  ## download Search-R1's wiki-18 Flat index 
 	$(SKY_VENV)/bin/sky launch -c searchrl-index-convert -i 10 --down sky/index-convert.yaml --env SEARCHRL_INDEX_BUCKET=$(INDEX_BUCKET) $(addprefix --env ,$(ENV))
 
 train: $(SKY_VENV)/.sky  ## = searchrl sky train: endpoint, health check, managed job on NODES nodes (NETWORK_TIER=standard|best)
-	$(SKY_VENV)/bin/python -m searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) --network-tier $(NETWORK_TIER) $(if $(INFRA),--infra $(INFRA)) $(if $(TRAINER_MODE),--env TRAINER_MODE=$(TRAINER_MODE)) $(if $(ROLLOUT_NODES),--env ROLLOUT_NODES=$(ROLLOUT_NODES)) $(if $(filter-out vllm,$(ROLLOUT)),--env ROLLOUT=$(ROLLOUT)) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
+	$(SKY_VENV)/bin/python -m searchrl sky train $(if $(NODES),--num-nodes $(NODES)) $(if $(DRY_RUN),--dry-run) --network-tier $(NETWORK_TIER) $(if $(INFRA),--infra $(INFRA)) $(if $(TRAINER_MODE),--env TRAINER_MODE=$(TRAINER_MODE)) $(if $(ROLLOUT_NODES),--env ROLLOUT_NODES=$(ROLLOUT_NODES)) $(if $(REHEARSE_MULTI_NODE),--env REHEARSE_MULTI_NODE=$(REHEARSE_MULTI_NODE)) $(if $(filter-out vllm,$(ROLLOUT)),--env ROLLOUT=$(ROLLOUT)) $(addprefix --env ,$(ENV)) $(addprefix --secret ,$(SECRETS))
 
 # The trainer's GPU environment: exactly one lock (requirements/gpu-$(ROLLOUT)-py$(GPU_PY).txt), then flash-attn 2's
 # hash-pinned wheel (requirements/gpu-flash-attn-py$(GPU_PY).txt, --no-deps) unless FLASH_ATTN=0 (sdpa), then this

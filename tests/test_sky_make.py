@@ -216,3 +216,46 @@ def test_separate_async_on_one_node_is_refused_by_the_plan() -> None:
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: 1 node(s) x 8 GPUs: the trainer would refuse these settings")
     assert "needs a trainer node beside the rollout nodes" in line
+
+
+# --- the multi-node trainer rehearsed on one node (issue 53 item 4) -------------------------------------------------
+
+
+@needs_make
+def test_make_train_passes_the_rehearsal_switch() -> None:
+    (line,) = make_n("train", "DRY_RUN=1", "NODES=1", "REHEARSE_MULTI_NODE=1")
+    assert "--num-nodes 1" in line and "--env REHEARSE_MULTI_NODE=1" in line
+    (plain,) = make_n("train", "DRY_RUN=1", "NODES=1")
+    assert "REHEARSE_MULTI_NODE" not in plain  # the task file's default, "0"
+
+
+def test_the_rehearsal_dry_run_says_so_and_prints_the_fsdp_layout() -> None:
+    """`make train DRY_RUN=1 NODES=1 REHEARSE_MULTI_NODE=1`: the plan says it rehearses, with what the overrides
+    render (FSDP2, no-sync, HSDP 2 x 4), and counts no cross-node bytes: the two replicas share the node."""
+    proc = _dry_run("--num-nodes", "1", "--env", "REHEARSE_MULTI_NODE=1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    task = yaml.safe_load(proc.stdout)
+    assert task["num_nodes"] == 1 and task["envs"]["REHEARSE_MULTI_NODE"] == "1"
+    _, plan = _plan_comments(proc.stdout)
+    assert plan[1:3] == [
+        "1 node(s) x 8 GPUs:",
+        "rehearsal of the multi-node trainer on one node: FSDP2, no-sync, HSDP 2 x 4 (fsdp_size 4)",
+    ]
+    assert plan[3].startswith("micro batches: packed")
+    assert plan[4] == (
+        "FSDP group: 4 GPUs (HSDP 2 x 4 inside the node, as on 2 nodes); gradient sync: once per mini batch"
+    )
+    assert "cross-node 0.0 GB per node" in plan[6]
+    plain = _dry_run("--num-nodes", "1")
+    assert not any("rehearsal" in line for line in _plan_comments(plain.stdout)[1])
+
+
+def test_the_rehearsal_on_two_nodes_is_refused_by_the_plan() -> None:
+    proc = _dry_run("--num-nodes", "2", "--env", "REHEARSE_MULTI_NODE=1")
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == (
+        "error: 2 node(s) x 8 GPUs: the trainer would refuse these settings (REHEARSE_MULTI_NODE=1 rehearses the "
+        "multi-node trainer on one node, but NUM_NODES=2 already renders FSDP2, no-sync and HSDP across the nodes: "
+        "unset REHEARSE_MULTI_NODE or use NUM_NODES=1)"
+    )

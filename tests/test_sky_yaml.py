@@ -781,6 +781,35 @@ def test_the_heads_health_wait_covers_a_replica_start() -> None:
     assert 'step searchrl health "$RETRIEVAL_SERVICE_URL" --deadline "$HEALTH_DEADLINE_S"' in config["run"]
 
 
+REHEARSAL_PLAN = """
+import json, sys
+from pathlib import Path
+from searchrl.deploy import tasks
+from searchrl.deploy.train_settings import node_settings, task_gpus_per_node
+task = tasks.load_task(Path(sys.argv[1]), json.loads(sys.argv[2]), {})
+task.num_nodes = 1  # as `searchrl sky train --num-nodes 1` (train-single.yaml has one already)
+(gpus,) = task_gpus_per_node(task)
+s = node_settings(dict(task.envs), nnodes=1, gpus_per_node=gpus)
+print(json.dumps({"env": task.envs.get("REHEARSE_MULTI_NODE"), "gpus": s.n_gpus,
+                  "fsdp": [s.fsdp_strategy, s.fsdp_size, s.fsdp_replicas, s.sync_grads_per_mini_batch]}))
+"""
+
+
+@pytest.mark.parametrize("yaml_name", ["train.yaml", "train-single.yaml"])
+def test_both_train_tasks_carry_the_one_node_rehearsal_switch_off_by_default(yaml_name: str) -> None:
+    """REHEARSE_MULTI_NODE (issue 53 item 4) is a commented knob of both train tasks, "0" by default; SkyPilot's
+    parser puts `--env REHEARSE_MULTI_NODE=1` in the task's envs, which the nodes' TrainSettings read: on one node
+    of 8 GPUs the multi-node FSDP layout (FSDP2, no-sync, HSDP 2 x 4), without it verl's one-node default."""
+    assert yaml.safe_load((SKY / yaml_name).read_text())["envs"]["REHEARSE_MULTI_NODE"] == "0"
+    base = {"CHECKPOINT_BUCKET": "b", "RETRIEVAL_SERVICE_URL": "http://10.0.0.1:8000"}
+    plans = [
+        json.loads(in_sky_python(REHEARSAL_PLAN, str(SKY / yaml_name), json.dumps({**base, **extra})))
+        for extra in ({}, {"REHEARSE_MULTI_NODE": "1"})
+    ]
+    assert plans[0] == {"env": "0", "gpus": 8, "fsdp": ["fsdp", -1, 1, False]}
+    assert plans[1] == {"env": "1", "gpus": 8, "fsdp": ["fsdp2", 4, 2, True]}
+
+
 def test_every_task_that_installs_uv_pins_the_same_version() -> None:
     """retrieval.yaml and index-build.yaml installed whatever uv PyPI had that day; the train tasks pin it."""
     found = {

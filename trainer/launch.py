@@ -87,6 +87,7 @@ RESUME_KEYS = (
     "passage_max_chars",
     "nnodes",
     "gpus_per_node",
+    "rehearse_multi_node",  # FSDP1 shards or FSDP2 HSDP ones: the checkpoint layout changes with it
 )
 
 

@@ -159,7 +159,8 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
         ("actor_rollout_ref.ref.fsdp_config.param_offload", True),
         # multi-node: FSDP inside each node, one gradient sync per mini batch (TrainSettings.fsdp_size), on FSDP2,
         # which accumulates the unsynced micro batches in fp32 where FSDP1 sums them in bf16
-        # (TrainSettings.fsdp_strategy; the reference model follows actor.strategy, verl's ref.yaml)
+        # (TrainSettings.fsdp_strategy; the reference model follows actor.strategy, verl's ref.yaml). The same rows
+        # on one node with REHEARSE_MULTI_NODE=1, as HSDP 2 x GPUS_PER_NODE / 2 inside it
         ("actor_rollout_ref.actor.strategy", s.fsdp_strategy),
         ("actor_rollout_ref.actor.fsdp_config.fsdp_size", s.fsdp_size),
         ("actor_rollout_ref.ref.fsdp_config.fsdp_size", s.fsdp_size),

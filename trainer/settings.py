@@ -6,8 +6,8 @@ passages, up to 4 searches per answer, 1005 steps.
 
 Env names are SEARCHRL_TRAIN_<FIELD>, except those users know from the SkyPilot recipes (DATASET_SIZE,
 MODEL_NAME, TRAIN_BATCH_SIZE, TOTAL_STEPS, NUM_NODES, GPUS_PER_NODE, RETRIEVAL_SERVICE_URL, EXPERIMENT_NAME,
-CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS, ROLLOUT, SMOKE, ALLOW_SMALL_CORPUS, FLASH_ATTN, TRAINER_MODE, ROLLOUT_NODES),
-which are declared as aliases so `sky launch --env NAME=...` reaches them.
+CHECKPOINT_DIR, ROLLOUT_N, MAX_TURNS, ROLLOUT, SMOKE, ALLOW_SMALL_CORPUS, FLASH_ATTN, TRAINER_MODE, ROLLOUT_NODES,
+REHEARSE_MULTI_NODE), which are declared as aliases so `sky launch --env NAME=...` reaches them.
 
 SMOKE=1 is the first GPU run (`make train-smoke`): SMOKE_PRESET below replaces every default it names (a value
 the user sets still wins), so a tiny model trains for a few steps on one GPU against the bundled corpus.
@@ -138,6 +138,12 @@ class TrainSettings(StrictSettings):
     gpu_memory_utilization: float = Field(default=0.6, gt=0, lt=1)  # KV-cache share of rollout GPU memory
     nnodes: int = Field(default=1, ge=1, validation_alias=_alias("NUM_NODES", "nnodes"))
     gpus_per_node: int = Field(default=8, ge=1, validation_alias=_alias("GPUS_PER_NODE", "gpus_per_node"))
+    # 1 = rehearse the multi-node trainer on one node (issue 53): FSDP2, one gradient sync per mini batch (fp32
+    # accumulator) and HSDP as 2 replicas x GPUS_PER_NODE / 2 inside the node, what NUM_NODES > 1 renders across
+    # nodes (fsdp_size, sync_grads_per_mini_batch); NUM_NODES=1 and an even GPUS_PER_NODE of 4 or more only
+    rehearse_multi_node: bool = Field(
+        default=False, validation_alias=_alias("REHEARSE_MULTI_NODE", "rehearse_multi_node")
+    )
 
     # --- trainer mode (verl's trainer.v1; docs/training.md "Trainer modes") ----------------------------------
     # sync: generate a batch, then update (Search-R1's schedule). colocate_async: rollout and actor share the GPUs
@@ -286,6 +292,7 @@ class TrainSettings(StrictSettings):
                 f"({self.mini_batch_size})"
             )
         self._check_mode()
+        self._check_rehearsal()
         if (self.mini_batch_size * self.rollout_n) % self.n_gpus:
             shape = (
                 f"the trainer's GPU count (NUM_NODES - ROLLOUT_NODES) x GPUS_PER_NODE (({self.nnodes} - "
@@ -352,6 +359,25 @@ class TrainSettings(StrictSettings):
             raise ValueError(
                 f"TRAINER_MODE=separate_async needs a trainer node beside the rollout nodes: ROLLOUT_NODES="
                 f"{self.rollout_node_count} leaves none of NUM_NODES={self.nnodes}; use 2 or more nodes"
+            )
+
+    def _check_rehearsal(self) -> None:
+        """REHEARSE_MULTI_NODE only where it means something: one node, split into 2 HSDP groups that shard."""
+        if not self.rehearse_multi_node:
+            return
+        if self.nnodes > 1:
+            raise ValueError(
+                f"REHEARSE_MULTI_NODE=1 rehearses the multi-node trainer on one node, but NUM_NODES={self.nnodes} "
+                "already renders FSDP2, no-sync and HSDP across the nodes: unset REHEARSE_MULTI_NODE or use NUM_NODES=1"
+            )
+        if self.gpus_per_node < 4 or self.gpus_per_node % 2:
+            # verl's mesh is (replicas, fsdp_size) = (2, GPUS_PER_NODE / 2): it must divide, and a group of one GPU
+            # shards nothing (verl's eval context skips the reshard for fsdp_size 1, engine/fsdp/transformer_impl.py)
+            smoke = self.smoke and self.gpus_per_node == 1
+            preset = " (SMOKE=1's one GPU unless GPUS_PER_NODE is set)" if smoke else ""
+            raise ValueError(
+                f"REHEARSE_MULTI_NODE=1 splits the node into 2 HSDP groups of GPUS_PER_NODE / 2 GPUs that shard, "
+                f"but GPUS_PER_NODE={self.gpus_per_node}{preset}: use an even count of 4 or more (8 on an H100 node)"
             )
 
     def _fold_attn_implementation(self) -> None:
@@ -457,19 +483,28 @@ class TrainSettings(StrictSettings):
     def fsdp_size(self) -> int:
         """verl's fsdp_config.fsdp_size: one node's GPUs when the trainer spans nodes (parameters are gathered over
         NVLink and only gradient shards cross the node link, once per replica sync), verl's -1 (every GPU) when it
-        has one node (one node, or separate_async with one trainer node).
+        has one node (one node, or separate_async with one trainer node). REHEARSE_MULTI_NODE=1 on one node: half
+        its GPUs, so verl's (ddp, fsdp) mesh is the same HSDP, 2 replicas inside the node instead of across nodes.
 
         Not with one GPU per node: torch's FSDP1 turns a hybrid shard group of one GPU into NO_SHARD and then
         all-reduces gradients over that group of one, so the replicas never average (seen on gloo in
         tests/trainer/test_fsdp_sync.py's setup); there the whole cluster stays one group.
         """
+        if self.rehearse_multi_node:
+            return self.gpus_per_node // 2
         return self.gpus_per_node if self.trainer_nodes > 1 and self.gpus_per_node > 1 else -1
 
     @property
+    def fsdp_replicas(self) -> int:
+        """HSDP replicas of the model (verl's `ddp` mesh dimension): 1 when one FSDP group spans every GPU."""
+        return self.n_gpus // self.fsdp_size if 0 < self.fsdp_size < self.n_gpus else 1
+
+    @property
     def sync_grads_per_mini_batch(self) -> bool:
-        """verl's use_no_sync_for_gradient_accumulation on multi-node runs: one gradient reduction per mini batch
-        instead of one per micro batch, paid for with unsharded gradients between them (docs/training.md)."""
-        return self.trainer_nodes > 1
+        """verl's use_no_sync_for_gradient_accumulation on multi-node runs (and their one-node rehearsal,
+        REHEARSE_MULTI_NODE): one gradient reduction per mini batch instead of one per micro batch, paid for with
+        unsharded gradients between them (docs/training.md)."""
+        return self.trainer_nodes > 1 or self.rehearse_multi_node
 
     @property
     def fsdp_strategy(self) -> str:
@@ -480,7 +515,8 @@ class TrainSettings(StrictSettings):
         MixedPrecision: its post-backward hook returns before the cast to the fp32 reduce dtype
         (torch/distributed/fsdp/_runtime_utils.py:743-746 vs 757-764), so a mini batch's micro batches are summed
         in bf16. FSDP2 upcasts the first unsynced gradient to the reduce dtype and adds the later ones into it
-        (_fully_shard/_fsdp_param.py:802-820), at 4 bytes a parameter per GPU instead of 2 (docs/training.md
+        (_fully_shard/_fsdp_param.py:670-688, called from _fsdp_param_group.py:496-511; line numbers of the GPU
+        lock's torch 2.11.0), at 4 bytes a parameter per GPU instead of 2 (docs/training.md
         "Multi-node notes", measured in tests/trainer/test_grad_accumulation.py). verl 0.9.1's
         engine maps no-sync to FSDP2's set_requires_gradient_sync(False) and builds HSDP from the same 2-D mesh
         (workers/engine/fsdp/transformer_impl.py:692-722, 450-473).

@@ -338,8 +338,13 @@ def _step_cost(x: _Inputs, packed: bool, hw: Hardware = HARDWARE) -> StepCost:
         intra_s = 0.0
     else:  # FSDP inside a node; replicas all-reduce their gradient shards across nodes (HSDP)
         replicas = n_gpus // group
-        cross = update.calls * syncs * 2 * (replicas - 1) / replicas * 4 * p if replicas > 1 else 0.0
-        intra_s = (gather_bytes + reduce_bytes) * ring / hw.nvlink_bytes_s
+        all_reduce = update.calls * syncs * 2 * (replicas - 1) / replicas * 4 * p if replicas > 1 else 0.0
+        intra = (gather_bytes + reduce_bytes) * ring
+        if x.nnodes == 1:  # REHEARSE_MULTI_NODE: the replicas share the node; each GPU all-reduces its shard
+            cross, intra = 0.0, intra + all_reduce / group
+        else:
+            cross = all_reduce
+        intra_s = intra / hw.nvlink_bytes_s
     lo, hi = hw.node_link_bytes_s
     return StepCost(
         packed=packed,
@@ -421,7 +426,9 @@ def plan_lines(settings: TrainSettings) -> list[str]:
     choice = choose_packing(s)
     cost = step_cost(s, choice.packed)
     layout = "packed (use_remove_padding, dynamic batching)" if choice.packed else "padded (fixed rows)"
-    if s.trainer_nodes == 1:
+    if s.rehearse_multi_node:
+        where = f"HSDP {s.fsdp_replicas} x {s.fsdp_size} inside the node, as on {s.fsdp_replicas} nodes"
+    elif s.trainer_nodes == 1:
         where = "the node's GPUs"
     else:
         where = (
@@ -429,7 +436,18 @@ def plan_lines(settings: TrainSettings) -> list[str]:
             if s.fsdp_size > 0
             else "across every node: the node link carries every collective"
         )
+    # REHEARSE_MULTI_NODE: what the overrides render from the same properties (trainer/overrides.py)
+    rehearsal = (
+        [
+            f"rehearsal of the multi-node trainer on one node: {s.fsdp_strategy.upper()}, "
+            f"{'no-sync' if s.sync_grads_per_mini_batch else 'a sync per micro batch'}, "
+            f"HSDP {s.fsdp_replicas} x {s.fsdp_size} (fsdp_size {s.fsdp_size})"
+        ]
+        if s.rehearse_multi_node
+        else []
+    )
     out = [
+        *rehearsal,
         *_mode_lines(s),
         f"micro batches: {layout} -- {choice.reason}",
         f"FSDP group: {s.fsdp_size if s.fsdp_size > 0 else s.n_gpus} GPUs ({where}); gradient sync: "

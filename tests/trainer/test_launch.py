@@ -265,6 +265,22 @@ def test_resume_with_other_settings_is_refused_naming_the_fields(tmp_path, qa_sa
     assert (state.step, state.finished) == (10, False)
 
 
+def test_a_rehearsal_resumes_only_as_a_rehearsal(tmp_path):
+    """REHEARSE_MULTI_NODE changes how the checkpoint is sharded (FSDP1 over 8 GPUs or FSDP2 HSDP 2 x 4), so a run
+    resumes only with the same switch; a record written before the switch existed resumes as before."""
+    rehearsal = TrainSettings(checkpoint_dir=tmp_path, experiment_name="r", rehearse_multi_node=True)
+    record = record_run(rehearsal, render_overrides(rehearsal, 169_615))
+    _finish(rehearsal, 10)
+    assert check_resume(rehearsal).step == 10
+    plain = TrainSettings(checkpoint_dir=tmp_path, experiment_name="r")
+    with pytest.raises(ConfigError, match=r"other settings \(rehearse_multi_node True -> False\)"):
+        check_resume(plain)
+    saved = json.loads((record / "settings.json").read_text())
+    del saved["rehearse_multi_node"]
+    (record / "settings.json").write_text(json.dumps(saved))
+    assert check_resume(plain).step == 10
+
+
 def test_smoke_and_full_runs_never_share_a_folder(tmp_path):
     smoke = TrainSettings(checkpoint_dir=tmp_path, smoke=True)
     full = TrainSettings(checkpoint_dir=tmp_path)

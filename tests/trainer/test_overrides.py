@@ -367,6 +367,62 @@ def test_multi_node_shards_inside_a_node_and_syncs_once_per_mini_batch(compose, 
     assert (actor.strategy, actor.engine.strategy, cfg.actor_rollout_ref.ref.strategy) == ("fsdp2",) * 3
 
 
+def test_the_one_node_rehearsal_composes_the_multi_node_fsdp_layout(compose, tmp_path):
+    """REHEARSE_MULTI_NODE=1 on 1 x 8 GPUs (issue 53 item 4): FSDP2, no-sync and HSDP 2 x 4 inside the node, read
+    by verl's own config classes; verl's mesh is then (ddp 2, fsdp 4) (engine/fsdp/utils.py create_device_mesh).
+    Only those four rows differ from the one-node rendering, and without the switch nothing changes."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    plain = TrainSettings(data_dir=tmp_path)
+    rehearsal = TrainSettings(data_dir=tmp_path, rehearse_multi_node=True)
+    cfg = compose(render_overrides(rehearsal))
+    _validated(cfg)  # verl's validate_config passes
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # FSDPActorConfig: what the engine receives
+    assert (actor.strategy, actor.engine.strategy, cfg.actor_rollout_ref.ref.strategy) == ("fsdp2",) * 3
+    assert actor.fsdp_config.use_no_sync_for_gradient_accumulation is True
+    assert actor.fsdp_config.fsdp_size == 4 and cfg.actor_rollout_ref.ref.fsdp_config.fsdp_size == 4
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)  # one node, its 8 GPUs
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    assert (world // actor.fsdp_config.fsdp_size, actor.fsdp_config.fsdp_size) == (2, 4)  # verl's (ddp, fsdp)
+    changed = set(render_overrides(rehearsal)) ^ set(render_overrides(plain))
+    assert {item.split("=", 1)[0] for item in changed} == {
+        "actor_rollout_ref.actor.strategy",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+        "actor_rollout_ref.ref.fsdp_config.fsdp_size",
+        "actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation",
+    }
+    off = TrainSettings(data_dir=tmp_path, rehearse_multi_node=False)
+    assert render_overrides(off) == render_overrides(plain)
+    # and the 2-node rendering is untouched: one node's 8 GPUs per group, as before the switch existed
+    two = compose(render_overrides(TrainSettings(data_dir=tmp_path, nnodes=2)))
+    assert (
+        two.actor_rollout_ref.actor.fsdp_config.fsdp_size == 8
+        and two.actor_rollout_ref.actor.strategy == "fsdp2"
+    )
+
+
+def test_the_rehearsal_on_four_gpus_is_the_engine_config_the_gloo_hsdp_test_runs(compose, tmp_path):
+    """tests/trainer/test_fsdp_sync.py runs verl's FSDP engine on 4 gloo ranks from the actor config of 2 nodes x 2
+    GPUs (HSDP 2 x 2, one sync per mini batch): a rehearsal on one node of 4 GPUs composes the same engine config,
+    so that run (slow, ~90 s on 2 cores) covers the rehearsal's mesh and micro-batch loop as well."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    shape = {"data_dir": tmp_path, "train_batch_size": 8, "rollout_n": 4}
+    engines = [
+        omega_conf_to_dataclass(compose(render_overrides(s)).actor_rollout_ref.actor).fsdp_config
+        for s in (
+            TrainSettings(**shape, nnodes=2, gpus_per_node=2),  # test_fsdp_sync.py's settings
+            TrainSettings(**shape, gpus_per_node=4, rehearse_multi_node=True),
+        )
+    ]
+    assert engines[0] == engines[1]
+    assert (engines[1].strategy, engines[1].fsdp_size, engines[1].use_no_sync_for_gradient_accumulation) == (
+        "fsdp2",
+        2,
+        True,
+    )
+
+
 @pytest.mark.parametrize("rollout_name", ["vllm", "sglang"])
 def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollout_name):
     """The rows and default_agent_loop name `searchrl_tool_agent`; verl's agent-loop workers find it only if the

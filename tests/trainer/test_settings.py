@@ -37,6 +37,7 @@ def test_defaults_are_the_search_r1_recipe():
         ("SMOKE", "1", "smoke", True),
         ("FLASH_ATTN", "0", "flash_attn", False),
         ("TRAINER_MODE", "colocate_async", "trainer_mode", "colocate_async"),
+        ("REHEARSE_MULTI_NODE", "1", "rehearse_multi_node", True),
         ("SEARCHRL_TRAIN_DATASET_SIZE", "medium", "dataset_size", "medium"),
         ("SEARCHRL_TRAIN_LR", "2e-6", "lr", 2e-6),
     ],
@@ -192,6 +193,50 @@ def test_bad_mode_settings_are_one_line_config_errors(kwargs, message):
 def test_the_mini_batch_rule_counts_every_gpu_in_the_modes_that_train_on_every_node():
     assert TrainSettings(nnodes=4).n_gpus == 32  # 1280 / 32: accepted
     assert TrainSettings(nnodes=4, trainer_mode="colocate_async").n_gpus == 32
+
+
+# --- the multi-node trainer rehearsed on one node (issue 53 item 4) -------------------------------------------------
+
+
+def test_the_rehearsal_renders_the_multi_node_fsdp_layout_on_one_node():
+    """REHEARSE_MULTI_NODE=1 on 1 x 8 GPUs: what NUM_NODES=2 renders (FSDP2, one sync per mini batch, HSDP), as 2
+    replicas of 4 GPUs inside the node; the mini batch still splits over the node's 8 GPUs."""
+
+    def layout(s: TrainSettings) -> tuple[int, int, bool, str]:
+        return s.fsdp_size, s.fsdp_replicas, s.sync_grads_per_mini_batch, s.fsdp_strategy
+
+    # verl's defaults on one node: one group, a sync per micro batch
+    assert layout(TrainSettings()) == (-1, 1, False, "fsdp")
+    assert layout(TrainSettings(nnodes=2)) == (8, 2, True, "fsdp2")
+    rehearsal = TrainSettings(rehearse_multi_node=True)
+    assert (rehearsal.trainer_nodes, rehearsal.n_gpus) == (1, 8)
+    assert layout(rehearsal) == (4, 2, True, "fsdp2")
+    assert layout(TrainSettings(rehearse_multi_node=True, gpus_per_node=4, train_batch_size=8))[:2] == (2, 2)
+    assert TrainSettings().rehearse_multi_node is False  # off by default
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"nnodes": 2},
+            r"REHEARSE_MULTI_NODE=1 rehearses the multi-node trainer on one node, but NUM_NODES=2 already renders "
+            r"FSDP2, no-sync and HSDP across the nodes: unset REHEARSE_MULTI_NODE or use NUM_NODES=1",
+        ),
+        # separate_async needs 2 nodes, so the rehearsal never meets it on one
+        ({"nnodes": 3, "trainer_mode": "separate_async"}, "but NUM_NODES=3 already renders"),
+        ({"gpus_per_node": 1, "train_batch_size": 8}, r"but GPUS_PER_NODE=1: use an even count of 4 or more"),
+        ({"gpus_per_node": 2, "train_batch_size": 8}, r"2 HSDP groups .* but GPUS_PER_NODE=2: use an even"),
+        ({"gpus_per_node": 5, "train_batch_size": 10}, r"but GPUS_PER_NODE=5: use an even count of 4"),
+        ({"smoke": True}, r"GPUS_PER_NODE=1 \(SMOKE=1's one GPU unless GPUS_PER_NODE is set\)"),
+        # the mini batch rule still holds: 256 x 5 samples do not split over 6 GPUs
+        ({"gpus_per_node": 6}, r"\(256 x 5\) must be divisible by the GPU count .* \(1 x 6\)"),
+    ],
+)
+def test_a_rehearsal_that_makes_no_sense_is_a_one_line_config_error(kwargs, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_settings(TrainSettings, rehearse_multi_node=True, **kwargs)
+    assert "\n" not in str(info.value)
 
 
 def test_api_key_error_never_echoes_the_value():

@@ -111,6 +111,34 @@ def test_verls_defaults_on_two_nodes_cross_the_node_link_per_micro_batch() -> No
     assert before.cross_node_bytes > 2.5e12  # ~2.8 TB a node a step, against 24.7 GB with the overrides
 
 
+def test_the_one_node_rehearsal_keeps_the_replica_all_reduce_inside_the_node() -> None:
+    """REHEARSE_MULTI_NODE=1 on 1 x 8: HSDP 2 x 4 with one sync per mini batch, as on 2 nodes, but the replicas'
+    all-reduce runs over NVLink: no cross-node bytes. Each GPU all-reduces its fp32 shard (4P / 4) with the other
+    replica, 2 (r-1)/r = 1 times its size, once per mini batch, 2 mini batches."""
+    s = TrainSettings(_env_file=None, rehearse_multi_node=True)
+    x = step_cost._inputs(s, step_cost.MODEL_SHAPES["qwen2.5-3b"])
+    rehearsal = step_cost._step_cost(x, packed=True)
+    assert (rehearsal.fsdp_group, rehearsal.grad_syncs_per_mini_batch) == (4, 1)
+    assert rehearsal.cross_node_bytes == 0.0
+    no_replicas = step_cost._step_cost(step_cost._Inputs(**{**x.__dict__, "fsdp_size": 8}), packed=True)
+    p, nvlink = 3_085_938_688, step_cost.HARDWARE.nvlink_bytes_s
+    update, *log_probs = rehearsal.phases
+    gathers = 2 * update.micro_batches * 2 + sum(ph.micro_batches for ph in log_probs) + 1
+    # all-gathers of bf16 parameters, one fp32 reduce-scatter per mini batch
+    fsdp_bytes = gathers * 2 * p + 2 * 4 * p
+    # the same collectives over a ring of 4 instead of 8, plus the replicas' all-reduce of each GPU's shard
+    assert rehearsal.intra_node_s == pytest.approx((fsdp_bytes * 3 / 4 + 2 * 4 * p / 4) / nvlink)
+    assert no_replicas.intra_node_s == pytest.approx(fsdp_bytes * 7 / 8 / nvlink)
+    lines = step_cost.plan_lines(s)
+    assert lines[0] == (
+        "rehearsal of the multi-node trainer on one node: FSDP2, no-sync, HSDP 2 x 4 (fsdp_size 4)"
+    )
+    assert lines[2] == (
+        "FSDP group: 4 GPUs (HSDP 2 x 4 inside the node, as on 2 nodes); gradient sync: once per mini batch"
+    )
+    assert not any("rehearsal" in line for line in step_cost.plan_lines(TrainSettings(_env_file=None)))
+
+
 def test_unknown_model_keeps_verls_padded_default_and_says_so() -> None:
     s = TrainSettings(_env_file=None, model_name="/models/my-tiny-model", nnodes=2, flash_attn=False)
     assert s.removes_padding is False
