@@ -18,6 +18,7 @@ from searchrl.chat_template import ChatTemplateChoice
 from searchrl.config import StrictSettings, area_config
 from searchrl.prompt import observation_budget
 from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
+from searchrl.urls import scheme_problem, split_urls
 
 Engine = Literal["server", "local", "sglang"]
 # What prompt_format=search-r1 sets unless given: Search-R1's eval (max_response_length and max_obs_length of
@@ -129,9 +130,9 @@ class InferSettings(StrictSettings):
 
     @model_validator(mode="after")
     def _check(self) -> InferSettings:
-        for url in [self.llm_url, *self.retrieval_urls]:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"URL {url!r} must start with http:// or https://")
+        for url, what in [(self.llm_url, "LLM URL"), *((u, "retrieval URL") for u in self.retrieval_urls)]:
+            if problem := scheme_problem(url, what):
+                raise ValueError(problem)
         if self.api == "chat" and self.prompt_format == "search-r1":
             raise ValueError(
                 "prompt_format=search-r1 needs api=completions (results are spliced into the assistant turn)"
@@ -167,7 +168,7 @@ class InferSettings(StrictSettings):
 
     @property
     def retrieval_urls(self) -> list[str]:
-        return [u.strip().rstrip("/") for u in self.retrieval_url.split(",") if u.strip()]
+        return split_urls(self.retrieval_url)
 
     @property
     def dataset_filter(self) -> list[str] | None:

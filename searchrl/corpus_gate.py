@@ -18,7 +18,7 @@ services before the lock install (exit 2 through trainer/node/refusal.py: a refu
 this module cannot reach is left to the run's health step (it waits for a replica to start): it says so and
 exits 0.
 
-Standard library only (plus searchrl/errors.py, itself standard library only): the node runs it with the
+Standard library only (plus searchrl/errors.py and searchrl/urls.py, themselves standard library only): the node runs it with the
 system python from the synced workdir before anything is installed.
 """
 
@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from searchrl.errors import ConfigError
+from searchrl.urls import scheme_problem, split_urls
 
 log = logging.getLogger(__name__)
 
@@ -175,11 +176,11 @@ def fetch_info(url: str, api_key: str | None, *, timeout_s: float = 10.0) -> dic
 
 def main() -> int:
     """The node-side gate: 0 (allowed, or not readable: the health step waits), 2 with one line (refused)."""
-    urls = [u.strip() for u in os.environ.get("RETRIEVAL_SERVICE_URL", "").split(",") if u.strip()]
+    urls = split_urls(os.environ.get("RETRIEVAL_SERVICE_URL", ""))
     api_key = os.environ.get("RETRIEVAL_API_KEY") or None
     for url in urls:
-        if not url.startswith(("http://", "https://")):
-            continue
+        if scheme_problem(url):
+            continue  # not a service this gate can read; the settings refuse it with the same line
         info = fetch_info(url, api_key)
         if info is None:
             continue

@@ -53,11 +53,12 @@ from searchrl.trainer.lockfiles import check_driver, check_driver_for, current_l
 from searchrl.trainer.merge import TRACKER_FILE
 from searchrl.trainer.node.stack_check import StackError, check_flash_attn_2
 from searchrl.trainer.overrides import hydra_value, merge_overrides, render_overrides, verl_command
-from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings, redact_url
+from searchrl.trainer.settings import SEARCH_R1_DATASET, TrainSettings
 from searchrl.trainer.step_checks import ProbDiffWatch, StepRow, gpu_step_problems, parse_steps
 from searchrl.trainer.supervisor import supervise
 from searchrl.trainer.template_check import check_train_template
 from searchrl.trainer.toolconfig import write_tool_config
+from searchrl.urls import redact_url
 
 log = logging.getLogger(__name__)
 

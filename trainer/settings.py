@@ -22,7 +22,6 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
@@ -32,6 +31,7 @@ from searchrl.errors import ConfigError
 from searchrl.retrieval.corpus_check import SEARCH_R1_DATASET
 from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
 from searchrl.trainer.node.flash_switch import flash_attn_on
+from searchrl.urls import redact_url, scheme_problem, split_urls
 
 DatasetSize = Literal["small", "medium", "full"]
 # verl 0.9.1's trainer modes under the same entry point (trainer.v1.trainer_mode), by verl's own literal names:
@@ -238,9 +238,7 @@ class TrainSettings(StrictSettings):
     @field_validator("retrieval_urls", mode="before")
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [u.strip() for u in value.split(",") if u.strip()]
-        return value
+        return split_urls(value) if isinstance(value, str) else value
 
     @field_validator("retrieval_urls")
     @classmethod
@@ -248,8 +246,8 @@ class TrainSettings(StrictSettings):
         if not value:
             raise ValueError("no retrieval URL: set RETRIEVAL_SERVICE_URL, e.g. http://127.0.0.1:8000")
         for url in value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"retrieval URL {redact_url(url)!r} must start with http:// or https://")
+            if problem := scheme_problem(url):
+                raise ValueError(problem)
         return [u.rstrip("/") for u in value]
 
     @field_validator("retrieval_api_key_env")
@@ -657,17 +655,6 @@ def default_experiment_name(model_name: str, dataset_size: str, total_steps: int
     return f"search-r1-{model or 'model'}-{dataset_size}-{total_steps}steps"
 
 
-def redact_url(url: str) -> str:
-    """Drop any user:password@ from a URL so it can be logged."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
-
-
 __all__ = [
     "DATASET_SIZES",
     "FULL_TRAIN_ROWS",
@@ -677,5 +664,4 @@ __all__ = [
     "TrainSettings",
     "TrainerMode",
     "default_experiment_name",
-    "redact_url",
 ]

@@ -17,6 +17,7 @@ import argparse
 import os
 
 from searchrl.cli.flags import verb
+from searchrl.urls import split_urls
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -51,7 +52,7 @@ def _health(args: argparse.Namespace) -> int:
     if deadline <= 0:
         raise ConfigError(f"--deadline must be positive, got {deadline}")
     expect = getattr(args, "expect", None)
-    urls = [u.strip() for item in args.urls for u in item.split(",") if u.strip()]
+    urls = split_urls(args.urls)
     if not urls:
         raise ConfigError("no URL given: searchrl health http://HOST:PORT")
     for url in urls:

@@ -17,6 +17,7 @@ from searchrl.deploy.feasibility import DEFAULT_NETWORK_TIER, pin_one_cloud, set
 from searchrl.deploy.skypilot import SKY_DIR, _sky
 from searchrl.deploy.tasks import load_task, refuse_problems, render_task, required_names, secrets_from_env
 from searchrl.errors import ConfigError, DeployError, first_line
+from searchrl.urls import split_urls
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def plan_train(
     if missing:
         raise ConfigError(f"{path.name} needs {' '.join(f'--env {n}=...' for n in missing)}")
     url = envs["RETRIEVAL_SERVICE_URL"]
-    for one in [u.strip() for u in url.split(",") if u.strip()] if resolved else []:
+    for one in split_urls(url) if resolved else []:
         result = check_health(one, secrets.get("RETRIEVAL_API_KEY"), deadline_s=health_deadline_s)
         if not result.ok:
             raise DeployError(
@@ -102,7 +103,7 @@ def plan_train(
     from searchrl.retrieval.corpus_check import check_task_corpus
 
     if resolved:
-        first_url = [u.strip() for u in url.split(",") if u.strip()][0]
+        first_url = split_urls(url)[0]
         corpus = check_task_corpus(dict(task.envs), first_url, secrets.get("RETRIEVAL_API_KEY"))
         log.info("retrieval corpus: %s", corpus.describe())
     if num_nodes is not None:

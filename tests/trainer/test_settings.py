@@ -8,7 +8,8 @@ import pytest
 
 from searchrl.config import load_settings
 from searchrl.errors import ConfigError
-from searchrl.trainer.settings import TrainSettings, redact_url
+from searchrl.trainer.settings import TrainSettings
+from searchrl.urls import redact_url
 
 
 def test_defaults_are_the_search_r1_recipe():
