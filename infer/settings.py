@@ -17,7 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from searchrl.chat_template import ChatTemplateChoice
 from searchrl.config import StrictSettings, area_config
 from searchrl.prompt import observation_budget
-from searchrl.rollout import ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
+from searchrl.rollout import MAX_TOPK, ROLLOUT_DEFAULTS, PromptFormat, RolloutSpec
 from searchrl.urls import scheme_problem, split_urls
 
 Engine = Literal["server", "local", "sglang"]
@@ -88,7 +88,7 @@ class InferSettings(StrictSettings):
     # model: the tokenizer's own chat template (refused when it drops tools=) | searchrl: the repo's ChatML/hermes
     # tool template (searchrl/chat_template.py), for ChatML models whose own template has no tool support
     chat_template: ChatTemplateChoice = "model"
-    topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=50)  # passages per query
+    topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=MAX_TOPK)  # passages per query
     passage_max_chars: int = Field(default=ROLLOUT_DEFAULTS.passage_max_chars, ge=50)  # as the trainer's tool
     max_observation_chars: int | None = Field(
         default=None, ge=100

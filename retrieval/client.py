@@ -46,8 +46,19 @@ from searchrl.retrieval.health import HEALTH_QUERY, HealthResult, check_health, 
 from searchrl.retrieval.hedging import HedgeBudget
 from searchrl.retrieval.hits import Hit, parse_result
 from searchrl.retrieval.transport import Transport
+from searchrl.urls import scheme_problem, split_urls
 
 log = logging.getLogger(__name__)
+
+
+# The client's defaults, declared once: trainer/settings.py (RETRIEVAL_* knobs) and trainer/toolconfig.py (the
+# tool YAML verl loads) take theirs from here, so the three can no longer drift apart.
+TIMEOUT_S = 10.0  # one attempt, reading the answer
+CONNECT_TIMEOUT_S = 2.0  # TCP connect: a dead replica fails fast
+POOL_TIMEOUT_S = 5.0  # waiting for a connection slot: load, not a fault
+MAX_RETRIES = 3  # retries after the first try, over all URLs
+BACKOFF_BASE_S = 0.2
+BACKOFF_MAX_S = 5.0
 
 
 class RetrievalClient(AsyncClosing):
@@ -65,13 +76,13 @@ class RetrievalClient(AsyncClosing):
         urls: str | Sequence[str],
         api_key: str | None = None,
         *,
-        timeout_s: float = 10.0,
-        max_retries: int = 3,
-        backoff_base_s: float = 0.2,
-        backoff_max_s: float = 5.0,
+        timeout_s: float = TIMEOUT_S,
+        max_retries: int = MAX_RETRIES,
+        backoff_base_s: float = BACKOFF_BASE_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
         max_connections: int = 256,
-        connect_timeout_s: float = 2.0,
-        pool_timeout_s: float = 5.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
         deadline_s: float | None = None,
         breaker_failures: int = 3,
         breaker_reset_s: float = 1.0,
@@ -82,15 +93,14 @@ class RetrievalClient(AsyncClosing):
         hedge_max_s: float = 1.0,
         ca_bundle: str | Path | None = None,
     ) -> None:
-        url_list = [urls] if isinstance(urls, str) else list(urls)
-        url_list = [u.strip().rstrip("/") for u in url_list if u and u.strip()]
+        url_list = split_urls(urls if isinstance(urls, str) else [u for u in urls if u])
         if not url_list:
             raise ConfigError(
                 "no retrieval URL given: set RETRIEVAL_SERVICE_URL (e.g. http://127.0.0.1:8000)"
             )
         for u in url_list:
-            if not u.startswith(("http://", "https://")):
-                raise ConfigError(f"retrieval URL {u!r} must start with http:// or https://")
+            if problem := scheme_problem(u):
+                raise ConfigError(problem)
         self.urls = [u if u.endswith("/retrieve") else u + "/retrieve" for u in url_list]
         # https:// URLs trust the system's CAs plus `ca_bundle` (default: $SEARCHRL_RETRIEVAL_CA_BUNDLE)
         https = any(u.startswith("https://") for u in self.urls)
@@ -386,7 +396,13 @@ def _consume(task: asyncio.Task[Any]) -> None:
 
 
 __all__ = [
+    "BACKOFF_BASE_S",
+    "BACKOFF_MAX_S",
     "CA_BUNDLE_ENV",
+    "CONNECT_TIMEOUT_S",
+    "MAX_RETRIES",
+    "POOL_TIMEOUT_S",
+    "TIMEOUT_S",
     "HEALTH_QUERY",
     "CircuitBreaker",
     "HealthResult",

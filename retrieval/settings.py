@@ -14,6 +14,7 @@ from pydantic_settings import NoDecode
 
 from searchrl.config import StrictSettings, area_config
 from searchrl.errors import ConfigError
+from searchrl.rollout import MAX_TOPK
 
 BackendName = Literal["dense", "bm25", "hybrid", "google", "google-cse", "serper", "serpapi", "searxng"]
 # Sites that host the benchmarks' question/answer pairs (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, Musique,
@@ -76,7 +77,7 @@ class RetrievalSettings(StrictSettings):
 
     # --- request limits ------------------------------------------------------------------------------------
     topk: int = Field(default=3, ge=1)  # default results per query (Search-R1 recipe: 3)
-    max_topk: int = Field(default=50, ge=1)  # larger topk is a 422
+    max_topk: int = Field(default=MAX_TOPK, ge=1)  # larger topk is a 422
     max_queries: int = Field(default=256, ge=1)  # queries per request
     max_query_chars: int = Field(default=2048, ge=1)  # characters per query string
     # request body bytes, refused with 413 while reading (before buffering); 4 MiB fits 256 x 2048 characters

@@ -79,6 +79,11 @@ def truncate_tool_response(text: str, limit: int) -> str:
     return text
 
 
+# The most passages a query may ask for: the retrieval service's default max_topk (retrieval/settings.py), and the
+# bound of every topk knob (trainer, tool config, inference), declared once.
+MAX_TOPK = 50
+
+
 class RolloutSpec(BaseModel):
     """The rules of one episode; every field is part of the evaluation protocol."""
 
@@ -89,7 +94,7 @@ class RolloutSpec(BaseModel):
     max_response_tokens: int = Field(default=4096, ge=64)  # verl data.max_response_length: whole trajectory
     max_tokens_per_turn: int | None = Field(default=None, ge=1)  # None = training's rule (what is left)
     max_parallel_calls: int = Field(default=1, ge=1)  # tool calls run per turn (verl multi_turn)
-    topk: int = Field(default=3, ge=1, le=50)  # passages per query
+    topk: int = Field(default=3, ge=1, le=MAX_TOPK)  # passages per query
     passage_max_chars: int = Field(default=800, ge=50)  # cap per passage text
     prompt_format: PromptFormat = "searchrl"  # searchrl: hermes tool calls | search-r1: <search> tags
 
@@ -130,6 +135,7 @@ class RolloutSpec(BaseModel):
 ROLLOUT_DEFAULTS = RolloutSpec()
 
 __all__ = [
+    "MAX_TOPK",
     "ROLLOUT_DEFAULTS",
     "TRAINING_TOOL_SCHEMA",
     "PromptFormat",

@@ -28,8 +28,9 @@ from pydantic_settings import NoDecode
 
 from searchrl.config import StrictSettings, area_config
 from searchrl.errors import ConfigError
+from searchrl.retrieval import client
 from searchrl.retrieval.corpus_check import SEARCH_R1_DATASET
-from searchrl.rollout import ROLLOUT_DEFAULTS, RolloutSpec
+from searchrl.rollout import MAX_TOPK, ROLLOUT_DEFAULTS, RolloutSpec
 from searchrl.trainer.node.flash_switch import flash_attn_on
 from searchrl.urls import redact_url, scheme_problem, split_urls
 
@@ -109,7 +110,7 @@ class TrainSettings(StrictSettings):
     max_response_length: int = Field(
         default=ROLLOUT_DEFAULTS.max_response_tokens, ge=64
     )  # tokens for the whole trajectory incl. observations
-    topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=50)  # passages per query
+    topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=MAX_TOPK)  # passages per query
     passage_max_chars: int = Field(
         default=ROLLOUT_DEFAULTS.passage_max_chars, ge=50
     )  # cap per passage text (100-word wiki-18 ~ 600 chars)
@@ -200,10 +201,12 @@ class TrainSettings(StrictSettings):
         validation_alias=_alias("RETRIEVAL_SERVICE_URL", "retrieval_urls"),
     )  # comma-separated; later URLs are failovers
     retrieval_api_key_env: str = "RETRIEVAL_API_KEY"  # NAME of the env var holding the bearer token
-    retrieval_timeout_s: float = Field(default=10.0, gt=0)  # per attempt: reading the answer
-    retrieval_connect_timeout_s: float = Field(default=2.0, gt=0)  # TCP connect, apart from reading
-    retrieval_pool_timeout_s: float = Field(default=5.0, gt=0)  # waiting for a free connection slot
-    retrieval_max_retries: int = Field(default=3, ge=0)  # retries after the first try, over all URLs
+    # per attempt: reading the answer; TCP connect apart from reading; waiting for a free connection slot; retries
+    # after the first try, over all URLs (the client's own defaults, retrieval/client.py)
+    retrieval_timeout_s: float = Field(default=client.TIMEOUT_S, gt=0)
+    retrieval_connect_timeout_s: float = Field(default=client.CONNECT_TIMEOUT_S, gt=0)
+    retrieval_pool_timeout_s: float = Field(default=client.POOL_TIMEOUT_S, gt=0)
+    retrieval_max_retries: int = Field(default=client.MAX_RETRIES, ge=0)
     health_deadline_s: float = Field(default=120.0, gt=0)  # how long launch waits for /retrieve to answer
     # Abort when more than this share of the last `search_failure_window` searches failed (0 disables): a policy
     # trained against a failing service learns not to search (trainer/plugins/reward.py)

@@ -17,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from searchrl.prompt import SEARCH_TOOL_SCHEMA
+from searchrl.retrieval import client
+from searchrl.rollout import MAX_TOPK, ROLLOUT_DEFAULTS
 from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -32,14 +34,18 @@ class SearchToolConfig(BaseModel):
     type: Literal["native"] = "native"  # verl's tool type for BaseTool subclasses
     retrieval_urls: list[str] = Field(min_length=1)  # tried in order: later URLs are failovers
     api_key_env: str | None = "RETRIEVAL_API_KEY"  # NAME of the env var holding the bearer token
-    topk: int = Field(default=3, ge=1, le=50)
-    timeout_s: float = Field(default=10.0, gt=0)  # one attempt, reading the answer
-    connect_timeout_s: float = Field(default=2.0, gt=0)  # TCP connect: a dead replica fails fast
-    pool_timeout_s: float = Field(default=5.0, gt=0)  # waiting for a connection slot: load, not a fault
+    topk: int = Field(default=ROLLOUT_DEFAULTS.topk, ge=1, le=MAX_TOPK)
+    timeout_s: float = Field(default=client.TIMEOUT_S, gt=0)  # one attempt, reading the answer
+    connect_timeout_s: float = Field(
+        default=client.CONNECT_TIMEOUT_S, gt=0
+    )  # TCP connect: a dead replica fails fast
+    pool_timeout_s: float = Field(
+        default=client.POOL_TIMEOUT_S, gt=0
+    )  # waiting for a connection slot: load, not a fault
     stats_log_interval_s: float = Field(default=60.0, ge=0)  # per-URL client counters in the worker log
-    max_retries: int = Field(default=3, ge=0)
-    backoff_base_s: float = Field(default=0.2, ge=0)
-    backoff_max_s: float = Field(default=5.0, ge=0)
+    max_retries: int = Field(default=client.MAX_RETRIES, ge=0)
+    backoff_base_s: float = Field(default=client.BACKOFF_BASE_S, ge=0)
+    backoff_max_s: float = Field(default=client.BACKOFF_MAX_S, ge=0)
     passage_max_chars: int | None = Field(default=800, ge=1)  # cap per passage text
     max_chars: int | None = Field(default=None, ge=1)  # cap on the whole observation
 

@@ -59,3 +59,36 @@ def test_explicit_output_path(tmp_path):
     out = write_tool_config(TrainSettings(data_dir=tmp_path / "d"), tmp_path / "x" / "tools.yaml")
     assert out == (tmp_path / "x" / "tools.yaml").resolve() and out.is_file()
     assert not list((tmp_path / "x").glob("*.tmp"))
+
+
+def test_the_clients_defaults_and_the_topk_bound_have_one_source(tmp_path):
+    """The tool YAML's, the trainer settings' and RetrievalClient's defaults are retrieval/client.py's constants, and
+    every topk knob stops at searchrl/rollout.py MAX_TOPK, the service's default max_topk (issue 54 item 5)."""
+    import inspect
+
+    from pydantic import ValidationError
+
+    from searchrl.infer.settings import InferSettings
+    from searchrl.retrieval import client
+    from searchrl.retrieval.settings import RetrievalSettings
+    from searchrl.rollout import MAX_TOPK, RolloutSpec
+    from searchrl.trainer.settings import TrainSettings
+    from searchrl.trainer.toolconfig import SearchToolConfig
+
+    tool = SearchToolConfig(retrieval_urls=["http://x"])
+    train = TrainSettings(data_dir=tmp_path)
+    ctor = inspect.signature(client.RetrievalClient).parameters
+    for name in ("timeout_s", "connect_timeout_s", "pool_timeout_s", "max_retries"):
+        const = getattr(client, name.upper())
+        assert getattr(tool, name) == getattr(train, f"retrieval_{name}") == ctor[name].default == const, name
+    assert (tool.backoff_base_s, tool.backoff_max_s) == (client.BACKOFF_BASE_S, client.BACKOFF_MAX_S)
+    assert RetrievalSettings().max_topk == MAX_TOPK
+    for build in (
+        lambda k: SearchToolConfig(retrieval_urls=["http://x"], topk=k),
+        lambda k: TrainSettings(data_dir=tmp_path, topk=k),
+        lambda k: InferSettings(topk=k),
+        lambda k: RolloutSpec(topk=k),
+    ):
+        assert build(MAX_TOPK).topk == MAX_TOPK
+        with pytest.raises(ValidationError):
+            build(MAX_TOPK + 1)
