@@ -108,8 +108,8 @@ def run_matrix(
                 }
                 if m.url:
                     overrides["llm_url"] = m.url
-                s = base.model_copy(update=overrides)
-                s = s.model_copy(update={"label": default_label(s, backend_label)})
+                s = base.with_changes(**overrides)
+                s = s.with_changes(label=default_label(s, backend_label))
                 log.info("running %s", s.label)
                 path, _ = run_eval(s, progress=progress)
                 paths.append(path)

@@ -189,7 +189,7 @@ def resolve_source(settings: RetrievalSettings, from_path: Path | None = None) -
     corpus_path = resolve_corpus(settings)
     checksum = corpus_checksum(corpus_path)
     if from_path is None:
-        flat_settings = settings.model_copy(update={"index_type": "Flat", "index_dir": None})
+        flat_settings = settings.with_changes(**{"index_type": "Flat", "index_dir": None})
         from_path = index_dir_for(flat_settings, "dense", corpus_path)
         if not (from_path / MANIFEST).is_file():
             raise IndexLoadError(
@@ -792,9 +792,7 @@ def convert_index(
     plan, empty = make_plan(
         source.flat, index_type, train_sample=train_sample, chunk=chunk, threads=settings.threads
     )
-    target_settings = settings.model_copy(
-        update={"index_type": plan.index_type, "encoder": source.encoder.name}
-    )
+    target_settings = settings.with_changes(**{"index_type": plan.index_type, "encoder": source.encoder.name})
     index_dir = index_dir_for(target_settings, "dense", source.corpus_path)
     for line in plan.lines():
         log.info("%s", line)

@@ -471,8 +471,8 @@ def serving_encoder(
     from searchrl.retrieval.queries import sample_queries
 
     if not settings.autotune:
-        settings = settings.model_copy(
-            update={
+        settings = settings.with_changes(
+            **{
                 "encoder_backend": "torch"
                 if settings.encoder_backend == "auto"
                 else settings.encoder_backend,

@@ -43,8 +43,8 @@ def download_index(name: str, settings: RetrievalSettings, *, force: bool = Fals
         remote = INDEXES[name]
     except KeyError:
         raise ConfigError(f"no prebuilt index named {name!r}; choose one of {', '.join(INDEXES)}") from None
-    target = settings.model_copy(
-        update={"corpus": remote.corpus, "encoder": remote.encoder, "index_type": "Flat"}
+    target = settings.with_changes(
+        **{"corpus": remote.corpus, "encoder": remote.encoder, "index_type": "Flat"}
     )
     corpus_path = download_corpus(remote.corpus, Path(target.data_dir))
     index_dir = index_dir_for(target, "dense", corpus_path)

@@ -12,7 +12,7 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from pydantic import AliasChoices, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -112,6 +112,15 @@ class StrictSettings(BaseSettings):
     def __init__(self, **values: Any) -> None:
         check_names(type(self), values)
         super().__init__(**values)
+
+    def with_changes(self, **changes: Any) -> Self:
+        """A copy with `changes`, validated as any settings are: a misspelled key or a bad value fails here.
+
+        pydantic's `model_copy(update=...)` validates nothing (with pydantic 2.13/2.14 `update={"typo": 3}` passes
+        silently, and a value its validators would refuse is kept), so every copy of settings in the product is made
+        with this instead (tests/trainer/test_settings.py fails on a product module that calls model_copy).
+        """
+        return type(self).model_validate({**self.model_dump(), **changes})
 
 
 def area_config(env_prefix: str) -> SettingsConfigDict:

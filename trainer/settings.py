@@ -455,14 +455,6 @@ class TrainSettings(StrictSettings):
 
         return choose_packing(self).packed
 
-    def with_changes(self, **changes: Any) -> TrainSettings:
-        """A copy with `changes`, validated as any settings are: a misspelled key or a bad value fails here.
-
-        pydantic's `model_copy(update=...)` validates nothing (with pydantic 2.13/2.14 `update={"typo": 3}` passes
-        silently and a preset's typo would be ignored), so presets built on other settings use this instead.
-        """
-        return type(self).model_validate({**self.model_dump(), **changes})
-
     @property
     def rollout_logprobs_mode(self) -> str:
         """vLLM's `logprobs_mode` for the rollout's log-probs, chosen so they mean what the actor's do.

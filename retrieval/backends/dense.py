@@ -92,9 +92,7 @@ class DenseBackend(BatchedBackend):
                 # fp32 torch on CPU: the reference the index is built with and the gate compares against;
                 # bf16/int8 variants are derived from it by retrieval/encoder_tuning.py (issue 14)
                 cpu_variant = self.settings.precision in ("bf16", "int8")
-                base = (
-                    self.settings.model_copy(update={"precision": "fp32"}) if cpu_variant else self.settings
-                )
+                base = self.settings.with_changes(**{"precision": "fp32"}) if cpu_variant else self.settings
                 encoder = Encoder.from_settings(base)
             return encoder
 

@@ -88,7 +88,7 @@ class HybridBackend(Backend):
             if weight <= 0:
                 return None
             # cache_mode off: a query cache, if any, sits in front of the hybrid, not inside it.
-            return build_backend(settings.model_copy(update={"backend": name, "cache_mode": "off"}))
+            return build_backend(settings.with_changes(**{"backend": name, "cache_mode": "off"}))
 
         return cls(
             inner("dense", settings.hybrid_dense_weight),

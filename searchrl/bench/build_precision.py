@@ -41,7 +41,7 @@ def run_build_bench(
     from searchrl.retrieval.queries import DEV_QA, sample_queries
     from searchrl.retrieval.recall import load_qa, measure_recall
 
-    fp32 = settings.model_copy(update={"device": "cpu", "precision": "fp32", "autotune": False})
+    fp32 = settings.with_changes(**{"device": "cpu", "precision": "fp32", "autotune": False})
     corpus_path = resolve_corpus(fp32)
     total = count_rows(corpus_path)
     encoder = Encoder.from_settings(fp32, batch_size=fp32.encode_batch_size)
@@ -67,7 +67,7 @@ def run_build_bench(
         index = faiss.read_index(str(index_dir / FAISS_FILE))
         vectors[precision] = index.reconstruct_n(0, index.ntotal)
         top[precision] = index.search(xq, K)[1]
-        recall = measure_recall(fp32.model_copy(update={"backend": "dense", "index_dir": index_dir}), rows, K)
+        recall = measure_recall(fp32.with_changes(**{"backend": "dense", "index_dir": index_dir}), rows, K)
         builds.append(
             {
                 "precision": precision,

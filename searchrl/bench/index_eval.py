@@ -242,7 +242,7 @@ def corpus_vectors(settings: RetrievalSettings) -> tuple[np.ndarray, Any, Path]:
     from searchrl.retrieval.encoder import Encoder
     from searchrl.retrieval.indexing import FAISS_FILE, ensure_index, resolve_corpus
 
-    flat_settings = settings.model_copy(update={"index_type": "Flat", "backend": "dense"})
+    flat_settings = settings.with_changes(**{"index_type": "Flat", "backend": "dense"})
     encoder = Encoder.from_settings(flat_settings)
     index_dir = ensure_index(flat_settings, "dense", encoder_factory=lambda: encoder)
     flat = faiss.read_index(str(index_dir / FAISS_FILE))

@@ -167,7 +167,7 @@ def run_bench(
     from searchrl.retrieval.indexing import FAISS_FILE, OFFSETS, ensure_index, index_dir_for, resolve_corpus
 
     load_before = os.getloadavg()[0]
-    settings = settings.model_copy(update={"backend": "dense"})
+    settings = settings.with_changes(**{"backend": "dense"})
     ensure_index(settings, "dense")
     corpus_path = resolve_corpus(settings)
     pool = QueryPool(bench_queries(corpus_path))

@@ -45,7 +45,7 @@ def measure_ceiling(
     for precision in precisions:
         # today's path: the torch encoder, exactly as configured, no auto-tuning and one worker
         fixed = {"precision": precision, "encoder_backend": "torch", "autotune": False, "encoder_workers": 1}
-        backend = DenseBackend(settings.model_copy(update=fixed))
+        backend = DenseBackend(settings.with_changes(**fixed))
         asyncio.run(backend.start())
         encoder = backend._encoder
         assert encoder is not None
@@ -169,7 +169,7 @@ def measure_workers(
             "threads": workers,  # one per worker
             "forward_batch_size": int(choice["forward_batch_size"]),
         }
-        backend = DenseBackend(settings.model_copy(update=fixed))
+        backend = DenseBackend(settings.with_changes(**fixed))
         asyncio.run(backend.start())
         try:
             # the batch function has no cache, so cycling through queries the scenarios used is fair
