@@ -24,6 +24,12 @@ What each check catches (docs/cpu-proofs.md, "The loop learns"):
   have used named by an update line of its invocation (or, for a resumed run's restored trajectories, of the
   first), the resumed invocation restoring the in-flight prompt groups from the checkpoint's `transfer_queue/`,
   and its first weights equal to the first invocation's at the checkpoint step.
+
+A passing run says what its checks read (`checks_line`): the weight syncs whose fingerprint matched (one
+`SYNC_MATCH_LINE` each in the run's log), the largest rollout/actor difference over the steps the sync bound
+covered, the observation tokens in the loss and seen, and the mask invariant's counts. A check that never ran
+(no matched sync, no step with the figure, no observation token on a run that searched, a missing metric) raises
+instead of printing zeros.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from searchrl.errors import SearchRLError, StepCheckError
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
 from searchrl.trainer.verl_progress import UPDATE_PATTERN
@@ -86,6 +93,15 @@ UPDATE_WEIGHTS_S = "timing_s/update_weights"  # verl times the weight push each 
 _RESTORED = re.compile(r"Restored (\d+) training prompt groups from TransferQueue")
 # the hf engine's update line with its fingerprint (trainer/verl_progress.py UPDATE_LINE)
 _UPDATE_DIGEST = re.compile(UPDATE_PATTERN + r": \d+ tensors, fingerprint (\S+)")
+# One line per weight sync whose fingerprint the trainer compared with what the rollout holds and found equal,
+# printed by the rank that checked it (trainer/weight_sync/tap.py for vLLM and sglang, trainer/cpu/hf_rollout.py for
+# the hf engine); Ray forwards it to the run's log, where `checks_line` counts them. A mismatch prints nothing here:
+# it raises StepCheckError (fingerprint.check_sync). `step` is the step that samples from the weights (verl's
+# global_steps + 1, as a failed check names it), `digest` the fingerprint's (fingerprint.digest).
+SYNC_MATCH_LINE = (
+    "searchrl-weight-sync: step {step} sync fingerprint matched: {tensors} tensors, digest {digest}"
+)
+SYNC_MATCH_PATTERN = r"searchrl-weight-sync: step (\d+) sync fingerprint matched: (\d+) tensors, digest (\w+)"
 
 
 @dataclass(frozen=True)
@@ -319,6 +335,91 @@ def mask_problems(row: StepRow) -> list[str]:
     return problems + invariant_problems(row)
 
 
+def sync_match_line(global_steps: int | None, tensors: int, digest: str) -> str:
+    """The SYNC_MATCH_LINE of a sync verl passed `global_steps` with (the step just trained, 0 before step 1)."""
+    return SYNC_MATCH_LINE.format(step=int(global_steps or 0) + 1, tensors=tensors, digest=digest)
+
+
+def sync_matches(logs: Iterable[str]) -> list[tuple[int, int, str]]:
+    """(step, tensors, digest) of every matched weight-sync fingerprint (SYNC_MATCH_LINE) in the logs, in order."""
+    return [
+        (int(step), int(tensors), digest)
+        for text in logs
+        for step, tensors, digest in re.findall(SYNC_MATCH_PATTERN, text)
+    ]
+
+
+def checks_line(
+    rows: Sequence[StepRow],
+    logs: Sequence[str],
+    *,
+    async_mode: bool = False,
+    mean_bound: bool = False,
+    error: type[SearchRLError] = StepCheckError,
+) -> str:
+    """The one line a passing run ends with, built from what its checks read; `error` (one line naming the check)
+    when a check never ran, so a run cannot pass on zeros.
+
+    `rows`: every step of the run (all its invocations, seeds or pilots); `logs`: their logs (or just their
+    SYNC_MATCH_LINE lines). `async_mode`: the sync bound covers only steps whose worst staleness is 0
+    (async_step_problems). `mean_bound`: a bf16 run, whose sync figure is verl's mean difference (ProbDiffWatch),
+    not the fp32 runs' max. Figures: the syncs whose fingerprint matched; the largest difference over the steps the
+    bound covered, and how many; the observation tokens in the loss and seen; the mask invariant's three counts.
+    """
+
+    def never_ran(what: str) -> SearchRLError:
+        return error(f"checks: {what}")
+
+    if not rows:
+        raise never_ran("no training step was logged, so no check ran")
+    syncs = sync_matches(logs)
+    if not syncs:
+        raise never_ran(
+            "the weight-sync fingerprint check never ran: no 'searchrl-weight-sync: ... fingerprint matched' line "
+            "in the run's logs (the rollout adapter did not compare what the rollout holds)"
+        )
+    for row in rows:
+        for key, what in (
+            (COLUMNS["obs_in_loss"][1], "the loss mask"),
+            (OBSERVATION_TOKENS, "the loss mask"),
+            (ALL_CALLS, "the loss mask"),
+            *((key, "the mask invariant") for key, _ in _INVARIANT),
+            *([(STALENESS_WORST_MAX, "the sync bound's scope")] if async_mode else []),
+        ):
+            if math.isnan(row.metrics.get(key, math.nan)):
+                raise never_ran(_missing(row, key, what))
+    covered = [row for row in rows if not async_mode or row.metrics[STALENESS_WORST_MAX] == 0]
+    if not covered:
+        raise never_ran(
+            f"the sync bound covered no step: none of the {len(rows)} steps has worst staleness 0 "
+            f"({STALENESS_WORST_MAX})"
+        )
+    key = PROB_DIFF_MEAN if mean_bound else COLUMNS["sync_diff"][1]
+    for row in covered:
+        if math.isnan(row.metrics.get(key, math.nan)):
+            raise never_ran(_missing(row, key, "the weight sync"))
+    diff = max(row.metrics[key] for row in covered)
+
+    def total(key: str) -> float:
+        return sum(row.metrics[key] for row in rows)
+
+    seen, calls = total(OBSERVATION_TOKENS), total(ALL_CALLS)
+    if calls > 0 and not seen > 0:
+        raise never_ran(
+            f"the loss-mask check saw no tool-response token although the run made {calls:.0f} search calls"
+        )
+    scope = (
+        f"{len(covered)} steps" if not async_mode else f"{len(covered)} of {len(rows)} steps (staleness 0)"
+    )
+    figure = "sync mean prob diff (bf16) up to" if mean_bound else "sync max prob diff"
+    return (
+        f"checks: {len(syncs)} syncs fingerprinted, all matched; {figure} {diff:.2g} over {scope}; "
+        f"{total(COLUMNS['obs_in_loss'][1]):.0f} observation tokens in the loss ({seen:.0f} seen); "
+        f"{total(OUTSIDE):.0f} mask tokens outside the generated spans, {total(MISSING):.0f} generated tokens "
+        f"unmasked, {total(UNRECORDED):.0f} trajectories unrecorded"
+    )
+
+
 @dataclass
 class ProbDiffWatch:
     """verl's mean rollout/actor probability difference over one GPU run, a signal a healthy run cannot trip.
@@ -422,6 +523,11 @@ def gpu_step_problems(row: StepRow, watch: ProbDiffWatch | None = None) -> tuple
 __all__ = [
     "ALL_CALLS",
     "STALENESS_WORST_MAX",
+    "SYNC_MATCH_LINE",
+    "SYNC_MATCH_PATTERN",
+    "checks_line",
+    "sync_match_line",
+    "sync_matches",
     "async_run_problems",
     "async_step_problems",
     "update_digests",

@@ -30,6 +30,7 @@ from searchrl.trainer.proofs.train_cpu_vllm import (
     vllm_cpu_overrides,
 )
 from searchrl.trainer.settings import TrainSettings
+from tests.trainer.test_checks_line import checks_figures
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm-cpu"
@@ -176,6 +177,11 @@ def test_train_cpu_on_verls_vllm_server_checks_every_sync_and_resumes(tmp_path):
     rows = [ln for ln in proc.stdout.splitlines() if re.match(r"\| [123] \| ", ln)]
     assert [r.split("|")[1].strip() for r in rows] == ["1", "2", "3"]  # steps 1-2, then 3 after the resume
     assert "merged step 3" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
+    # the vLLM adapter's match line reached the run's logs once per sync (3 + 2), from the rank that checked it
+    assert proc.stdout.strip().splitlines()[-1].startswith("checks: ")
+    checks = checks_figures(proc.stdout)
+    assert checks["syncs"] == 5 and checks["diff"] < 1e-4 and checks["covered"] == 3, checks
+    assert checks["in_loss"] == 0 and checks["seen"] > 0 and checks["outside"] == 0, checks
     mode = TrainSettings(_env_file=None).rollout_logprobs_mode
     for i in (1, 2):
         text = (tmp_path / "run" / f"train-{i}.log").read_text(errors="replace")

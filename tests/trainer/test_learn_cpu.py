@@ -25,6 +25,7 @@ from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.learn import MIN_RISE, MIN_VARYING, STEPS
 from tests.conftest import clean_environ
 from tests.trainer.conftest import CliRuns, selected
+from tests.trainer.test_checks_line import checks_figures
 
 REPO = Path(__file__).resolve().parents[2]
 LEARNED = re.compile(
@@ -101,6 +102,13 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(syn
     assert len(rows) == STEPS
     assert (sync_runs.out(HONEST) / "reward_curve.png").stat().st_size > 10_000
     assert "| seed | reward first epoch | reward last epoch | paired rise | questions rose |" in proc.stdout
+    # what the checks read: a sync when each invocation starts and after each of its steps, the fp32 bound on all
+    checks = checks_figures(proc.stdout)
+    assert checks["syncs"] == STEPS + 2 and checks["covered"] == STEPS and checks["diff"] < 1e-4, checks
+    assert checks["in_loss"] == 0 and checks["seen"] > 0, checks
+    assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
+    # one seed: its steps.md ends with the same line
+    assert checks_figures((sync_runs.out(HONEST) / "steps.md").read_text()) == checks
 
 
 def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str, named: str) -> None:
@@ -185,6 +193,11 @@ def test_separate_async_learn_cpu_learns_over_three_seeds_with_every_step_versio
     rows = [line for line in proc.stdout.splitlines() if re.match(r"^\| \d+ \| (1|2 \(resumed\)) \| ", line)]
     assert len(rows) == 3 * STEPS and all(re.search(r"\| [01] \|$", row) for row in rows)
     assert sorted(p.name for p in (tmp_path / "learn").glob("seed-*")) == ["seed-0", "seed-1", "seed-2"]
+    # over the three seeds: their syncs, the steps without stale trajectories
+    checks = checks_figures(proc.stdout)
+    assert checks["syncs"] >= 3 * STEPS and checks["steps"] == 3 * STEPS and checks["covered"] >= 3, checks
+    assert checks["in_loss"] == 0 and checks["seen"] > 0 and checks["outside"] == 0, checks
+    assert "checks: " in (tmp_path / "learn" / "seeds.md").read_text()
 
 
 @pytest.mark.slow

@@ -200,16 +200,21 @@ def test_the_cli_routes_model_learn_and_gate_to_the_real_run(monkeypatch, tmp_pa
 
     seen: list[dict] = []
 
+    checks = "checks: 21 syncs fingerprinted, all matched; ..."  # run_real_learn's step_checks.checks_line
+
     def fake_run(out, model_dir, **kwargs):
         seen.append({"out": out, "model": model_dir, **kwargs})
-        return _run((0.5, 0.7), (40.0, 20.0), (0.3, 0.5))
+        run = _run((0.5, 0.7), (40.0, 20.0), (0.3, 0.5))
+        run.checks = checks
+        return run
 
     monkeypatch.setattr(real, "run_real_learn", fake_run)
     argv = ["train", "cpu", "--model", str(tmp_path), "--out", str(tmp_path / "o")]
     assert main([*argv, "--learn", "--lrs", "1e-5,2e-5", "--pilot-steps", "3", "--turn-tokens", "64"]) == 0
     assert seen[-1]["lrs"] == [1e-5, 2e-5] and seen[-1]["pilot_steps"] == 3 and seen[-1]["turn_tokens"] == 64
     assert seen[-1]["gate_only"] is False
-    assert "learned: reward" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "learned: reward" in out and f"\n{checks}\n" in out  # the report's closing line, printed
     assert main([*argv, "--gate"]) == 0
     assert seen[-1]["gate_only"] is True and "variance gate" in capsys.readouterr().out
     assert main([*argv, "--learn", "--lrs", "fast"]) == 2

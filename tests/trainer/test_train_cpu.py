@@ -187,6 +187,8 @@ def test_the_sampler_stops_at_the_first_failed_group(monkeypatch):
 def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(train_cpu_runs):
     """What `make train-cpu` runs, as a user runs it: the CLI, its exit code and its printed table (the run goes
     on beside the colocate_async one, tests/trainer/conftest.py's train_cpu_runs)."""
+    from tests.trainer.test_checks_line import checks_figures  # it reads this module's STEP_LINE
+
     out = train_cpu_runs.out("sync")
     proc = train_cpu_runs.result("sync", TRAIN_CPU_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -202,6 +204,13 @@ def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(train_cpu_r
         assert sync < 1e-4 and in_loss == 0, row  # fp32 everywhere: the rollout ran the trained weights
     assert "merged step 3:" in proc.stdout
     assert "search failures 0, LLM errors 0" in proc.stdout
+    # the run ends with what its checks read: a sync when each invocation starts and after each step (3 + 2), the
+    # fp32 bound over every step, tool responses seen and none trained on, the mask invariant
+    assert proc.stdout.strip().splitlines()[-1].startswith("checks: ")
+    checks = checks_figures(proc.stdout)
+    assert checks["syncs"] == 5 and checks["diff"] < 1e-4 and checks["covered"] == 3, checks
+    assert checks["in_loss"] == 0 and checks["seen"] > 0, checks
+    assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
     # the resumed invocation loaded step 2's checkpoint, and search metrics are in verl's console log
     second = (out / "train-2.log").read_text(errors="replace")
     assert "global_step_2" in second and "search/calls:" in second

@@ -15,6 +15,7 @@ import pytest
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.train_cpu import ASYNC_STEPS
 from tests.trainer.conftest import TRAIN_CPU_TIMEOUT_S
+from tests.trainer.test_checks_line import checks_figures
 
 REPO = Path(__file__).resolve().parents[2]
 SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
@@ -36,6 +37,17 @@ def _train_cpu_async(
     )
 
 
+def _assert_async_checks(stdout: str) -> None:
+    """The async run's checks line: a matched sync per update (one per step at least), the fp32 bound over the
+    steps without a stale trajectory (step 1 at least), tool responses seen and none trained on, the invariant."""
+    assert stdout.strip().splitlines()[-1].startswith("checks: ")
+    checks = checks_figures(stdout)
+    assert checks["syncs"] >= ASYNC_STEPS and checks["steps"] == ASYNC_STEPS, checks
+    assert checks["covered"] >= 1, checks
+    assert checks["diff"] < 1e-4 and checks["in_loss"] == 0 and checks["seen"] > 0, checks
+    assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
+
+
 @pytest.mark.slow
 @pytest.mark.live
 def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(train_cpu_runs):
@@ -46,6 +58,7 @@ def test_colocate_async_trains_across_updates_with_every_version_checked_and_res
     proc = train_cpu_runs.result("colocate_async", TRAIN_CPU_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert f"merged step {ASYNC_STEPS}:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
+    _assert_async_checks(proc.stdout)
     logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
     steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
     assert len(steps) == ASYNC_STEPS and all("versions/missing:0.0" in line for line in steps)
@@ -91,6 +104,7 @@ def test_separate_async_pushes_weights_to_a_standalone_replica_every_step_and_re
     proc = _train_cpu_async(out, mode="separate_async")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert f"merged step {ASYNC_STEPS}:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
+    _assert_async_checks(proc.stdout)
     logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
     steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
     assert len(steps) == ASYNC_STEPS and all("versions/missing:0.0" in line for line in steps)

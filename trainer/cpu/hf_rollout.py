@@ -27,6 +27,9 @@ matching verl's (DESIGN.md section 3b):
   fingerprint of the weights it now holds (trainer/weight_sync/fingerprint.py). The adapter compares it with the
   fingerprint of what it sent, cast to the server's dtype, and a mismatch raises StepCheckError naming the step:
   verl's `ray.get` on the update re-raises it in the trainer and the run stops before sampling from stale weights.
+  A match prints one `SYNC_MATCH_LINE` (trainer/step_checks.py) with the same digest as the update line, as the
+  vLLM and sglang adapters do: the runs count the syncs whose fingerprint was compared from these, not from the
+  server's update lines, which it prints before the comparison.
   verl's own `training/rollout_probs_diff_max` stays a per-step diagnostic (trainer/step_checks.py).
 
 Log-probabilities are those of the distribution the token was sampled from: the logits divided by the sampling
@@ -56,6 +59,7 @@ from searchrl.batches import run_batch
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
 from searchrl.trainer.plugins.versions import HF_SERVER_NAME
+from searchrl.trainer.step_checks import sync_match_line
 from searchrl.trainer.verl_progress import BATCH_LINE, UPDATE_LINE
 from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, digest, fingerprint
 
@@ -482,6 +486,7 @@ class HFServerAdapter(BaseRollout):
             global_steps = kwargs.get("global_steps")
             held = await self._get_server().update_weights.remote(state, global_steps)
             check_sync(held, sent_fingerprint(state, held), global_steps)
+            print(sync_match_line(global_steps, len(state), digest(held)), flush=True)  # noqa: T201  (to the log)
 
 
 def sent_fingerprint(state: dict[str, torch.Tensor], held: dict[str, TensorPrint]) -> dict[str, TensorPrint]:

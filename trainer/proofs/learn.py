@@ -28,6 +28,9 @@ and fails with one line unless all of these hold:
    answers minus the probe with the answers rotated among questions: 0 for a policy that learned letters common
    to all answers, positive for one that learned each question's answer.
 
+Each seed's `steps.md` and the seeds' table (`seeds.md`, printed) end with the line that says what the checks read
+(`step_checks.checks_line`); a check that never ran fails the run instead.
+
 The first assistant turn is scripted, as in the smoke run, but as environment (loss mask 0,
 trainer/cpu/scripted_agent_loop.py):
 the policy is trained only on what it sampled. `model-written searches` counts calls the model wrote itself.
@@ -71,6 +74,7 @@ from searchrl.trainer.proofs.train_cpu import (
     check_mode,
     cpu_overrides,
     cpu_settings,
+    run_checks_line,
     run_training,
     tokenizer_texts,
     write_qa,
@@ -79,10 +83,12 @@ from searchrl.trainer.settings import TrainerMode, TrainSettings
 from searchrl.trainer.step_checks import (
     ENTROPY,
     STALENESS_WORST_MAX,
+    SYNC_MATCH_PATTERN,
     StepCheck,
     StepRow,
     async_step_problems,
     check_steps,
+    checks_line,
     step_table,
     sync_and_mask_problems,
 )
@@ -191,6 +197,8 @@ class LearnRun:
     rows: list[StepRow] = field(default_factory=list)
     trajectories: list[Trajectory] = field(default_factory=list)  # from verl's rollout dumps
     updates: dict[str, list[int]] = field(default_factory=dict)  # invocation label -> steps of updates
+    syncs: list[str] = field(default_factory=list)  # the logs' step_checks.SYNC_MATCH_LINE lines
+    checks: str = ""  # step_checks.checks_line of this seed, set once its training ended
     phases: dict[str, float] = field(default_factory=dict)
     probe_initial: float = math.nan
     probe_merged: float = math.nan
@@ -509,6 +517,7 @@ def run_learn(
             if mode == "sync"
             else partial(async_step_problems, threshold=ASYNC_THRESHOLD, weight_push=mode == "separate_async")
         )
+        texts = []
         for label, extra in (
             ("1", [*overrides, f"trainer.total_training_steps={resume}"]),
             ("2 (resumed)", overrides),
@@ -522,7 +531,13 @@ def run_learn(
                 raise SmokeCheckError(f"the learning run (seed {seed}) failed: {exc}") from None
             run.rows += rows
             run.updates[label] = count_updates(text)
+            run.syncs += [line for line in text.splitlines() if re.search(SYNC_MATCH_PATTERN, line)]
+            texts.append(text)
             run.phases[f"train {label}"] = time.monotonic() - started
+        try:
+            run.checks = run_checks_line(run.rows, texts, async_mode=mode != "sync")
+        except SmokeCheckError as exc:
+            raise SmokeCheckError(f"the learning run (seed {seed}) failed: {exc}") from None
         started = time.monotonic()
         merged = merge_latest(settings.run_dir)
         run.weight_change = weight_change(model_dir, merged.target_dir)
@@ -534,7 +549,7 @@ def run_learn(
         run.probe_rotated_merged = probe_score(merged.target_dir, rotated)
         run.phases["merge and probe"] = time.monotonic() - started
         run.trajectories = read_dumps(rollout_dir, train_questions(settings))
-    (out_dir / "steps.md").write_text(learn_table(run) + "\n", encoding="utf-8")
+    (out_dir / "steps.md").write_text(f"{learn_table(run)}\n\n{run.checks}\n", encoding="utf-8")
     return run
 
 
@@ -741,8 +756,19 @@ def learn_table(run: LearnRun) -> str:
     return "\n".join(lines)
 
 
+def seeds_checks(runs: Sequence[LearnRun]) -> str:
+    """The checks line (step_checks.checks_line) over every seed's steps and matched syncs: the runs' one line."""
+    return checks_line(
+        [row for run in runs for row in run.rows],
+        [line for run in runs for line in run.syncs],
+        async_mode=any(run.mode != "sync" for run in runs),
+        error=SmokeCheckError,
+    )
+
+
 def seeds_table(runs: Sequence[LearnRun]) -> str:
-    """One row per seed: the per-question paired rise, collapse, the probe and its specificity, sync and mask."""
+    """One row per seed: the per-question paired rise, collapse, the probe and its specificity, sync and mask;
+    then the seeds' checks line (`seeds_checks`)."""
     ends = (
         "first epoch | reward last epoch"
         if all(run.mode == "sync" for run in runs)
@@ -765,7 +791,7 @@ def seeds_table(runs: Sequence[LearnRun]) -> str:
             f"{run.probe_merged:.3f} | {specific[0]:+.4f} | {specific[1]:+.4f} | {run.max_sync_diff():.2g} | "
             f"{run.observation_tokens_in_loss():.0f} | {sum(run.phases.values()):.0f} |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", seeds_checks(runs)])
 
 
 __all__ = [
@@ -789,6 +815,7 @@ __all__ = [
     "token_rewards",
     "run_learn",
     "run_seeds",
+    "seeds_checks",
     "seeds_table",
     "seeds_verdict",
     "weight_change",

@@ -11,7 +11,8 @@ resume is the tiny run's job; learning is `make learn-cpu`'s (a 135M model does 
 Precision is chosen by measurement (trainer/cpu/precision.py): bf16 only on a CPU with native BF16 where a timed
 step is faster, else fp32. The `hf` rollout batches each turn's sequences on all cores (trainer/cpu/hf_rollout.py).
 The step rows pass the CPU runs' checks (trainer/step_checks.py), with verl's mean bound on the rollout/actor
-probability gap in bf16.
+probability gap in bf16; the report (printed, and `steps.md`) ends with the line that says what they read
+(`step_checks.checks_line`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from pathlib import Path
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu.precision import choose_cpu_dtype
 from searchrl.trainer.overrides import hydra_value
-from searchrl.trainer.proofs.train_cpu import FP32, cpu_overrides, cpu_settings, run_training, write_qa
+from searchrl.trainer.proofs.train_cpu import (
+    FP32,
+    cpu_overrides,
+    cpu_settings,
+    run_checks_line,
+    run_training,
+    write_qa,
+)
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.step_checks import (
     ProbDiffWatch,
@@ -87,6 +95,7 @@ class RealRun:
     merged_dir: Path | None = None
     merged_params: int | None = None
     batches: list[tuple[int, int, float]] = field(default_factory=list)  # (sequences, tokens, seconds)
+    checks: str = ""  # step_checks.checks_line, set once the run's checks passed
 
     def batch_line(self) -> str:
         """How the rollout batched: generate calls, mean batch, the model's tokens/s over its generate time."""
@@ -119,6 +128,7 @@ class RealRun:
                 self.batch_line(),
                 "phase times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.phases.items()),
                 f"merged step {STEPS}: {self.merged_dir} ({self.merged_params} parameters, loaded)",
+                *([self.checks] if self.checks else []),
             ]
         )
 
@@ -184,6 +194,7 @@ def run_real(
             raise SmokeCheckError(
                 "the real-weights run missed what training must show: " + "; ".join(problems)
             )
+        run.checks = run_checks_line(run.rows, [text], mean_bound=run.dtype != "float32")
         started = time.monotonic()
         merged = merge_latest(settings.run_dir)
         run.phases["merge and load"] = time.monotonic() - started

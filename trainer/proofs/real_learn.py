@@ -22,7 +22,9 @@ it holds up to `epoch_steps - 1` updates (at lr 1e-4 every group scored 8/8 from
 tool-response tokens per trajectory that trainer/plugins/masks.py counts from the tokens (`loss/model_tool_response_tokens`,
 independent of the reward's text check) fall by at least `MIN_DROP` from epoch 1 to epoch 2; and (c) the greedy
 probe's share of clean turns rises. Otherwise it fails with one line naming what missed, after writing its
-curve (`reward_curve.png`) and table (`steps.md`): not learning is a result to read, not to hide.
+curve (`reward_curve.png`) and table (`steps.md`): not learning is a result to read, not to hide. The report
+(printed, and `steps.md`) ends with the line that says what the step checks read over the pilots and the run
+(`step_checks.checks_line`); a check that never ran fails the run instead.
 
 **Stage 2** (`--stage query`, trainer/proofs/real_query.py): the same gate, pilot, run and probe, but the loop scripts
 the *opening* of a search call as environment (mask 0) where the model's first turn opens, the model writes the
@@ -119,6 +121,7 @@ class RealLearnRun:
     probe_openings: tuple[int, int] = (0, 0)
     phases: dict[str, float] = field(default_factory=dict)
     stage: str = "own-turn"
+    checks: str = ""  # step_checks.checks_line over the pilots and the run, set once they trained
 
     def ends(self) -> tuple[float, float, float, float, float]:
         """(reward before any update: the gate's mean, epoch 1, epoch 2; invented tokens a trajectory epoch 1, 2)."""
@@ -210,6 +213,7 @@ class RealLearnRun:
                 f"{self.probe_merged:.3f}; distinct openings (first 5 words) {self.probe_openings[0]} -> "
                 f"{self.probe_openings[1]}",
                 "phase times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.phases.items()),
+                *([self.checks] if self.checks else []),
             ]
         )
 
@@ -359,7 +363,7 @@ def run_real_learn(
     from searchrl.trainer.launch import check_retrieval
     from searchrl.trainer.proofs.real import require_inputs
     from searchrl.trainer.proofs.real_gate import STAGES, check_gate, gate, null_rise
-    from searchrl.trainer.proofs.train_cpu import write_qa
+    from searchrl.trainer.proofs.train_cpu import run_checks_line, write_qa
     from searchrl.trainer.toolconfig import write_tool_config
 
     require_inputs(model_dir, qa_source)
@@ -404,6 +408,7 @@ def run_real_learn(
             return run
         prompt_len, response_len = sequence_lengths(base, run.model_dir, turn_tokens, stage)
         extra = learn_overrides(run.dtype, seed, turn_tokens, random_reward, stage=stage, retrieval_url=url)
+        texts: list[str] = []  # every invocation's log, for the checks line
 
         def train(experiment: str, steps: int, lr: float) -> list[StepRow]:
             from searchrl.trainer.proofs.real import check_real_steps
@@ -421,7 +426,7 @@ def run_real_learn(
                 max_response_length=response_len,
             )
             began = time.monotonic()
-            rows, _ = run_training(
+            rows, text = run_training(
                 settings,
                 extra,
                 out_dir / f"{experiment}.log",
@@ -429,6 +434,7 @@ def run_real_learn(
                 timeout_s,
                 lambda row: check_real_steps([row], run.dtype, per_step=True),
             )
+            texts.append(text)
             # the query stage's searches run in its reward, not in verl's tool
             problems = check_real_steps(rows, run.dtype, steps=steps, searching=stage != "query")
             if problems:
@@ -446,6 +452,8 @@ def run_real_learn(
             run.lr = lrs[0]
         run.rows = train(EXPERIMENT, 2 * run.epoch_steps, run.lr)
         plot_curve(run, out_dir / "reward_curve.png")
+        trained = [row for rows in run.pilots.values() for row in rows] + run.rows
+        run.checks = run_checks_line(trained, texts, mean_bound=run.dtype != "float32")
         started = time.monotonic()
         probe(run, qa_source, questions, turn_tokens, url, prompt_len, response_len)
         run.phases["merge and probe"] = time.monotonic() - started

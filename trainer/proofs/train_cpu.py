@@ -25,7 +25,9 @@ length, policy loss, grad norm, rollout/actor sync, observation tokens in the lo
 own console metrics; `check_steps` fails the run when a row misses what the loop must show (trainer/step_checks.py:
 a search on every step, the weight sync within fp32 noise, no tool-response token in the loss), and any failed
 step of the flow fails it with one line. The first assistant turn is scripted, as environment with loss mask 0
-(trainer/cpu/scripted_agent_loop.py says why); later turns are the random model's own samples.
+(trainer/cpu/scripted_agent_loop.py says why); later turns are the random model's own samples. The report ends
+with the line that says what the checks read (`step_checks.checks_line`: syncs fingerprinted, the sync figure,
+observation and mask counts); a check that never ran fails the run instead.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -54,10 +57,13 @@ from searchrl.trainer.step_checks import (
     async_run_problems,
     async_step_problems,
     check_steps,
+    checks_line,
     parse_steps,
     step_summary,
     step_table,
     sync_and_mask_problems,
+    sync_matches,
+    update_digests,
 )
 
 if TYPE_CHECKING:
@@ -310,9 +316,36 @@ def first_error(log_text: str) -> str:
     return tail[-1].strip() if tail else "no output"
 
 
+def hf_sync_problems(logs: Sequence[str]) -> list[str]:
+    """The hf engine's syncs, invocation by invocation (`logs` in order): every weight update its server logged
+    (verl_progress.UPDATE_LINE, printed before the comparison) has the trainer adapter's match line with the same
+    digest (step_checks.SYNC_MATCH_LINE). An update without one was never compared, and the checks line would
+    count fewer syncs than ran."""
+    problems = []
+    for number, text in enumerate(logs, start=1):
+        updated = sorted(digest for _, _, digest in update_digests(text))
+        matched = sorted(digest for _, _, digest in sync_matches([text]))
+        if updated != matched:
+            problems.append(
+                f"invocation {number}: the hf server logged {len(updated)} weight updates but the trainer matched "
+                f"{len(matched)} fingerprints (updates {updated}, matched {matched}): a sync went unchecked"
+            )
+    return problems
+
+
+def run_checks_line(rows: Sequence[StepRow], logs: Sequence[str], *, hf: bool = True, **kwargs: Any) -> str:
+    """`step_checks.checks_line` of a CPU run (SmokeCheckError when a check never ran), after the hf engine's own
+    check that each update it logged was compared (`hf_sync_problems`; `hf=False` for verl's vLLM server)."""
+    problems = hf_sync_problems(logs) if hf else []
+    if problems:
+        raise SmokeCheckError("checks: " + "; ".join(problems))
+    return checks_line(rows, logs, error=SmokeCheckError, **kwargs)
+
+
 @dataclass
 class CpuRun:
-    """What one `searchrl train cpu` run did: the step rows, phase times, the merged model and the eval."""
+    """What one `searchrl train cpu` run did: the step rows, phase times, the merged model and the eval, and the
+    line that says what its checks read."""
 
     out_dir: Path
     rows: list[StepRow] = field(default_factory=list)
@@ -320,6 +353,7 @@ class CpuRun:
     merged_dir: Path | None = None
     merged_step: int | None = None
     eval_summary: dict[str, Any] = field(default_factory=dict)
+    checks: str = ""  # step_checks.checks_line, set once the run's checks passed
 
     def report(self) -> str:
         lines = [step_table(self.rows), ""]
@@ -333,6 +367,8 @@ class CpuRun:
                 f"n {s.get('n')}, search failures {s.get('search_failures')}, LLM errors {s.get('llm_errors')}, "
                 f"EM {s.get('em', 0.0):.3f}"
             )
+        if self.checks:
+            lines.append(self.checks)
         return "\n".join(lines)
 
 
@@ -488,6 +524,7 @@ def _run_cpu_smoke(
             log.info("trajectories spanning two weights versions over the run: %d", spans)
         if problems:
             raise SmokeCheckError("the CPU run missed what training must show: " + "; ".join(problems))
+        run.checks = run_checks_line(run.rows, [text_1, text_2], hf=vllm is None, async_mode=mode != "sync")
         started = time.monotonic()
         merged = merge_latest(settings.run_dir)
         run.merged_dir, run.merged_step = merged.target_dir, merged.step
@@ -523,6 +560,8 @@ __all__ = [
     "cpu_overrides",
     "cpu_settings",
     "first_error",
+    "hf_sync_problems",
+    "run_checks_line",
     "run_cpu_smoke",
     "run_training",
     "tokenizer_texts",

@@ -40,7 +40,7 @@ import aiohttp
 import torch
 
 from searchrl.errors import StepCheckError
-from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, tensor_print
+from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, digest, tensor_print
 from searchrl.trainer.weight_sync.tap import TappedUpdateMixin
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,9 @@ def read_copies(reply: Any, ndim: int) -> list[torch.Tensor]:
 
 def compare_blocks(
     replies: Mapping[str, Any], sent: Mapping[str, torch.Tensor], global_steps: int | None
-) -> None:
-    """Raise StepCheckError naming the step when a read-back block differs from the block the trainer sent."""
+) -> str:
+    """Raise StepCheckError naming the step when a read-back block differs from the block the trainer sent; else
+    the digest of the blocks that matched (for the run's `step_checks.SYNC_MATCH_LINE`)."""
     step = int(global_steps or 0) + 1
     held: dict[str, TensorPrint] = {}
     expected: dict[str, TensorPrint] = {}
@@ -111,6 +112,7 @@ def compare_blocks(
                 want = block
             held[key], expected[key] = tensor_print(got), tensor_print(want)
     check_sync(held, expected, global_steps)
+    return digest(expected)
 
 
 async def read_back(engine: Any, names: list[str], rows: int = ROWS) -> dict[str, Any]:
@@ -151,8 +153,8 @@ class SglangFingerprintMixin(TappedUpdateMixin[torch.Tensor]):
             and not int(getattr(self._engine, "node_rank", 0))
         )
 
-    async def check_rollout(self, sent: dict[str, torch.Tensor], global_steps: int | None) -> None:
-        compare_blocks(await read_back(self._engine, sorted(sent)), sent, global_steps)
+    async def check_rollout(self, sent: dict[str, torch.Tensor], global_steps: int | None) -> str:
+        return compare_blocks(await read_back(self._engine, sorted(sent)), sent, global_steps)
 
 
 # ---- registration ---------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ trainer/weight_sync/vllm_sync.py; sglang's server reads back the first rows of e
 trainer/weight_sync/sglang_sync.py). So the wrapping is written once here: pass LoRA and delta updates through
 unchecked, tap the stream as verl's sender consumes it (`fingerprint.tap_stream`: no second pass over the model),
 let verl send and load, run the engine's check on the ranks that can read the rollout, then make every rank agree
-(`fingerprint.agree_across_ranks`) so a failure on one stops all within seconds. An engine adapter says only what
-it keeps per tensor, which rank checks, and how.
+(`fingerprint.agree_across_ranks`) so a failure on one stops all within seconds; a rank whose check matched then
+prints one `SYNC_MATCH_LINE` (trainer/step_checks.py), which Ray forwards to the run's log, where a run counts its
+checked syncs (`step_checks.checks_line`). An engine adapter says only what it keeps per tensor, which rank
+checks, and how.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from searchrl.errors import StepCheckError
+from searchrl.trainer.step_checks import sync_match_line
 from searchrl.trainer.weight_sync.fingerprint import agree_across_ranks, tap_stream
 
 Kept = TypeVar("Kept")
@@ -59,8 +62,9 @@ class TappedUpdateMixin(Generic[Kept]):
         """Whether this rank reads the rollout back (asked after verl's update, which may start its client)."""
         raise NotImplementedError
 
-    async def check_rollout(self, sent: dict[str, Kept], global_steps: int | None) -> None:
-        """Compare what the rollout holds with `sent`; StepCheckError naming the step on a mismatch."""
+    async def check_rollout(self, sent: dict[str, Kept], global_steps: int | None) -> str:
+        """Compare what the rollout holds with `sent`: StepCheckError naming the step on a mismatch, else the
+        digest of what matched (for the SYNC_MATCH_LINE)."""
         raise NotImplementedError
 
     async def update_weights(
@@ -84,14 +88,17 @@ class TappedUpdateMixin(Generic[Kept]):
         result = await super().update_weights(  # type: ignore[misc]
             tap_stream(weights, record), global_steps=global_steps, wire_format=wire_format, **kwargs
         )
-        problem = None
+        problem, matched = None, None
         if self.reads_rollout():
             try:
-                await self.check_rollout(sent, global_steps)
+                matched = await self.check_rollout(sent, global_steps)
             except StepCheckError as exc:
                 problem = exc
         # every rank, checking or not: a failure on one stops all of them within seconds
         await asyncio.to_thread(agree_across_ranks, problem, global_steps)
+        if matched is not None:
+            # Ray forwards a worker's stdout to the run's log (a logger here has no handler in verl's workers)
+            print(sync_match_line(global_steps, len(sent), matched), flush=True)  # noqa: T201
         return result
 
 

@@ -19,7 +19,9 @@ the smallest verl offers, add the check (the classes that need vLLM live in trai
   parameter's ranks are summed and a replicated one is read once (`merge_ranks`). A mismatch raises
   StepCheckError naming the step; verl's `ray.get` on the update re-raises it and the run stops. Only ranks with
   a server check; every rank then agrees (`agree_across_ranks`), so ranks without one stop within seconds too
-  instead of waiting in verl's next collective for torch's timeout.
+  instead of waiting in verl's next collective for torch's timeout. A match prints one line from the rank that
+  checked it (`step_checks.SYNC_MATCH_LINE`, with the digest of what the trainer sent in vLLM's names), which the
+  run's log collects through Ray and a run counts (`step_checks.checks_line`).
 
 Registered for `rollout.name=vllm` by importing this module in every Ray process: `render_overrides` passes
 `VERL_USE_EXTERNAL_MODULES=searchrl.trainer.weight_sync.vllm_sync` through `ray_kwargs.ray_init.runtime_env.env_vars`, and
@@ -43,6 +45,7 @@ from searchrl.errors import StepCheckError
 from searchrl.trainer.weight_sync.fingerprint import (
     TensorPrint,
     check_sync,
+    digest,
     group_sent,
     merge_ranks,
     tensor_print,
@@ -127,8 +130,9 @@ def vllm_param_name(name: str, held: set[str], packed: Mapping[str, Iterable[str
     return name
 
 
-def check_vllm_sync(reports: Any, sent: Mapping[str, TensorPrint], global_steps: int | None) -> None:
-    """Compare the workers' reports (one per tensor-parallel rank) with the trainer's prints of what it sent."""
+def check_vllm_sync(reports: Any, sent: Mapping[str, TensorPrint], global_steps: int | None) -> str:
+    """Compare the workers' reports (one per tensor-parallel rank) with the trainer's prints of what it sent;
+    StepCheckError on a difference, else the digest of what matched (the sent prints under vLLM's names)."""
     if not reports or not all(isinstance(r, Mapping) and "prints" in r for r in reports):
         step = int(global_steps or 0) + 1
         raise StepCheckError(
@@ -147,6 +151,7 @@ def check_vllm_sync(reports: Any, sent: Mapping[str, TensorPrint], global_steps:
         scaled[name] = p.times(copies) if copies > 1 else p
     grouped = group_sent(scaled, targets.__getitem__)
     check_sync(merge_ranks(grouped, ranks), grouped, global_steps)
+    return digest(grouped)
 
 
 def _is_kv_part(name: str, target: str, packed: Mapping[str, Iterable[str]]) -> bool:
@@ -174,8 +179,10 @@ class FingerprintAdapterMixin(TappedUpdateMixin[TensorPrint]):
     def reads_rollout(self) -> bool:
         return self._has_server
 
-    async def check_rollout(self, sent: dict[str, TensorPrint], global_steps: int | None) -> None:
-        check_vllm_sync(await self._execute_method(RPC_METHOD, timeout=RPC_TIMEOUT_S), sent, global_steps)
+    async def check_rollout(self, sent: dict[str, TensorPrint], global_steps: int | None) -> str:
+        return check_vllm_sync(
+            await self._execute_method(RPC_METHOD, timeout=RPC_TIMEOUT_S), sent, global_steps
+        )
 
 
 # ---- registration ---------------------------------------------------------------------------------------------
