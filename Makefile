@@ -266,6 +266,13 @@ BENCH_ROLLOUT_ARGS ?=
 bench-rollout: $(VENV)/.dev  ## one GRPO model turn of 8 trajectories through the hf rollout engine, before vs after batching (MODEL)
 	$(BIN)/searchrl train bench-rollout $(MODEL) $(BENCH_ROLLOUT_ARGS)
 
+# issue 53: the sampler's per-step loss-mask checks at GPU scale (2,560 x 1,500 tokens) with MODEL's tokenizer, now vs
+# the string path before; e.g. BENCH_STEP_CHECKS_ARGS="--trajectories 640 --repeats 3"
+BENCH_STEP_CHECKS_ARGS ?=
+.PHONY: bench-step-checks
+bench-step-checks: $(VENV)/.dev  ## the driver's loss-mask checks of one GPU step (2,560 x 1,500 tokens, MODEL's tokenizer), seconds now vs the string path before (~30 s; gets MODEL first if needed, as make model-get)
+	$(BIN)/searchrl train bench-step-checks $(MODEL) $(BENCH_STEP_CHECKS_ARGS)
+
 test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu (make test runs the two that stop at their step), and an hf engine without version stamps fails the async CPU run
 	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py tests/trainer/test_train_cpu_async.py -k sabotage $(ARGS)
 

@@ -7,6 +7,7 @@
     searchrl train local                                # GPU check, data, health check, then verl (make train-local)
     searchrl train merge --run-dir checkpoints/my-run   # newest checkpoint -> Hugging Face folder
     searchrl train lock                                 # re-resolve requirements/gpu-*.txt with uv (make lock)
+    searchrl train bench-step-checks                    # the driver's per-step loss-mask checks, timed
 
 The CPU verbs (`searchrl train cpu ...`, `searchrl train bench-rollout`) are searchrl/cli/train_cpu.py's,
 registered here so the command line is one.
@@ -124,6 +125,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     train_cpu.register(verbs)
 
+    p = verb(verbs, "bench-step-checks", _bench_step_checks, suppress=False)
+    p.add_argument(
+        "model",
+        nargs="?",
+        default="smollm2-135m",
+        help="whose tokenizer: a known model name (got as `searchrl model get` gets it) or a Hugging Face "
+        "folder (default %(default)s)",
+    )
+    p.add_argument("--trajectories", type=int, default=2560, help="in the step (default %(default)s)")
+    p.add_argument("--tokens", type=int, default=1500, help="response tokens each (default %(default)s)")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="timed runs; the median is reported (default %(default)s)"
+    )
+    p.add_argument(
+        "--no-string-path",
+        dest="string_path",
+        action="store_false",
+        help="skip the old string path (its time, and the check that it counts the same; ~4 s at the defaults)",
+    )
+
     verb(verbs, "lock", _lock)
 
 
@@ -185,6 +206,38 @@ def _merge(args: argparse.Namespace) -> int:
     wait_s = getattr(args, "checkpoint_wait_s", settings.checkpoint_wait_s)
     result = merge_latest(run_dir, target, verify=getattr(args, "verify", True), wait_s=wait_s)
     print(result.target_dir)  # noqa: T201
+    return 0
+
+
+def _bench_step_checks(args: argparse.Namespace) -> int:
+    """the driver's loss-mask checks of one GPU training step, now vs the string path before (make bench-step-checks)
+
+    Build a step of 2,560 trajectories x 1,500 tokens with the model's tokenizer (assistant turns, tool calls,
+    bundled passages in <tool_response> blocks, made-up ones in the model's turn, loss masks and generated-span
+    records to match), time what the sampler runs on it every step, and once the string path it ran before,
+    which must count the same. Prints the CPU, the load and `step checks: X.XX s a step at T x N tokens`.
+    """
+    import os
+
+    from searchrl.errors import ConfigError
+    from searchrl.logs import setup_logging
+    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.trainer.mask_bench import bench_step_checks
+
+    setup_logging()
+    if min(args.trajectories, args.tokens, args.repeats) < 1:
+        raise ConfigError("--trajectories, --tokens and --repeats must be at least 1")
+    load = os.getloadavg()[0]
+    result = bench_step_checks(
+        args.model,
+        trajectories=args.trajectories,
+        tokens=args.tokens,
+        repeats=args.repeats,
+        string_path=args.string_path,
+    )
+    info = cpu_info()
+    loads = f"load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"
+    print(result.report(f"{info['model']} ({info['cores']} cores; {loads})"))  # noqa: T201
     return 0
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import numpy as np
+
 # trajectory extra_fields keys written by trainer/plugins/agent_loop.py
 SPANS = "searchrl_generated_spans"
 LAST_TURN = "searchrl_last_generated_turn"  # the decoded text of the last span (the model's own last turn)
@@ -56,18 +58,16 @@ def clip_spans(spans: Iterable[Span], length: int) -> list[Span]:
     return [(start, min(end, length)) for start, end in spans if min(end, length) > start]
 
 
-def mask_span_counts(mask: Sequence[int], spans: Sequence[Span]) -> tuple[int, int]:
-    """(mask-1 tokens outside every span, mask-0 tokens inside a span) of one trajectory."""
-    inside = [False] * len(mask)
+def mask_span_counts(mask: Sequence[int] | np.ndarray, spans: Sequence[Span]) -> tuple[int, int]:
+    """(mask-1 tokens outside every span, mask-0 tokens inside a span) of one trajectory; a span past the mask's
+    end counts the tokens past it as mask 0, and overlapping spans count a shared mask-0 token once each."""
+    ones = np.asarray(mask) != 0
+    covered = np.zeros(len(ones), dtype=bool)
     missing = 0
     for start, end in spans:
-        window = mask[start:end]
-        inside[start : start + len(window)] = [True] * len(window)
-        missing += (end - start - len(window)) + sum(
-            1 for m in window if not m
-        )  # past the mask's end: missing
-    outside = sum(1 for m, covered in zip(mask, inside, strict=True) if m and not covered)
-    return outside, missing
+        covered[start:end] = True
+        missing += (end - start) - int(np.count_nonzero(ones[start:end]))  # past the mask's end: missing
+    return int(np.count_nonzero(ones & ~covered)), missing
 
 
 def record_of(extra_fields: object) -> list[Span] | None:
@@ -76,18 +76,63 @@ def record_of(extra_fields: object) -> list[Span] | None:
     return parse_spans(value) if isinstance(value, str) else None
 
 
-def span_step_metrics(rows: Iterable[tuple[object, Sequence[int]]]) -> dict[str, float]:
-    """The invariant's metrics of one step from its trajectories' (extra_fields, loss mask) pairs."""
+def _in_order(spans: Sequence[Span]) -> bool:
+    """Each span starts at or after the previous one's end (what the agent loop records)."""
+    return all(start >= prev_end for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))
+
+
+def mask_prefix(mask: np.ndarray) -> np.ndarray:
+    """The step's loss masks laid end to end as prefix counts: [i] is the number of mask-1 (non-zero) tokens
+    before position i, so any range's count is two lookups."""
+    mask = np.asarray(mask)
+    ones = np.zeros(len(mask) + 1, dtype=np.int64)
+    if mask.size and mask.dtype.kind in "biu" and mask.min() >= 0 and mask.max() <= 1:
+        np.cumsum(mask, out=ones[1:])  # 0/1 already (verl's masks): summed as they are, twice as fast
+    else:
+        np.cumsum(mask != 0, out=ones[1:])
+    return ones
+
+
+def flat_span_metrics(
+    ones: np.ndarray, lengths: Sequence[int], records: Sequence[list[Span] | None]
+) -> dict[str, float]:
+    """The invariant's metrics of a step laid end to end: trajectory r is the next `lengths[r]` tokens,
+    `records[r]` its recorded spans (`record_of`; None: unrecorded), `ones` the loss masks as prefix counts
+    (`mask_prefix`): each span's mask-1 tokens are two lookups, the whole step a few numpy operations."""
     outside = missing = unrecorded = 0
-    for extra_fields, mask in rows:
-        spans = record_of(extra_fields)
+    los: list[int] = []  # where each span of the trajectories counted together starts and ends in the step
+    his: list[int] = []
+    widths = offset = 0
+    for spans, length in zip(records, lengths, strict=True):
+        start_at, offset = offset, offset + length
         if spans is None:
             unrecorded += 1
             continue
-        a, b = mask_span_counts(mask, spans)
-        outside += a
-        missing += b
+        if not _in_order(spans):  # overlapping spans: this trajectory alone, each span counted on its own
+            a, b = mask_span_counts(np.diff(ones[start_at : offset + 1]), spans)
+            outside, missing = outside + a, missing + b
+            continue
+        outside += int(ones[offset] - ones[start_at])  # less those inside its spans, below
+        for start, end in spans:
+            los.append(start_at + min(start, length))
+            his.append(start_at + min(end, length))
+            widths += end - start
+    if los:
+        in_spans = int((ones[np.array(his)] - ones[np.array(los)]).sum())
+        missing += widths - in_spans  # mask 0 or past the mask's end, inside a span
+        outside -= in_spans  # spans in order do not overlap: every other mask-1 token is outside them
     return {OUTSIDE: float(outside), MISSING: float(missing), UNRECORDED: float(unrecorded)}
+
+
+def span_step_metrics(rows: Iterable[tuple[object, Sequence[int] | np.ndarray]]) -> dict[str, float]:
+    """The invariant's metrics of one step from its trajectories' (extra_fields, loss mask) pairs (lists or numpy
+    arrays), through `flat_span_metrics`."""
+    records, masks = [], []
+    for extra_fields, mask in rows:
+        records.append(record_of(extra_fields))
+        masks.append(np.asarray(mask))
+    flat = np.concatenate(masks) if masks else np.zeros(0, dtype=np.int64)
+    return flat_span_metrics(mask_prefix(flat), [len(m) for m in masks], records)
 
 
 __all__ = [
@@ -98,7 +143,9 @@ __all__ = [
     "TOOL_RESPONSES",
     "UNRECORDED",
     "clip_spans",
+    "flat_span_metrics",
     "format_spans",
+    "mask_prefix",
     "mask_span_counts",
     "parse_spans",
     "record_of",
