@@ -108,7 +108,7 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(syn
     assert checks["in_loss"] == 0 and checks["seen"] > 0, checks
     assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
     # one seed: its steps.md ends with the same line
-    assert checks_figures((sync_runs.out(HONEST) / "steps.md").read_text()) == checks
+    assert checks_figures((sync_runs.out(HONEST) / "seed-0" / "steps.md").read_text()) == checks
 
 
 def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str, named: str) -> None:
