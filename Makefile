@@ -262,9 +262,9 @@ learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gat
 	$(BIN)/searchrl train cpu --model $(MODEL) --learn $(LEARN_CPU_REAL_ARGS)
 
 # issue 32: the rollout engine's model turn before (batch 1, 1 thread, 2nd forward) and after (batched, all cores);
-# issue 52: and through vLLM's CPU build, a child process of $(VLLM_CPU_VENV) per engine (BENCH_ROLLOUT_ARGS=--full: every lever, ~25 min)
+# issue 52: and through vLLM's CPU build, a child process of $(VLLM_CPU_VENV) per engine (BENCH_ROLLOUT_ARGS=--full: every lever, 17-24 min)
 BENCH_ROLLOUT_ARGS ?=
-bench-rollout: $(VENV)/.dev $(VLLM_CPU_MARK)  ## one GRPO model turn of 8 trajectories, tokens/s: hf before vs after batching, and vLLM's CPU build with its levers (MODEL; ~10 min on 2 cores)
+bench-rollout: $(VENV)/.dev $(VLLM_CPU_MARK)  ## one GRPO model turn of 8 trajectories, tokens/s: hf before vs after batching, and vLLM's CPU build with its levers (MODEL; 6 min on 2 quiet cores)
 	$(BIN)/searchrl train bench-rollout $(MODEL) --vllm-python $(VLLM_CPU_VENV)/bin/python $(BENCH_ROLLOUT_ARGS)
 
 # issue 53: the sampler's per-step loss-mask checks at GPU scale (2,560 x 1,500 tokens) with MODEL's tokenizer, now vs

@@ -256,7 +256,7 @@ def test_the_verb_passes_its_flags_and_prints_the_table_and_the_line(capsys, mon
         == 0
     )
     assert seen["vllm_python"] is None and seen["dtype"] == "float32" and seen["sequences"] == 4
-    assert seen["settings"] == bench.FULL_SETTINGS and seen["timeout_s"] == 900.0 and seen["repeats"] == 2
+    assert seen["settings"] == bench.FULL_SETTINGS and seen["timeout_s"] == 1200.0 and seen["repeats"] == 2
     out = capsys.readouterr().out.splitlines()
     assert "float32 (fp32 as asked)" in out[0] and "load average" in out[0]
     assert out[-1].startswith("rollout: vLLM 77.0 tokens/s")

