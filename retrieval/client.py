@@ -93,7 +93,7 @@ class RetrievalClient(AsyncClosing):
         hedge_max_s: float = 1.0,
         ca_bundle: str | Path | None = None,
     ) -> None:
-        url_list = split_urls(urls if isinstance(urls, str) else [u for u in urls if u])
+        url_list = split_urls(urls)
         if not url_list:
             raise ConfigError(
                 "no retrieval URL given: set RETRIEVAL_SERVICE_URL (e.g. http://127.0.0.1:8000)"

@@ -17,6 +17,7 @@ import pytest
 from searchrl.processes import stop_process
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_user_prompt
 from searchrl.trainer.cpu.tiny_model import CHATML_HERMES_TEMPLATE
+from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
 from tests.conftest import FIXTURES, TINY_CORPUS, clean_environ
 
@@ -276,3 +277,15 @@ def train_cpu_runs(
             runs.start(mode, ["train", "cpu", *flags])
     yield runs
     runs.stop()
+
+
+def worker_env_vars(compose: Callable[[list[str]], Any], settings: TrainSettings) -> dict[str, str]:
+    """The env vars a Ray worker of the rendered run starts with, as verl's main_ppo merges them."""
+    from omegaconf import OmegaConf
+    from ray.runtime_env import RuntimeEnv
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    cfg = compose(render_overrides(settings))
+    extra = cfg.ray_kwargs.get("ray_init", {}).get("runtime_env", {})
+    merged = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(cfg), extra))
+    return dict(RuntimeEnv(**merged).env_vars())

