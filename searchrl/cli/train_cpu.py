@@ -240,9 +240,9 @@ def _run_cpu(args: argparse.Namespace) -> int:
 
     setup_logging()
     qa = Path(args.qa) if args.qa else DEV_QA
-    if args.rollout != "hf" and (args.model or args.learn or args.gate):
+    if args.rollout != "hf" and (args.model or args.gate):
         raise ConfigError(
-            f"--rollout {args.rollout} runs the tiny-model loop only (no --model, --learn or --gate)"
+            f"--rollout {args.rollout} runs the tiny-model loops only (train-cpu, --learn; no --model or --gate)"
         )
     if args.model and (args.learn or args.gate):
         return _real_learn(args, qa)
@@ -343,7 +343,12 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
     if args.beside_sync and mode == "sync":
         raise ConfigError("--beside-sync compares an async mode with sync: add --trainer-mode separate_async")
     out = _out(args, "outputs/learn-cpu").resolve()
-    common = {"qa_source": qa, "questions": args.questions, "timeout_s": args.timeout or 1200.0}
+    common = {
+        "qa_source": qa,
+        "questions": args.questions,
+        "timeout_s": args.timeout or 1200.0,
+        "rollout": args.rollout,
+    }
     by_mode = {"sync": run_seeds(out / "sync", seeds, mode="sync", **common)} if args.beside_sync else {}
     runs = run_seeds(out / mode if args.beside_sync else out, seeds, mode=mode, **common)
     by_mode[mode] = runs

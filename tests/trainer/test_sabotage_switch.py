@@ -16,8 +16,8 @@ from searchrl.trainer.cpu import sabotage
 from tests.trainer.conftest import CliRuns
 
 # a `searchrl train cpu` that stops at its flag check, before anything starts: a second or two of start-up
-REFUSED = ["train", "cpu", "--rollout", "vllm", "--learn"]
-REFUSAL = "error: --rollout vllm runs the tiny-model loop only (no --model, --learn or --gate)"
+REFUSED = ["train", "cpu", "--rollout", "vllm", "--gate"]
+REFUSAL = "error: --rollout vllm runs the tiny-model loops only (train-cpu, --learn; no --model or --gate)"
 
 
 def _left_in_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:

