@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from searchrl.errors import ConfigError
+from searchrl.trainer.engines import GPU_ENGINES
 from searchrl.trainer.node import nvidia_driver as driver
 from searchrl.trainer.node.nvidia_driver import MIN_DRIVER
 
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = Path(
     "requirements"
 )  # relative to the repo root, so lock headers and `# via` lines are portable
-ENGINES = ("vllm", "sglang")  # the trainer's rollout engines (ROLLOUT)
+ENGINES = GPU_ENGINES  # the trainer's rollout engines (ROLLOUT), from trainer/engines.py
 STACKS = (*ENGINES, "infer")  # every lock: the two trainer stacks and sky/infer.yaml's sglang server
 PYTHONS = ("3.11", "3.12")
 PLATFORM = "x86_64-manylinux_2_34"

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from searchrl.chat_template import CHATML_HERMES_TEMPLATE
+from searchrl.trainer.engines import SYNC_PLUGINS
 from searchrl.trainer.settings import TrainSettings
 
 # Where verl finds our reward function: an importable module, so it works on every Ray node without paths.
@@ -40,15 +41,14 @@ SAMPLER_ASYNC_NAME = "SearchReplayBufferAsync"
 # registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/plugins/agent_loop.py), and the
 # weight-sync check of the rollout engine (vLLM: trainer/weight_sync/vllm_sync.py; sglang: trainer/weight_sync/sglang_sync.py).
 AGENT_LOOP_PLUGIN = "searchrl.trainer.plugins.agent_loop"
-VLLM_SYNC_PLUGIN = "searchrl.trainer.weight_sync.vllm_sync"
+VLLM_SYNC_PLUGIN = SYNC_PLUGINS["vllm"]
 # separate_async: the old-policy clone guard (with parameter offload verl's saved pi_old is the live weights) and the
 # fix for its trainer's start-up TypeError (trainer/patches/old_policy_guard.py, trainer/patches/separate_async.py).
 SEPARATE_ASYNC_PLUGINS = (
     "searchrl.trainer.patches.old_policy_guard",
     "searchrl.trainer.patches.separate_async",
 )
-SGLANG_SYNC_PLUGIN = "searchrl.trainer.weight_sync.sglang_sync"
-SYNC_PLUGINS = {"vllm": VLLM_SYNC_PLUGIN, "sglang": SGLANG_SYNC_PLUGIN}
+SGLANG_SYNC_PLUGIN = SYNC_PLUGINS["sglang"]
 VLLM_SYNC_KEY = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
 # vLLM 0.24.0 binds its top-k/top-p sampler to FlashInfer on CUDA with raw log-probs unless this is 0
 # (vllm/v1/sample/ops/topk_topp_sampler.py:21-66 `flashinfer_sampler_supported`, :86-95), and the engine's profile

@@ -31,6 +31,7 @@ from searchrl.errors import ConfigError
 from searchrl.retrieval import client
 from searchrl.retrieval.corpus_check import SEARCH_R1_DATASET
 from searchrl.rollout import MAX_TOPK, ROLLOUT_DEFAULTS, RolloutSpec
+from searchrl.trainer.engines import RolloutName
 from searchrl.trainer.node.flash_switch import flash_attn_on
 from searchrl.urls import redact_url, scheme_problem, split_urls
 
@@ -116,7 +117,7 @@ class TrainSettings(StrictSettings):
     )  # cap per passage text (100-word wiki-18 ~ 600 chars)
 
     # --- rollout engine and cluster --------------------------------------------------------------------------
-    rollout_name: Literal["vllm", "sglang"] = Field(
+    rollout_name: RolloutName = Field(
         default="vllm", validation_alias=_alias("ROLLOUT", "rollout_name")
     )  # the locked engine: vllm resolves as published; sglang needs a transformers override (requirements/)
     # FSDP actor/reference attention. FLASH_ATTN is the one switch, read by trainer/node/flash_switch.py here and

