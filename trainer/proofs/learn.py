@@ -506,18 +506,13 @@ def run_learn(
     `rollout="vllm"`: verl's own vLLM server (hybrid engine, the GPU run's fingerprint check) instead of the hf
     engine, from the CPU vLLM venv, as `make train-cpu ROLLOUT=vllm` (trainer/proofs/train_cpu_vllm.py); what it
     leaves in /dev/shm, /tmp and its scratch folder is removed however the run ends."""
-    from searchrl.trainer.proofs.train_cpu_vllm import Leftovers, check_rollout
+    from searchrl.trainer.proofs.train_cpu_vllm import check_rollout, engine_scratch
 
     check_mode(mode)
     check_rollout(rollout, mode)
     epoch = learn_epoch(qa_source, questions, steps)
-    if rollout == "hf":
-        return _run_learn(out_dir, seed, qa_source, questions, steps, lr, timeout_s, mode, epoch)
-    leftovers = Leftovers.start()
-    try:
-        return _run_learn(out_dir, seed, qa_source, questions, steps, lr, timeout_s, mode, epoch, leftovers)
-    finally:
-        leftovers.clean()
+    with engine_scratch(rollout) as vllm:
+        return _run_learn(out_dir, seed, qa_source, questions, steps, lr, timeout_s, mode, epoch, vllm)
 
 
 def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
@@ -537,7 +532,7 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
     from searchrl.retrieval.process import served
     from searchrl.trainer.cpu.tiny_model import write_tiny_model
     from searchrl.trainer.merge import merge_latest
-    from searchrl.trainer.proofs.train_cpu_vllm import vllm_cpu_env, vllm_cpu_overrides
+    from searchrl.trainer.proofs.train_cpu_vllm import engine_overrides
 
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -551,11 +546,7 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
         settings = learn_settings(out_dir, model_dir, url, seed=seed, steps=steps, lr=lr, mode=mode)
         rollout_dir = out_dir / ROLLOUTS
         resume = min(RESUME_STEP, steps - 1)
-        overrides = learn_overrides(seed, rollout_dir, settings)
-        extra_env = None
-        if vllm is not None:
-            overrides = merge_overrides(overrides, vllm_cpu_overrides(settings, vllm.ray_temp_dir))
-            extra_env = vllm_cpu_env(vllm.scratch)
+        overrides, extra_env = engine_overrides(learn_overrides(seed, rollout_dir, settings), settings, vllm)
         on_step: StepCheck = (
             sync_and_mask_problems
             if mode == "sync"

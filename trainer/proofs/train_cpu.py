@@ -443,17 +443,12 @@ def run_cpu_smoke(
 
     `rollout="vllm"`: verl's own vLLM server instead of the hf engine (trainer/proofs/train_cpu_vllm.py), in the CPU vLLM
     venv; what it leaves in /dev/shm, /tmp and its scratch folder is removed however the run ends."""
-    from searchrl.trainer.proofs.train_cpu_vllm import Leftovers, check_rollout
+    from searchrl.trainer.proofs.train_cpu_vllm import check_rollout, engine_scratch
 
     check_mode(mode)
     check_rollout(rollout, mode)
-    if rollout == "hf":
-        return _run_cpu_smoke(out_dir, qa_source, questions, timeout_s, mode)
-    leftovers = Leftovers.start()
-    try:
-        return _run_cpu_smoke(out_dir, qa_source, questions, timeout_s, mode, leftovers)
-    finally:
-        leftovers.clean()
+    with engine_scratch(rollout) as vllm:
+        return _run_cpu_smoke(out_dir, qa_source, questions, timeout_s, mode, vllm)
 
 
 def _run_cpu_smoke(
@@ -467,7 +462,7 @@ def _run_cpu_smoke(
     from searchrl.retrieval.process import served
     from searchrl.trainer.cpu.tiny_model import write_tiny_model
     from searchrl.trainer.merge import merge_latest
-    from searchrl.trainer.proofs.train_cpu_vllm import vllm_cpu_env, vllm_cpu_overrides
+    from searchrl.trainer.proofs.train_cpu_vllm import engine_overrides
 
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)  # a CPU run always starts from nothing: its resume is its own
@@ -485,11 +480,9 @@ def _run_cpu_smoke(
         steps = STEPS if mode == "sync" else ASYNC_STEPS
         settings = cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode)
         started = time.monotonic()
-        overrides = merge_overrides(cpu_overrides(), async_cpu_overrides(settings))
-        extra_env = None
-        if vllm is not None:
-            overrides = merge_overrides(overrides, vllm_cpu_overrides(settings, vllm.ray_temp_dir))
-            extra_env = vllm_cpu_env(vllm.scratch)
+        overrides, extra_env = engine_overrides(
+            merge_overrides(cpu_overrides(), async_cpu_overrides(settings)), settings, vllm
+        )
         on_step: StepCheck = (
             sync_and_mask_problems
             if mode == "sync"

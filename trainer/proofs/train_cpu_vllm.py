@@ -39,12 +39,20 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchrl.errors import ConfigError
 from searchrl.trainer.engines import CPU_ENGINES
-from searchrl.trainer.overrides import AGENT_LOOP_PLUGIN, VLLM_SYNC_KEY, VLLM_SYNC_PLUGIN, hydra_value
+from searchrl.trainer.overrides import (
+    AGENT_LOOP_PLUGIN,
+    VLLM_SYNC_KEY,
+    VLLM_SYNC_PLUGIN,
+    hydra_value,
+    merge_overrides,
+)
 from searchrl.trainer.settings import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -94,6 +102,31 @@ def vllm_cpu_overrides(settings: TrainSettings, ray_temp_dir: Path) -> list[str]
         ("+ray_kwargs.ray_init._temp_dir", str(ray_temp_dir)),
     ]
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
+
+
+@contextmanager
+def engine_scratch(rollout: str) -> Iterator[Leftovers | None]:
+    """What a CPU run on `rollout` needs around it: nothing for the hf engine (None); for vLLM the run's scratch
+    folder and leftovers snapshot (`Leftovers`), cleaned however the run ends."""
+    if rollout == "hf":
+        yield None
+        return
+    leftovers = Leftovers.start()
+    try:
+        yield leftovers
+    finally:
+        leftovers.clean()
+
+
+def engine_overrides(
+    overrides: list[str], settings: TrainSettings, vllm: Leftovers | None
+) -> tuple[list[str], dict[str, str] | None]:
+    """A CPU run's overrides and its verl invocations' environment for its engine: unchanged and None for the hf
+    engine; with the vLLM run's keys and environment on top otherwise (module docstring)."""
+    if vllm is None:
+        return overrides, None
+    merged = merge_overrides(overrides, vllm_cpu_overrides(settings, vllm.ray_temp_dir))
+    return merged, vllm_cpu_env(vllm.scratch)
 
 
 def vllm_cpu_env(scratch: Path) -> dict[str, str]:
@@ -198,6 +231,8 @@ __all__ = [
     "SHIMS",
     "Leftovers",
     "check_rollout",
+    "engine_overrides",
+    "engine_scratch",
     "vllm_cpu_env",
     "vllm_cpu_overrides",
 ]
