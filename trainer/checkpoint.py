@@ -24,6 +24,12 @@ from pathlib import Path
 
 from searchrl.errors import CheckpointError
 
+# Our record of a run, inside its run folder next to verl's global_step_N folders: the settings a resume must match
+# (settings.json) and verl's `step:N - ...` console lines of every invocation (STEPS_LOG). Written by launch, read by
+# the smoke checks and the resume's probability-diff watch; here, below both, so neither imports the other.
+RECORD_DIR = "searchrl"
+STEPS_LOG = "steps.log"
+
 log = logging.getLogger(__name__)
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl: checkpoint_manager.get_checkpoint_tracker_filename
@@ -268,6 +274,8 @@ def check_resume(run_dir: Path, *, deadline_s: float, **wait: object) -> int | N
 
 __all__ = [
     "POLL_INTERVAL_S",
+    "RECORD_DIR",
+    "STEPS_LOG",
     "TRACKER_FILE",
     "TRACKER_SETTLE_S",
     "CheckpointState",

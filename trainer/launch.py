@@ -47,6 +47,7 @@ from searchrl.retrieval.corpus_check import (
     corpus_identity,
     fetch_service_info,
 )
+from searchrl.trainer.checkpoint import RECORD_DIR, STEPS_LOG
 from searchrl.trainer.checkpoint import check_resume as check_checkpoint
 from searchrl.trainer.data import prepare_data
 from searchrl.trainer.lockfiles import check_driver, check_driver_for, current_lock, installed_cuda
@@ -62,7 +63,6 @@ from searchrl.urls import redact_url
 
 log = logging.getLogger(__name__)
 
-RECORD_DIR = "searchrl"  # inside the run folder, next to verl's global_step_N folders
 # Settings that define a run: resuming a checkpoint under any other value would continue a different run (its
 # dataloader position, LR schedule and model shards all depend on them). Everything else may change on resume.
 RESUME_KEYS = (
@@ -253,9 +253,6 @@ def record_run(
     if extra is not None:
         (folder / "run.json").write_text(json.dumps(extra, indent=2, sort_keys=True) + "\n")
     return folder
-
-
-STEPS_LOG = "steps.log"  # verl's `step:N - ...` console lines of every invocation, in <run>/searchrl/
 
 
 def _run_trainer(cmd: Sequence[str], steps_log: Path | None) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchrl.errors import CheckpointError, SmokeCheckError
+from searchrl.trainer.checkpoint import RECORD_DIR, STEPS_LOG
 from searchrl.trainer.merge import MergeResult, find_latest_checkpoint, merge_latest
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.step_checks import ProbDiffWatch, gpu_step_problems, parse_steps
@@ -84,7 +85,6 @@ def check_steps_log(path: Path) -> int:
 
 def check_smoke_run(settings: TrainSettings) -> SmokeReport:
     """Checks 1-4 of the module docstring on settings.run_dir; raise SmokeCheckError naming the first miss."""
-    from searchrl.trainer.launch import RECORD_DIR, STEPS_LOG
 
     run_dir = settings.run_dir.expanduser().resolve()
     trajectories, searches, failed = count_searches(run_dir / "rollouts")

@@ -44,6 +44,12 @@ from searchrl.errors import SearchRLError, StepCheckError
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
 from searchrl.trainer.verl_progress import UPDATE_PATTERN
+from searchrl.trainer.weight_sync.match_line import (
+    SYNC_MATCH_LINE,
+    SYNC_MATCH_PATTERN,
+    sync_match_line,
+    sync_matches,
+)
 
 _STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
 _NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
@@ -93,15 +99,8 @@ UPDATE_WEIGHTS_S = "timing_s/update_weights"  # verl times the weight push each 
 _RESTORED = re.compile(r"Restored (\d+) training prompt groups from TransferQueue")
 # the hf engine's update line with its fingerprint (trainer/verl_progress.py UPDATE_LINE)
 _UPDATE_DIGEST = re.compile(UPDATE_PATTERN + r": \d+ tensors, fingerprint (\S+)")
-# One line per weight sync whose fingerprint the trainer compared with what the rollout holds and found equal,
-# printed by the rank that checked it (trainer/weight_sync/tap.py for vLLM and sglang, trainer/cpu/hf_rollout.py for
-# the hf engine); Ray forwards it to the run's log, where `checks_line` counts them. A mismatch prints nothing here:
-# it raises StepCheckError (fingerprint.check_sync). `step` is the step that samples from the weights (verl's
-# global_steps + 1, as a failed check names it), `digest` the fingerprint's (fingerprint.digest).
-SYNC_MATCH_LINE = (
-    "searchrl-weight-sync: step {step} sync fingerprint matched: {tensors} tensors, digest {digest}"
-)
-SYNC_MATCH_PATTERN = r"searchrl-weight-sync: step (\d+) sync fingerprint matched: (\d+) tensors, digest (\w+)"
+# The line a matched sync prints, and its reader, live beside the printers (trainer/weight_sync/match_line.py);
+# imported here under their old names.
 
 
 @dataclass(frozen=True)
@@ -333,20 +332,6 @@ def mask_problems(row: StepRow) -> list[str]:
             f"step {row.step}: searched but no tool-response token was found to check the mask on"
         )
     return problems + invariant_problems(row)
-
-
-def sync_match_line(global_steps: int | None, tensors: int, digest: str) -> str:
-    """The SYNC_MATCH_LINE of a sync verl passed `global_steps` with (the step just trained, 0 before step 1)."""
-    return SYNC_MATCH_LINE.format(step=int(global_steps or 0) + 1, tensors=tensors, digest=digest)
-
-
-def sync_matches(logs: Iterable[str]) -> list[tuple[int, int, str]]:
-    """(step, tensors, digest) of every matched weight-sync fingerprint (SYNC_MATCH_LINE) in the logs, in order."""
-    return [
-        (int(step), int(tensors), digest)
-        for text in logs
-        for step, tensors, digest in re.findall(SYNC_MATCH_PATTERN, text)
-    ]
 
 
 def checks_line(

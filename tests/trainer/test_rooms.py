@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,81 @@ def test_no_gpu_run_reaches_the_cpu_rooms(tmp_path, rollout, mode):
     assert {"searchrl.trainer.plugins.agent_loop", "searchrl.cli.train_cpu"} <= reached
     assert f"searchrl.trainer.weight_sync.{rollout}_sync" in reached
     assert not [n for n in reached if in_cpu_rooms(n)], sorted(n for n in reached if in_cpu_rooms(n))
+
+
+# --- the rules docs/training.md "The pieces" states for the rooms verl loads (issue 54 item 3) --------------------
+# verl imports plugins/, weight_sync/ and patches/ by name in its Ray workers: from the trainer's top room (the CLI
+# process's modules) they may take the settings and the engine table, nothing else, and nothing from searchrl.cli.
+RAY_ROOMS = ("searchrl.trainer.plugins", "searchrl.trainer.weight_sync", "searchrl.trainer.patches")
+RAY_ROOMS_MAY_IMPORT = {"searchrl.trainer.settings", "searchrl.trainer.engines"}
+
+
+def _in(name: str, rooms: Sequence[str]) -> bool:
+    return any(name == room or name.startswith(room + ".") for room in rooms)
+
+
+def test_the_ray_rooms_import_nothing_from_the_cli_room_but_the_settings():
+    modules = product_modules()
+    top_room = {
+        name
+        for name, path in modules.items()
+        if name.startswith("searchrl.trainer.")
+        and path.parent == REPO / "trainer"
+        and path.name != "__init__.py"
+    }
+    breaches = []
+    for name, path in modules.items():
+        if not _in(name, RAY_ROOMS):
+            continue
+        imported = imports_of(path.read_text(), name, path.name == "__init__.py")
+        bad = {n for n in imported if n in top_room - RAY_ROOMS_MAY_IMPORT or _in(n, ("searchrl.cli",))}
+        breaches += [f"{name} imports {n}" for n in sorted(bad)]
+    assert breaches == []
+
+
+def _runtime(path: Path) -> str:
+    """The module's source without its `if TYPE_CHECKING:` blocks (annotations only: no import runs)."""
+    tree = ast.parse(path.read_text())
+    tree.body = [
+        node
+        for node in tree.body
+        if not (
+            isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        )
+    ]
+    return ast.unparse(tree)
+
+
+def test_the_trainers_top_room_has_no_import_cycle():
+    """launch and smoke_checks imported each other (issue 54): no two modules of the top room reach each other."""
+    modules = product_modules()
+    top = {
+        name: path
+        for name, path in modules.items()
+        if name.startswith("searchrl.trainer.")
+        and path.parent == REPO / "trainer"
+        and path.name != "__init__.py"
+    }
+    graph = {
+        name: {n for n in imports_of(_runtime(path), name) if n in top} - {name} for name, path in top.items()
+    }
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cycles = sorted({tuple(sorted((a, b))) for a in top for b in graph[a] if a in reach(b)})
+    assert cycles == []
+
+
+def test_the_rules_catch_what_they_forbid():
+    assert _in("searchrl.trainer.plugins.tool", RAY_ROOMS) and not _in(
+        "searchrl.trainer.toolconfig", RAY_ROOMS
+    )
+    source = "from searchrl.trainer.toolconfig import SearchToolConfig\n"
+    assert "searchrl.trainer.toolconfig" in imports_of(source, "searchrl.trainer.plugins.tool")

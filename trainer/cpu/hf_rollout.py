@@ -59,9 +59,9 @@ from searchrl.batches import run_batch
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
 from searchrl.trainer.plugins.versions import HF_SERVER_NAME
-from searchrl.trainer.step_checks import sync_match_line
 from searchrl.trainer.verl_progress import BATCH_LINE, UPDATE_LINE
 from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, digest, fingerprint
+from searchrl.trainer.weight_sync.match_line import sync_match_line
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from searchrl.errors import ConfigError, RetrievalUnavailableError
 from searchrl.prompt import SEARCH_TOOL_SCHEMA, format_observation, queries_from_arguments
 from searchrl.retrieval.client import RetrievalClient, summarize_client_stats
 from searchrl.trainer.plugins import metrics as m
-from searchrl.trainer.toolconfig import SearchToolConfig
+from searchrl.trainer.plugins.tool_config import SearchToolConfig
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from searchrl.errors import StepCheckError
-from searchrl.trainer.step_checks import sync_match_line
 from searchrl.trainer.weight_sync.fingerprint import agree_across_ranks, tap_stream
+from searchrl.trainer.weight_sync.match_line import sync_match_line
 
 Kept = TypeVar("Kept")
 
