@@ -237,7 +237,8 @@ def _run_cpu(args: argparse.Namespace) -> int:
     """The run `train cpu`'s flags pick: the tiny-model loop, the learning run, or a real model's run or gate."""
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
-    from searchrl.trainer.proofs.train_cpu import DEV_QA, run_cpu_smoke
+    from searchrl.trainer.proofs.harness import DEV_QA
+    from searchrl.trainer.proofs.train_cpu import run_cpu_smoke
 
     setup_logging()
     qa = Path(args.qa) if args.qa else DEV_QA
@@ -319,6 +320,7 @@ def _real_learn(args: argparse.Namespace, qa: Path) -> int:
 
 def _learn(args: argparse.Namespace, qa: Path) -> int:
     from searchrl.errors import ConfigError, SmokeCheckError
+    from searchrl.trainer.proofs.harness import check_mode
     from searchrl.trainer.proofs.learn import (
         ASYNC_MIN_SEEDS,
         ASYNC_SEEDS,
@@ -330,7 +332,6 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
         seeds_table,
         seeds_verdict,
     )
-    from searchrl.trainer.proofs.train_cpu import check_mode
 
     mode = args.trainer_mode
     check_mode(mode)

@@ -58,16 +58,7 @@ from typing import TYPE_CHECKING, Any
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.data import held_out, read_split, train_questions
 from searchrl.trainer.overrides import hydra_value, merge_overrides
-from searchrl.trainer.proofs.learn_epochs import (
-    PairedRise,
-    Trajectory,
-    epoch_steps,
-    groups_varying,
-    paired_first_last_group,
-    paired_rise,
-    read_dumps,
-)
-from searchrl.trainer.proofs.train_cpu import (
+from searchrl.trainer.proofs.harness import (
     ASYNC_THRESHOLD,
     DEV_QA,
     async_cpu_overrides,
@@ -78,6 +69,15 @@ from searchrl.trainer.proofs.train_cpu import (
     run_training,
     tokenizer_texts,
     write_qa,
+)
+from searchrl.trainer.proofs.learn_epochs import (
+    PairedRise,
+    Trajectory,
+    epoch_steps,
+    groups_varying,
+    paired_first_last_group,
+    paired_rise,
+    read_dumps,
 )
 from searchrl.trainer.settings import TrainerMode, TrainSettings
 from searchrl.trainer.step_checks import (

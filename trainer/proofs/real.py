@@ -28,7 +28,7 @@ from pathlib import Path
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu.precision import choose_cpu_dtype
 from searchrl.trainer.overrides import hydra_value
-from searchrl.trainer.proofs.train_cpu import (
+from searchrl.trainer.proofs.harness import (
     FP32,
     cpu_overrides,
     cpu_settings,
