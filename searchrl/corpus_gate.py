@@ -12,7 +12,7 @@ Two ways a service burns a training run although it answers:
   documented wiki-18 build) answers the same searches in ~6 s. Refused unless ALLOW_FLAT_INDEX=1. A Flat index
   searched on a GPU (the encoder's device is cuda: the service moves the index there, fp16) is fast and allowed.
 
-`searchrl sky train` applies `check_service` to the service's `GET /` before launching (retrieval/corpus_check.py),
+`searchrl sky train` applies `check_service` to the service's `GET /` before launching (retrieval/client/corpus_check.py),
 and the first check of sky/train.yaml's setup runs this module, so a by-hand `sky jobs launch` refuses the same
 services before the lock install (exit 2 through trainer/node/refusal.py: a refusal, never restarted twice). A service
 this module cannot reach is left to the run's health step (it waits for a replica to start): it says so and

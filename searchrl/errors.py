@@ -74,7 +74,7 @@ class CacheMissError(BackendError):
 
 
 class PageFetchError(BackendError):
-    """A page was refused or could not be read; `reason` is one of retrieval/web_pages.py's `REASONS` (the
+    """A page was refused or could not be read; `reason` is one of retrieval/backends/web/pages.py's `REASONS` (the
     metric label)."""
 
     def __init__(self, reason: str, message: str) -> None:

@@ -1,7 +1,7 @@
 """HTTP plumbing every searchrl client shares: TLS trust, the bearer header, retries, readiness polls and
 `async with` closing.
 
-Three clients talk HTTP with retries: the retrieval client (retrieval/client.py, aiohttp), the web search
+Three clients talk HTTP with retries: the retrieval client (retrieval/client/client.py, aiohttp), the web search
 providers (retrieval/backends/web/, httpx) and the LLM client (infer/llm.py, httpx). They used to carry three
 back-off loops, and only one of them read an HTTP-date Retry-After. Here is the one policy, on tenacity:
 

@@ -1,4 +1,6 @@
-"""Shared fixtures: a clean environment, the fixture corpus, and live retrieval servers."""
+"""Shared fixtures: a clean environment, the fixture corpus, and live retrieval servers; and what every test
+folder imports from here rather than writing its own: `REPO` (the checkout, whatever the folder's depth) and
+`free_port` (the product's own, searchrl.retrieval.process's)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ from pathlib import Path
 import pytest
 
 from searchrl.devset import dev_qa_path
+from searchrl.retrieval.process import free_port as free_port
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TINY_CORPUS = FIXTURES / "tiny_corpus.jsonl"
 DEV_QA = dev_qa_path()
 TINY_QA = FIXTURES / "tiny_qa.jsonl"
+# Search-R1 QA rows (question, golden_answers, data_source) for the trainer's data prep (tests/trainer/, tests/cli/)
+QA_SAMPLE = FIXTURES / "qa_train_sample.jsonl"
 
 # No network here but PyPI: a Hub lookup of a model id (the launch's chat-template check) would retry for a
 # minute before failing. Offline, it fails at once and says so.
@@ -104,7 +109,7 @@ SGLANG_VERSION = "0.5.12"
 @pytest.fixture(scope="session")
 def sglang_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sglang 0.5.12 wheel from PyPI (7.8 MB, not installed: sglang needs CUDA): the pinned source the sglang
-    stand-ins are checked against (tests/trainer/test_sglang_readback.py, tests/infer/test_sglang.py)."""
+    stand-ins are checked against (tests/trainer/weight_sync/test_sglang_readback.py, tests/infer/test_sglang.py)."""
     out = tmp_path_factory.mktemp("sglang")
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
@@ -125,6 +130,11 @@ def tiny_corpus() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qa_sample() -> Path:
+    return QA_SAMPLE
+
+
+@pytest.fixture(scope="session")
 def session_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One data dir per test session for indexes over the tiny corpus."""
     return tmp_path_factory.mktemp("data")
@@ -140,7 +150,7 @@ def bm25_settings(session_data_dir: Path):  # -> RetrievalSettings
 @pytest.fixture(scope="session")
 def live_bm25_url(bm25_settings) -> Iterator[str]:
     """A real retrieval service (BM25 over the 20-passage fixture corpus) on a free loopback port."""
-    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.serving.app import create_app
     from tests.live import serve_in_thread
 
     with serve_in_thread(create_app(bm25_settings)) as url:
@@ -154,7 +164,7 @@ AUTH_TOKEN = "test-retrieval-token-3d7e"
 @pytest.fixture(scope="session")
 def authed_bm25_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The same service, started with RETRIEVAL_API_KEY = AUTH_TOKEN (requests without it get 401)."""
-    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.serving.app import create_app
     from searchrl.retrieval.settings import RetrievalSettings
     from tests.live import serve_in_thread
 

@@ -29,7 +29,7 @@ def serve_in_thread(
 ) -> Iterator[str]:
     """Serve `app` on 127.0.0.1 and yield its base URL once `ready_path` answers 200.
 
-    `uvicorn_kwargs` go to uvicorn.Config (e.g. the service's own settings from searchrl.retrieval.server.make_config).
+    `uvicorn_kwargs` go to uvicorn.Config (e.g. the service's own settings from searchrl.retrieval.serving.server.make_config).
     """
     port = port or free_port()
     kwargs: dict[str, Any] = {"host": "127.0.0.1", "log_level": "warning", "lifespan": "on", **uvicorn_kwargs}

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.corpus_gate import WIKI18_PASSAGES
-from searchrl.retrieval.batcher import Batcher
 from searchrl.retrieval.schemas import ScoredDocument
+from searchrl.retrieval.serving.batcher import Batcher
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.retrieval.batching import BatchedBackend, HashedFlatSearch
 

@@ -21,8 +21,7 @@ import httpx
 from searchrl.deploy import skypilot
 from searchrl.http import wait_until_ready
 from searchrl.processes import stop_process
-from tests.conftest import REPO
-from tests.live import free_port
+from tests.conftest import REPO, free_port
 
 LB_SCRIPT = r"""
 import json, logging, sys, threading

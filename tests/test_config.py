@@ -51,7 +51,9 @@ def test_serve_with_misspelt_env_exits_2_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SEARCHRL_RETRIEVAL_BACKEN", "dense")
-    monkeypatch.setattr("searchrl.retrieval.server.run_server", lambda _s: pytest.fail("served anyway"))
+    monkeypatch.setattr(
+        "searchrl.retrieval.serving.server.run_server", lambda _s: pytest.fail("served anyway")
+    )
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert err == (

@@ -225,7 +225,7 @@ def wiki18_services() -> Any:
     IVF16384,SQ8 (tests/rated_replica.py: only the index behind the batcher is stood in for)."""
     import contextlib
 
-    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.serving.app import create_app
     from searchrl.retrieval.settings import RetrievalSettings
     from tests.conftest import TINY_CORPUS
     from tests.live import serve_in_thread

@@ -81,7 +81,7 @@ import json, sys
 from pathlib import Path
 from types import SimpleNamespace
 sys.path.insert(0, sys.argv[1])
-import searchrl.retrieval.encoder_tuning as tuning
+import searchrl.retrieval.encoders.tuning as tuning
 from searchrl.retrieval.settings import RetrievalSettings
 seen = []
 def record(settings, base, index, index_dir, fingerprint, queries):

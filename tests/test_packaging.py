@@ -94,7 +94,7 @@ def test_the_layer_rule_sees_what_it_must() -> None:
     modules = _module_files()
     assert _is_bottom("searchrl.errors") and _is_bottom("searchrl.devset") and _is_bottom("searchrl")
     assert not _is_bottom("searchrl.retrieval") and not _is_bottom("searchrl.deploy")
-    assert not _is_bottom("searchrl.retrieval.app") and not _is_bottom("searchrl.__main__")
+    assert not _is_bottom("searchrl.retrieval.serving.app") and not _is_bottom("searchrl.__main__")
     assert "searchrl.trainer.settings" in modules and "searchrl.deploy.smoke" in modules
 
 

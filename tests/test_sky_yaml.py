@@ -96,7 +96,7 @@ def test_train_yaml_follows_the_multinode_rules() -> None:
     assert run.index("searchrl health") < run.index("searchrl train local")
     assert "searchrl train merge" not in run  # sky/merge.yaml, on a CPU node: no 16 GPUs wait for it
     assert "ray.init" not in run and "address=auto" not in run
-    # installs exactly the lock (tests/trainer/test_lock.py checks every install line)
+    # installs exactly the lock (tests/trainer/test_lockfiles.py checks every install line)
     assert 'uv pip install --require-hashes -r "requirements/gpu-${ROLLOUT}-py311.txt"' in setup
     assert config["file_mounts"]["/checkpoints"]["name"] == "$CHECKPOINT_BUCKET"
     assert config["envs"]["CHECKPOINT_DIR"] == "/checkpoints"
@@ -839,7 +839,7 @@ def test_sky_train_says_the_service_keeps_billing() -> None:
 def bundled_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real retrieval service on loopback serving the bundled corpus (BM25, ~2 s to start). No token: the built
     setup script exports the secret redacted (SkyPilot's `envs_and_secrets`), so the node could not send one."""
-    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.serving.app import create_app
     from searchrl.retrieval.settings import RetrievalSettings
     from tests.live import serve_in_thread
 

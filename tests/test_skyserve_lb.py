@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from searchrl.retrieval.app import create_app
 from searchrl.retrieval.client import RetrievalClient
+from searchrl.retrieval.serving.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import REPO, TINY_CORPUS
 from tests.live import serve_in_thread

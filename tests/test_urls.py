@@ -32,7 +32,7 @@ def test_every_reader_of_retrieval_service_url_gets_the_same_list(monkeypatch, t
     from searchrl.cli import main
     from searchrl.infer.settings import InferSettings
     from searchrl.retrieval import client
-    from searchrl.retrieval.health import HealthResult
+    from searchrl.retrieval.client.health import HealthResult
     from searchrl.trainer.settings import TrainSettings
 
     monkeypatch.setenv("RETRIEVAL_SERVICE_URL", VALUE)

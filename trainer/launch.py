@@ -15,7 +15,7 @@ Steps, each of which stops with a one-line `error: ...` when it cannot go on:
   5. Tool config: `trainer/toolconfig.py` writes the verl tool YAML for the current RETRIEVAL_SERVICE_URL.
   6. Health: a real `POST /retrieve` against every URL; at least one must answer (the rest are failovers).
   7. Corpus: the healthy services' `GET /` must name wiki-18 for Search-R1 data, and not a Flat index over 1M+
-     passages searched on CPU (ALLOW_FLAT_INDEX=1 overrides; retrieval/corpus_check.py).
+     passages searched on CPU (ALLOW_FLAT_INDEX=1 overrides; retrieval/client/corpus_check.py).
   8. Record: the overrides, the resolved settings (no secrets) and the service's corpus checksum and index
      fingerprint go into <run>/searchrl/, like nanoGPT keeps its config inside the checkpoint.
   9. Train: `python -m verl.trainer.main_ppo <overrides>` in the foreground, under the one verl supervisor
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.errors import ConfigError, RetrievalUnavailableError, ServiceUnavailableError
-from searchrl.retrieval.corpus_check import (
+from searchrl.retrieval.client.corpus_check import (
     CorpusIdentity,
     check_index_speed,
     check_training_corpus,
@@ -214,7 +214,7 @@ def check_retrieval(settings: TrainSettings) -> list[str]:
 
 
 def check_corpus(settings: TrainSettings, urls: Sequence[str]) -> CorpusIdentity:
-    """Every healthy URL serves the same corpus and index, and it fits the data (retrieval/corpus_check.py)."""
+    """Every healthy URL serves the same corpus and index, and it fits the data (retrieval/client/corpus_check.py)."""
     api_key = os.environ.get(settings.retrieval_api_key_env) or None
     seen = [(url, corpus_identity(fetch_service_info(url, api_key))) for url in urls]
     first_url, first = seen[0]

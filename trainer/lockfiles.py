@@ -11,7 +11,7 @@ Run: `make lock` (= `searchrl train lock`) regenerates every lock from its input
 `x86_64-manylinux_2_34` because sglang ships only manylinux_2_34 wheels (../shared/DESIGN.md section 3), and a GPU
 node's glibc is at least that new (Ubuntu 22.04 has 2.35). The project's own `train` and `retrieval` extras are
 compiled in, so `uv pip sync <lock>` followed by `uv pip install --no-deps -e .` installs every package from the
-lock and nothing else (sky/*.yaml `setup:`, `make train-local`). tests/trainer/test_lock.py re-resolves the
+lock and nothing else (sky/*.yaml `setup:`, `make train-local`). tests/trainer/test_lockfiles.py re-resolves the
 inputs with uv and fails when the lock drifts from them or stops resolving.
 
 The driver check lives in trainer/node/nvidia_driver.py (standard library only, so setup runs it before installing): a CUDA

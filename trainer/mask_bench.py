@@ -117,7 +117,7 @@ def describe(tokenizer: Any, name: str) -> str:
 def _pools(tokenizer: Any, rng: np.random.Generator) -> dict[str, list[np.ndarray]]:
     """Tokenized turns of each kind: the model's calls, its calls with a made-up response, its answers, and the
     environment's responses (three bundled passages each)."""
-    from searchrl.retrieval.bundled import iter_bundled
+    from searchrl.retrieval.index.bundled import iter_bundled
 
     qa = [json.loads(line) for line in dev_qa_path().read_text(encoding="utf-8").splitlines()]
     passages = [p.contents for p in itertools.islice(iter_bundled(), 3 * POOL)]

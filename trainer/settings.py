@@ -29,7 +29,7 @@ from pydantic_settings import NoDecode
 from searchrl.config import StrictSettings, area_config
 from searchrl.errors import ConfigError
 from searchrl.retrieval import client
-from searchrl.retrieval.corpus_check import SEARCH_R1_DATASET
+from searchrl.retrieval.client.corpus_check import SEARCH_R1_DATASET
 from searchrl.rollout import MAX_TOPK, ROLLOUT_DEFAULTS, RolloutSpec
 from searchrl.trainer.engines import RolloutName
 from searchrl.trainer.node.flash_switch import flash_attn_on
@@ -203,7 +203,7 @@ class TrainSettings(StrictSettings):
     )  # comma-separated; later URLs are failovers
     retrieval_api_key_env: str = "RETRIEVAL_API_KEY"  # NAME of the env var holding the bearer token
     # per attempt: reading the answer; TCP connect apart from reading; waiting for a free connection slot; retries
-    # after the first try, over all URLs (the client's own defaults, retrieval/client.py)
+    # after the first try, over all URLs (the client's own defaults, retrieval/client/client.py)
     retrieval_timeout_s: float = Field(default=client.TIMEOUT_S, gt=0)
     retrieval_connect_timeout_s: float = Field(default=client.CONNECT_TIMEOUT_S, gt=0)
     retrieval_pool_timeout_s: float = Field(default=client.POOL_TIMEOUT_S, gt=0)

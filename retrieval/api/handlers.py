@@ -1,5 +1,5 @@
 """Exception handlers: every error the FastAPI routes raise answers `{"detail": "<sentence>"}` with the status and
-sentence POST /retrieve's own handler (retrieval/endpoint.py) gives; a 404 or 405 says what the service answers."""
+sentence POST /retrieve's own handler (retrieval/serving/endpoint.py) gives; a 404 or 405 says what the service answers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from searchrl.errors import SearchRLError
 from searchrl.retrieval.api.middleware import error_response
-from searchrl.retrieval.endpoint import error_answer
-from searchrl.retrieval.validation import describe_errors
+from searchrl.retrieval.serving.endpoint import error_answer
+from searchrl.retrieval.serving.validation import describe_errors
 
 
 def allowed_methods(app: FastAPI, path: str) -> set[str]:
@@ -55,7 +55,7 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def on_error(request: Request, exc: Exception) -> JSONResponse:
-    """The same statuses and sentences as POST /retrieve's own handler (retrieval/endpoint.py)."""
+    """The same statuses and sentences as POST /retrieve's own handler (retrieval/serving/endpoint.py)."""
     status, detail, headers = error_answer(exc, request.app.state.settings, request.url.path)
     return error_response(status, detail, headers or None)
 

@@ -1,6 +1,6 @@
 """The app's lifespan: build and start the backend, warm its index, watch readiness, drain and close at shutdown.
 
-Everything it needs is on `app.state` (set by `searchrl.retrieval.app.create_app`): `settings`, `metrics` and,
+Everything it needs is on `app.state` (set by `searchrl.retrieval.serving.app.create_app`): `settings`, `metrics` and,
 in tests, `backend_override`; it sets `backend` once the index is loaded and `draining` at shutdown.
 """
 

@@ -12,8 +12,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from searchrl.retrieval.metrics import RetrievalMetrics
-from searchrl.retrieval.ratelog import RateLimitedLog
+from searchrl.retrieval.serving.metrics import RetrievalMetrics
+from searchrl.retrieval.serving.ratelog import RateLimitedLog
 from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ class RequestGuard:
 
 
 class RetrievalAPI(FastAPI):
-    """FastAPI, except that POST /retrieve goes straight to `retrieve_lane` (set by `searchrl.retrieval.app.create_app`).
+    """FastAPI, except that POST /retrieve goes straight to `retrieve_lane` (set by `searchrl.retrieval.serving.app.create_app`).
 
     Why: per request, FastAPI's own layers (error and telemetry middleware, body-limit middleware, routing,
     dependency solving, response classes) cost more CPU than the whole /retrieve handler on the hot path,

@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from searchrl import __version__
 from searchrl.retrieval.api.lifespan import readiness_problem
 from searchrl.retrieval.backends.base import Backend
-from searchrl.retrieval.metrics import CONTENT_TYPE
-from searchrl.retrieval.validation import ErrorBody, ReadyBody
+from searchrl.retrieval.serving.metrics import CONTENT_TYPE
+from searchrl.retrieval.serving.validation import ErrorBody, ReadyBody
 
 
 def auth_responses(auth: bool) -> dict[int | str, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """POST /retrieve as the OpenAPI schema documents it.
 
-Requests normally reach `RetrieveEndpoint` (retrieval/endpoint.py, the fast lane `RetrievalAPI` sends them to)
+Requests normally reach `RetrieveEndpoint` (retrieval/serving/endpoint.py, the fast lane `RetrievalAPI` sends them to)
 first, which answers with the same handler; this route is what the schema shows, and it answers the same way
 if the app is mounted without that layer. The handler is `app.state.retrieve_handler`.
 """
@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from searchrl.retrieval.api.probes import auth_responses
 from searchrl.retrieval.schemas import RetrieveResponse
+from searchrl.retrieval.serving.validation import ErrorBody
 from searchrl.retrieval.settings import RetrievalSettings
-from searchrl.retrieval.validation import ErrorBody
 
 
 async def retrieve(request: Request) -> Response:

@@ -32,7 +32,7 @@ def build_backend(settings: RetrievalSettings) -> Backend:
     if getattr(settings, "cache_mode", "off") != "off":
         if settings.backend not in _REGISTRY:
             _build_uncached(settings)  # raises the unknown-backend ConfigError
-        from searchrl.retrieval.cache import build_cached_backend
+        from searchrl.retrieval.serving.cache import build_cached_backend
 
         return build_cached_backend(settings, _build_uncached)
     return _build_uncached(settings)

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from searchrl.errors import BackendError, SearchRLError
 from searchrl.retrieval.backends.base import Backend
-from searchrl.retrieval.batcher import Batcher, BatcherMetrics
-from searchrl.retrieval.indexing import load_manifest, resolve_corpus, verify_manifest
+from searchrl.retrieval.index.build import load_manifest, resolve_corpus, verify_manifest
+from searchrl.retrieval.serving.batcher import Batcher, BatcherMetrics
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from typing import Self
 
     from searchrl.retrieval.corpus import DocStore
-    from searchrl.retrieval.indexing import IndexManifest
+    from searchrl.retrieval.index.build import IndexManifest
     from searchrl.retrieval.schemas import ScoredDocument
     from searchrl.retrieval.settings import RetrievalSettings
 
@@ -76,7 +76,7 @@ class BatchedBackend(Backend):
         await self._batcher.start()
 
     def attach_metrics(self, metrics: BatcherMetrics) -> None:
-        """Report batch sizes, queue depth/wait and cache hits to the app's metrics (see retrieval/metrics.py)."""
+        """Report batch sizes, queue depth/wait and cache hits to the app's metrics (see retrieval/serving/metrics.py)."""
         self._batcher.attach_metrics(metrics)
 
     def problem(self) -> str | None:

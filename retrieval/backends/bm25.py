@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from searchrl.retrieval.backends.batched import BatchedBackend
 from searchrl.retrieval.corpus import DocStore
-from searchrl.retrieval.indexing import (
+from searchrl.retrieval.index.build import (
     BM25_DIR,
     BM25_STEMMER,
     BM25_STOPWORDS,
@@ -24,8 +24,8 @@ from searchrl.retrieval.indexing import (
     ensure_index,
     verify_manifest,
 )
-from searchrl.retrieval.ratelog import RateLimitedLog
 from searchrl.retrieval.schemas import ScoredDocument
+from searchrl.retrieval.serving.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from searchrl.retrieval.settings import RetrievalSettings

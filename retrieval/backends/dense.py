@@ -15,7 +15,7 @@ from searchrl.errors import IndexLoadError
 from searchrl.retrieval.backends.batched import BatchedBackend
 from searchrl.retrieval.corpus import DocStore
 from searchrl.retrieval.heap import HeapTrimmer, trim_heap
-from searchrl.retrieval.indexing import (
+from searchrl.retrieval.index.build import (
     FAISS_FILE,
     OFFSETS,
     ensure_index,
@@ -26,7 +26,7 @@ from searchrl.retrieval.schemas import ScoredDocument
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from searchrl.retrieval.encoder_pool import EncoderPool
+    from searchrl.retrieval.encoders.pool import EncoderPool
     from searchrl.retrieval.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,8 @@ class DenseBackend(BatchedBackend):
     def _load(self) -> None:
         import faiss
 
-        from searchrl.retrieval.encoder import Encoder
-        from searchrl.retrieval.encoder_tuning import serving_encoder
+        from searchrl.retrieval.encoders.encoder import Encoder
+        from searchrl.retrieval.encoders.tuning import serving_encoder
 
         encoder: Encoder | None = None
 
@@ -90,7 +90,7 @@ class DenseBackend(BatchedBackend):
             nonlocal encoder
             if encoder is None:
                 # fp32 torch on CPU: the reference the index is built with and the gate compares against;
-                # bf16/int8 variants are derived from it by retrieval/encoder_tuning.py (issue 14)
+                # bf16/int8 variants are derived from it by retrieval/encoders/tuning.py (issue 14)
                 cpu_variant = self.settings.precision in ("bf16", "int8")
                 base = self.settings.with_changes(**{"precision": "fp32"}) if cpu_variant else self.settings
                 encoder = Encoder.from_settings(base)
@@ -186,7 +186,7 @@ class DenseBackend(BatchedBackend):
                 device=enc.device if enc else None,
             ),
             **(enc.describe() if enc else {}),
-            # a converted index's recall@3 against the Flat index it came from (retrieval/convert.py); None otherwise
+            # a converted index's recall@3 against the Flat index it came from (retrieval/index/convert.py); None otherwise
             "index_recall": self.manifest.recall if self.manifest else None,
             "encoder_tuning": self.tuning,
         }

@@ -3,8 +3,8 @@
 For each precision (bf16 only on a CPU with native BF16, where `precision=auto` may pick it) it builds the corpus's
 dense Flat index into its own directory and reports the build's seconds and passages/s, then what bf16 changed
 against fp32: the cosine of every passage vector to its fp32 twin, the top 3 of held-out queries (the serving
-gate's measure, retrieval/encoder_tuning.py) and recall@3 by supporting title on the dev QA set. It first prints
-what `precision=auto` picks on this machine and why (retrieval/encode_precision.py). The 1-minute load average
+gate's measure, retrieval/encoders/tuning.py) and recall@3 by supporting title on the dev QA set. It first prints
+what `precision=auto` picks on this machine and why (retrieval/encoders/precision.py). The 1-minute load average
 before each build is reported: on a shared machine compare the ratio, not the seconds.
 """
 
@@ -34,12 +34,12 @@ def run_build_bench(
     import faiss
 
     from searchrl.retrieval.corpus import count_rows
-    from searchrl.retrieval.encode_precision import bf16_twin, choose_build_encoder
-    from searchrl.retrieval.encoder import Encoder
-    from searchrl.retrieval.encoder_tuning import cpu_info, has_fast_bf16
-    from searchrl.retrieval.indexing import FAISS_FILE, build_dense_index, resolve_corpus
+    from searchrl.retrieval.encoders.encoder import Encoder
+    from searchrl.retrieval.encoders.precision import bf16_twin, choose_build_encoder
+    from searchrl.retrieval.encoders.tuning import cpu_info, has_fast_bf16
+    from searchrl.retrieval.index.build import FAISS_FILE, build_dense_index, resolve_corpus
+    from searchrl.retrieval.index.recall import load_qa, measure_recall
     from searchrl.retrieval.queries import DEV_QA, sample_queries
-    from searchrl.retrieval.recall import load_qa, measure_recall
 
     fp32 = settings.with_changes(**{"device": "cpu", "precision": "fp32", "autotune": False})
     corpus_path = resolve_corpus(fp32)

@@ -5,7 +5,7 @@
 
 What it measures (issue 48): a synthetic Flat index is written to disk (the FAISS file format `searchrl index
 download wiki18-e5-index` gives), then each variant is converted with the same code the CLI runs
-(retrieval/convert.py `convert_flat`): seconds per phase, peak RSS per phase (VmHWM, reset between phases),
+(retrieval/index/convert.py `convert_flat`): seconds per phase, peak RSS per phase (VmHWM, reset between phases),
 recall@3 against exact search over the Flat file, and the index size. `{nlist}` is filled as `searchrl index
 eval` fills it (a power of two near 4*sqrt(N): 4096 at 2M).
 
@@ -34,7 +34,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from searchrl.bench.index_eval import fill_placeholders
 from searchrl.bench.scale import WIKI18_N, WIKI18_NLIST, fit_nonnegative, synthetic, widen
 from searchrl.errors import ConfigError
 from searchrl.retrieval.settings import RetrievalSettings
+
+if TYPE_CHECKING:
+    from searchrl.retrieval.index.convert_plan import FlatFile
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +84,8 @@ def base_and_queries(
     settings: RetrievalSettings, n_base: int, n_queries: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(base passage vectors, question vectors), MiniLM, both widened to 768 dims by the same map."""
-    from searchrl.retrieval.bundled import ensure_bundled_corpus
-    from searchrl.retrieval.encoder import Encoder
+    from searchrl.retrieval.encoders.encoder import Encoder
+    from searchrl.retrieval.index.bundled import ensure_bundled_corpus
     from searchrl.retrieval.queries import sample_queries
 
     corpus = ensure_bundled_corpus(Path(settings.data_dir))
@@ -99,7 +102,7 @@ def base_and_queries(
 
 
 def _nlist(index_type: str) -> int:
-    from searchrl.retrieval.indexing import min_training_points
+    from searchrl.retrieval.index.build import min_training_points
 
     return min_training_points(index_type) if "IVF" in index_type else 0
 
@@ -133,19 +136,13 @@ def run_convert_bench(
     out_dir: Path = Path("outputs/bench"),
 ) -> dict[str, Any]:
     """Write the Flat file (reused when already there), convert it to each type, fit, estimate wiki-18."""
-    import faiss
-
-    from searchrl.retrieval.convert import FlatFile, convert_flat, make_plan, phase_peak, set_nprobe
-    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.retrieval.encoders.tuning import cpu_info
+    from searchrl.retrieval.index.convert_plan import FlatFile
 
     if not types:
         raise ConfigError("--types is empty: give FAISS factory strings such as 'SQ8;IVF{nlist},SQ8'")
     workdir.mkdir(parents=True, exist_ok=True)
-    flat_bytes = 45 + n * DIM * 4
-    if shutil.disk_usage(workdir).free < flat_bytes * 1.6:
-        raise ConfigError(
-            f"--n {n:,}: the Flat file and shards need ~{flat_bytes * 1.6 / 1e9:.1f} GB under {workdir}"
-        )
+    flat_bytes = _check_disk(workdir, n)
     started = time.perf_counter()
     report: dict[str, Any] = {
         "cpu": cpu_info()["model"],
@@ -164,60 +161,20 @@ def run_convert_bench(
         write_flat(flat_path, base, n)
     report["write_flat_s"] = time.perf_counter() - t0
     flat = FlatFile.open(flat_path)
-    query_label = f"{len(xq)} dev + corpus-derived questions (MiniLM, widened)"
     chunk_points: list[dict[str, float]] = []
     train_points: list[dict[str, float]] = []
     ivf_trained: Path | None = None
     for raw in types:
         index_type = fill_placeholders(raw, n, DIM)
-        plan, empty = make_plan(flat, index_type, chunk=chunk, threads=settings.threads)
-        work = workdir / f"work-{index_type.replace(',', '_')}"
-        shutil.rmtree(work, ignore_errors=True)
-        phase_peak()
-        result = convert_flat(flat, work, plan, empty, lambda: (xq, query_label), nprobe=settings.nprobe)
-        out_path = workdir / "converted.faiss"
-        faiss.write_index(result.index, str(out_path))
-        index_bytes = out_path.stat().st_size
-        out_path.unlink()
-        recalls: dict[str, float] = {}
-        if _nlist(index_type):
-            from searchrl.retrieval.convert import RECALL_K, recall_at_k
-
-            truth = _truth(work, plan.chunks)
-            for nprobe in (16, 32, 64, 128):
-                set_nprobe(result.index, nprobe)
-                _, found = result.index.search(xq, RECALL_K)
-                recalls[str(nprobe)] = recall_at_k(found, truth, RECALL_K)
-        nlist = _nlist(index_type)
-        for c in result.chunk_log:
-            chunk_points.append({**c, "nlist": nlist})
+        variant, trained = _convert_variant(settings, flat, index_type, xq, workdir, chunk=chunk)
+        nlist = variant["nlist"]
+        chunk_points.extend({**c, "nlist": nlist} for c in variant["chunks"])
         train_points.append(
-            {"sample": plan.train_sample, "nlist": nlist, "cpu_s": result.cpu_seconds["train"]}
+            {"sample": variant["train_sample"], "nlist": nlist, "cpu_s": variant["cpu_seconds"]["train"]}
         )
-        variant = {
-            "index_type": index_type,
-            "nlist": nlist,
-            "train_sample": plan.train_sample,
-            "threads": plan.threads,
-            "seconds": result.seconds,
-            "cpu_seconds": result.cpu_seconds,
-            "peak_rss": result.peak_rss,
-            "plan_memory": plan.phases,
-            "recall@3": result.recall,
-            "nprobe": result.nprobe,
-            "recall@3_by_nprobe": recalls,
-            "index_bytes": index_bytes,
-            "plan_index_bytes": plan.index_bytes,
-            "chunks": result.chunk_log,
-            "merge_rss": result.merge_log,
-        }
         report["variants"].append(variant)
-        if nlist:
-            kept = workdir / "trained-last-ivf.faiss"
-            shutil.copyfile(work / "trained.faiss", kept)
-            ivf_trained = kept
-        del result
-        shutil.rmtree(work, ignore_errors=True)
+        if trained is not None:
+            ivf_trained = trained
         _write(report, out_dir)  # a report after every variant: a long run killed late still leaves numbers
         log.info("convert-bench: %s done", index_type)
     if ivf_trained is not None:
@@ -231,9 +188,81 @@ def run_convert_bench(
     return report
 
 
+def _check_disk(workdir: Path, n: int) -> int:
+    """The Flat file's size in bytes; refuses, before any encoding, a run whose Flat file and shards (~1.6x the
+    file) do not fit under `workdir`."""
+    flat_bytes = 45 + n * DIM * 4  # FAISS's header, then n float32 rows
+    if shutil.disk_usage(workdir).free < flat_bytes * 1.6:
+        raise ConfigError(
+            f"--n {n:,}: the Flat file and shards need ~{flat_bytes * 1.6 / 1e9:.1f} GB under {workdir}"
+        )
+    return flat_bytes
+
+
+def _convert_variant(
+    settings: RetrievalSettings, flat: FlatFile, index_type: str, xq: np.ndarray, workdir: Path, *, chunk: int
+) -> tuple[dict[str, Any], Path | None]:
+    """Convert the Flat file to `index_type` as `searchrl index convert` does: (what it cost and measured, the
+    trained empty index kept for `thread_check` when it is an IVF, else None). Its work directory is removed."""
+    import faiss
+
+    from searchrl.retrieval.index.convert import convert_flat, phase_peak
+    from searchrl.retrieval.index.convert_plan import make_plan
+
+    plan, empty = make_plan(flat, index_type, chunk=chunk, threads=settings.threads)
+    work = workdir / f"work-{index_type.replace(',', '_')}"
+    shutil.rmtree(work, ignore_errors=True)
+    phase_peak()
+    query_label = f"{len(xq)} dev + corpus-derived questions (MiniLM, widened)"
+    result = convert_flat(flat, work, plan, empty, lambda: (xq, query_label), nprobe=settings.nprobe)
+    out_path = workdir / "converted.faiss"
+    faiss.write_index(result.index, str(out_path))
+    index_bytes = out_path.stat().st_size
+    out_path.unlink()
+    nlist = _nlist(index_type)
+    recalls = _recall_by_nprobe(result.index, xq, work, plan.chunks) if nlist else {}
+    variant = {
+        "index_type": index_type,
+        "nlist": nlist,
+        "train_sample": plan.train_sample,
+        "threads": plan.threads,
+        "seconds": result.seconds,
+        "cpu_seconds": result.cpu_seconds,
+        "peak_rss": result.peak_rss,
+        "plan_memory": plan.phases,
+        "recall@3": result.recall,
+        "nprobe": result.nprobe,
+        "recall@3_by_nprobe": recalls,
+        "index_bytes": index_bytes,
+        "plan_index_bytes": plan.index_bytes,
+        "chunks": result.chunk_log,
+        "merge_rss": result.merge_log,
+    }
+    kept = None
+    if nlist:
+        kept = workdir / "trained-last-ivf.faiss"
+        shutil.copyfile(work / "trained.faiss", kept)
+    del result  # the index goes before its work directory does
+    shutil.rmtree(work, ignore_errors=True)
+    return variant, kept
+
+
+def _recall_by_nprobe(index: Any, xq: np.ndarray, work: Path, chunks: int) -> dict[str, float]:
+    """recall@3 of an IVF index at nprobe 16 to 128, against the exact top-3 convert_flat left in `work`."""
+    from searchrl.retrieval.index.convert import RECALL_K, recall_at_k, set_nprobe
+
+    truth = _truth(work, chunks)
+    recalls: dict[str, float] = {}
+    for nprobe in (16, 32, 64, 128):
+        set_nprobe(index, nprobe)
+        _, found = index.search(xq, RECALL_K)
+        recalls[str(nprobe)] = recall_at_k(found, truth, RECALL_K)
+    return recalls
+
+
 def _truth(work: Path, chunks: int) -> np.ndarray:
     """The exact top-3 over every chunk, from the truth files convert_flat left in its work directory."""
-    from searchrl.retrieval.convert import RECALL_K, _merge_topk
+    from searchrl.retrieval.index.convert import RECALL_K, _merge_topk
 
     best_d: np.ndarray | None = None
     best_i: np.ndarray | None = None

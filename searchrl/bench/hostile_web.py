@@ -4,7 +4,7 @@ search API whose results point at them.
     python -m searchrl.bench.hostile_web --port 8931     # serve it (the reliability benchmark starts it so)
 
 Page mode fetches whatever a search result links to, so the benchmark (`searchrl reliability --only hostile`)
-and the page-mode tests (tests/retrieval/test_web_pages.py) need pages a real attacker could serve. One app,
+and the page-mode tests (tests/retrieval/backends/test_pages.py) need pages a real attacker could serve. One app,
 `page_app()`, serves all of them; the tests run it in a thread, the benchmark in its own process so that its
 CPU and memory are not counted against the service it measures.
 

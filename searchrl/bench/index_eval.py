@@ -37,7 +37,7 @@ from searchrl.retrieval.settings import RetrievalSettings
 log = logging.getLogger(__name__)
 
 # FAISS k-means and search use OpenMP; spinning OpenMP threads collapse when anything else wants the CPU
-# (see retrieval/encoder.py). Must be set before faiss is first imported; an explicit value wins.
+# (see retrieval/encoders/encoder.py). Must be set before faiss is first imported; an explicit value wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DEFAULT_TYPES = ("Flat", "SQfp16", "HNSW32", "IVF{nlist},Flat", "IVF{nlist},SQ8", "IVF{nlist},PQ{pq_m}")
@@ -132,7 +132,7 @@ def read_index(path: Path) -> tuple[Any, str]:
 
 def build_index(index_type: str, xb: np.ndarray, *, train_sample: int, seed: int = 0) -> tuple[Any, float]:
     """Build `index_type` over xb (inner product), training on a seeded random sample; returns (index, s)."""
-    from searchrl.retrieval.indexing import new_faiss_index
+    from searchrl.retrieval.index.build import new_faiss_index
 
     started = time.perf_counter()
     index = new_faiss_index(xb.shape[1], index_type)
@@ -147,7 +147,7 @@ def build_index(index_type: str, xb: np.ndarray, *, train_sample: int, seed: int
 
 def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
     """Mean share of the exact top-k a search found: `index convert`'s own measure, one definition."""
-    from searchrl.retrieval.convert import recall_at_k
+    from searchrl.retrieval.index.convert import recall_at_k
 
     return recall_at_k(found, truth, k)
 
@@ -239,8 +239,8 @@ def corpus_vectors(settings: RetrievalSettings) -> tuple[np.ndarray, Any, Path]:
     """(passage vectors from the Flat index, a loaded query encoder, corpus path); builds Flat if missing."""
     import faiss
 
-    from searchrl.retrieval.encoder import Encoder
-    from searchrl.retrieval.indexing import FAISS_FILE, ensure_index, resolve_corpus
+    from searchrl.retrieval.encoders.encoder import Encoder
+    from searchrl.retrieval.index.build import FAISS_FILE, ensure_index, resolve_corpus
 
     flat_settings = settings.with_changes(**{"index_type": "Flat", "backend": "dense"})
     encoder = Encoder.from_settings(flat_settings)

@@ -26,7 +26,7 @@ Call = Callable[[str], Awaitable[Any]]
 def corpus_queries(settings: RetrievalSettings, n: int) -> list[str]:
     """`n` distinct queries made from the corpus titles (title + a rotating question frame)."""
     from searchrl.prompt import split_title
-    from searchrl.retrieval.indexing import resolve_corpus
+    from searchrl.retrieval.index.build import resolve_corpus
 
     titles: list[str] = []
     with open(resolve_corpus(settings), encoding="utf-8") as f:

@@ -70,7 +70,7 @@ def replicas(
     settings: RetrievalSettings, n: int, workdir: Path, env: dict[str, str] | None = None
 ) -> Iterator[list[Replica]]:
     """Start `n` replicas (index prepared once, before), stop every one on exit."""
-    from searchrl.retrieval.indexing import ensure_index
+    from searchrl.retrieval.index.build import ensure_index
 
     ensure_index(settings, settings.backend if settings.backend in ("bm25", "dense") else "bm25")
     workdir.mkdir(parents=True, exist_ok=True)

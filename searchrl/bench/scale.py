@@ -180,18 +180,12 @@ def run_scale(
     """Build IVF{nlist},SQ8 at each size, measure recall and one-core search at each nprobe, fit, predict 21M."""
     import faiss
 
-    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.retrieval.encoders.tuning import cpu_info
     from searchrl.retrieval.queries import sample_queries
 
     if not nprobes or min(nprobes) < 1:
         raise ConfigError("--nprobe: give positive list counts such as 32,64,128")
-    need = max(sizes) * dim * 4 * 1.6  # the vectors, the index (d + 8 B each) and search buffers
-    avail = available_bytes()
-    if avail and need > avail:
-        raise ConfigError(
-            f"--sizes up to {max(sizes):,} x {dim} dims need ~{need / 1e9:.1f} GB of RAM, {avail / 1e9:.1f} GB "
-            "are free: give smaller --sizes"
-        )
+    _check_memory(max(sizes), dim)
     started = time.perf_counter()
     xb0, encoder, corpus_path = corpus_vectors(settings)
     queries = sample_queries(corpus_path)[:n_queries]
@@ -202,53 +196,12 @@ def run_scale(
     threads = faiss.omp_get_max_threads()
     with tempfile.TemporaryDirectory() as tmp:
         for n in tqdm(sizes, desc="scale", unit="size"):
-            xb = xb_all[:n]  # a prefix of a random draw is a random draw: one set of vectors for all sizes
-            faiss.omp_set_num_threads(threads)
-            _, truth = faiss.knn(xq, xb, k, metric=faiss.METRIC_INNER_PRODUCT)
-            nlist = auto_nlist(n)
-            sample = min(n, 64 * nlist)
-            rss0 = _rss_bytes()
-            index, build_s = build_index(f"IVF{nlist},SQ8", xb, train_sample=sample)
-            rss_growth = max(0, _rss_bytes() - rss0)
-            path = Path(tmp) / "index.faiss"
-            faiss.write_index(index, str(path))
-            builds.append(ScaleBuild(n, nlist, sample, build_s, path.stat().st_size, rss_growth))
-            path.unlink()
-            faiss.omp_set_num_threads(1)
-            for nprobe in nprobes:
-                index.nprobe = nprobe
-                ms, found = time_search(index, xq, k)
-                points.append(
-                    ScalePoint(
-                        n=n,
-                        nlist=nlist,
-                        nprobe=nprobe,
-                        recall=recall_at(found, truth, k),
-                        ms_per_query=ms,
-                        scanned_bytes=nprobe * n / nlist * dim,
-                        coarse_bytes=nlist * dim * 4.0,
-                    )
-                )
-            del index
+            # a prefix of a random draw is a random draw: one set of vectors for all sizes
+            build, measured = _measure_size(xb_all[:n], xq, k, nprobes, threads, Path(tmp))
+            builds.append(build)
+            points.extend(measured)
     faiss.omp_set_num_threads(threads)
     coef = fit_cost(points)
-    largest = max(sizes)
-    check: list[dict[str, Any]] = []
-    smaller = [p for p in points if p.n < largest]
-    # hold the largest size out: how far off is the curve one step ahead?
-    if len({p.n for p in smaller}) >= 2:
-        held = fit_cost(smaller)
-        for p in (p for p in points if p.n == largest):
-            pred = predict_ms(held, p.n, p.nlist, p.nprobe, dim)
-            check.append(
-                {"nprobe": p.nprobe, "measured_ms": p.ms_per_query, "predicted_ms": pred,
-                 "error": pred / p.ms_per_query - 1.0}
-            )  # fmt: skip
-    wiki18 = []
-    for nprobe in nprobes:
-        ms = predict_ms(coef, WIKI18_N, WIKI18_NLIST, nprobe, dim)
-        wiki18.append({"nprobe": nprobe, "ms_per_query": ms, "qps_per_core": 1000.0 / ms})
-    per_byte = [b.index_bytes / b.n for b in builds]
     report = {
         "source": f"synthetic around {corpus_path.name} ({len(xb0)} passages, {encoder.spec.name}), "
         f"widened to {dim} dims",
@@ -264,13 +217,8 @@ def run_scale(
             "b_ms_per_byte": float(coef[1]),
             "c_ms_per_coarse_byte": float(coef[2]),
         },
-        "holdout_check": check,
-        "wiki18": {
-            "n": WIKI18_N,
-            "nlist": WIKI18_NLIST,
-            "index_bytes": int(WIKI18_N * per_byte[-1] + (WIKI18_NLIST - builds[-1].nlist) * dim * 4),
-            "search": wiki18,
-        },
+        "holdout_check": _holdout_check(points, dim),
+        "wiki18": _wiki18_estimate(coef, builds, nprobes, dim),
         "seconds": time.perf_counter() - started,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -278,6 +226,87 @@ def run_scale(
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")
     report["path"] = str(path)
     return report
+
+
+def _check_memory(largest: int, dim: int) -> None:
+    """Refuse sizes this machine cannot hold before minutes of encoding, not in the middle of a build."""
+    need = largest * dim * 4 * 1.6  # the vectors, the index (d + 8 B each) and search buffers
+    avail = available_bytes()
+    if avail and need > avail:
+        raise ConfigError(
+            f"--sizes up to {largest:,} x {dim} dims need ~{need / 1e9:.1f} GB of RAM, {avail / 1e9:.1f} GB "
+            "are free: give smaller --sizes"
+        )
+
+
+def _measure_size(
+    xb: np.ndarray, xq: np.ndarray, k: int, nprobes: tuple[int, ...], threads: int, tmp: Path
+) -> tuple[ScaleBuild, list[ScalePoint]]:
+    """One size: build IVF{nlist},SQ8 on `threads` threads, then recall and one-core search time per nprobe."""
+    import faiss
+
+    n, dim = xb.shape
+    faiss.omp_set_num_threads(threads)
+    _, truth = faiss.knn(xq, xb, k, metric=faiss.METRIC_INNER_PRODUCT)
+    nlist = auto_nlist(n)
+    sample = min(n, 64 * nlist)
+    rss0 = _rss_bytes()
+    index, build_s = build_index(f"IVF{nlist},SQ8", xb, train_sample=sample)
+    rss_growth = max(0, _rss_bytes() - rss0)
+    path = tmp / "index.faiss"
+    faiss.write_index(index, str(path))
+    build = ScaleBuild(n, nlist, sample, build_s, path.stat().st_size, rss_growth)
+    path.unlink()
+    faiss.omp_set_num_threads(1)
+    points = []
+    for nprobe in nprobes:
+        index.nprobe = nprobe
+        ms, found = time_search(index, xq, k)
+        points.append(
+            ScalePoint(
+                n=n,
+                nlist=nlist,
+                nprobe=nprobe,
+                recall=recall_at(found, truth, k),
+                ms_per_query=ms,
+                scanned_bytes=nprobe * n / nlist * dim,
+                coarse_bytes=nlist * dim * 4.0,
+            )
+        )
+    return build, points
+
+
+def _holdout_check(points: list[ScalePoint], dim: int = DIM) -> list[dict[str, Any]]:
+    """How far off the curve is one step ahead: fit without the largest size, predict it (needs 2 smaller)."""
+    largest = max(p.n for p in points)
+    smaller = [p for p in points if p.n < largest]
+    check: list[dict[str, Any]] = []
+    if len({p.n for p in smaller}) >= 2:
+        held = fit_cost(smaller)
+        for p in (p for p in points if p.n == largest):
+            pred = predict_ms(held, p.n, p.nlist, p.nprobe, dim)
+            check.append(
+                {"nprobe": p.nprobe, "measured_ms": p.ms_per_query, "predicted_ms": pred,
+                 "error": pred / p.ms_per_query - 1.0}
+            )  # fmt: skip
+    return check
+
+
+def _wiki18_estimate(
+    coef: np.ndarray, builds: list[ScaleBuild], nprobes: tuple[int, ...], dim: int = DIM
+) -> dict[str, Any]:
+    """The 21M row: index bytes from the largest build's bytes per vector, search ms from the fitted curve."""
+    search = []
+    for nprobe in nprobes:
+        ms = predict_ms(coef, WIKI18_N, WIKI18_NLIST, nprobe, dim)
+        search.append({"nprobe": nprobe, "ms_per_query": ms, "qps_per_core": 1000.0 / ms})
+    per_byte = builds[-1].index_bytes / builds[-1].n
+    return {
+        "n": WIKI18_N,
+        "nlist": WIKI18_NLIST,
+        "index_bytes": int(WIKI18_N * per_byte + (WIKI18_NLIST - builds[-1].nlist) * dim * 4),
+        "search": search,
+    }
 
 
 def available_bytes() -> int:

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +80,8 @@ def start_reference(
     as the service gets: with the library default (spinning OpenMP threads) it answered one client in 300 to
     1,250 ms instead of 22 to 68 ms on this shared 2-core VM, and a reference that slow would flatter the service.
     """
-    from searchrl.retrieval.encoder import resolve_encoder
-    from searchrl.retrieval.indexing import FAISS_FILE, index_dir_for, resolve_corpus
+    from searchrl.retrieval.encoders.encoder import resolve_encoder
+    from searchrl.retrieval.index.build import FAISS_FILE, index_dir_for, resolve_corpus
 
     corpus = resolve_corpus(settings)
     _, model_dir = resolve_encoder(settings.encoder)
@@ -164,13 +164,10 @@ def run_bench(
     e5_seconds: float = 2.0,
 ) -> dict[str, Any]:
     """Build/reuse the index, measure (a), start the service with the best precision, measure (b) and (c)."""
-    from searchrl.retrieval.indexing import FAISS_FILE, OFFSETS, ensure_index, index_dir_for, resolve_corpus
-
     load_before = os.getloadavg()[0]
     settings = settings.with_changes(**{"backend": "dense"})
-    ensure_index(settings, "dense")
-    corpus_path = resolve_corpus(settings)
-    pool = QueryPool(bench_queries(corpus_path))
+    index_dir, mapped = _bench_index(settings)
+    pool = QueryPool(bench_queries(mapped[-1]))
     log.info("benchmark: %d distinct queries available", len(pool.queries))
 
     ceiling_rows = measure_ceiling(
@@ -183,64 +180,166 @@ def run_bench(
         seconds=ceiling_seconds,
     )
     best = max(ceiling_rows, key=lambda r: r["qps"])
-    index_dir = index_dir_for(settings, "dense", corpus_path)
     # The choice is measured in this run, on this machine now: drop cached choices (exports are kept).
     for stale in (index_dir / "encoders").glob("*/tuning-*.json"):
         stale.unlink()
-    # The service tunes its own encoder (backend, precision, workers, threads, forward batch) at start-up;
-    # the batch bound is the ceiling's best (a batch only fills that far when that many queries wait).
-    server_env = {
+    server_env = _server_env(settings, best["batch_size"], server_threads)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    reference_rows, reference_memory = run_reference(settings, pool, best["qps"], seconds, out_dir, stamp)
+    service = _measure_service(
+        server_env, pool, best["qps"], seconds, out_dir / f"server-{stamp}.log", mapped
+    )
+    service.memory["reference"] = reference_memory
+    tuning = service.described.get("encoder_tuning") or {}
+    choice = tuning.get("choice") or {}
+    scaling = measure_workers(settings, pool, choice, seconds=ceiling_seconds) if choice else []
+    # In-process rows call the batch function directly (no result cache), so they may reuse queries.
+    e5_rows = measure_e5_shape(pool.queries[:4096], seconds=e5_seconds) if e5_seconds > 0 else []
+    results = service.results
+    b128 = {r.name: r for r in results}["(b) 128 clients x 1 query"]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ratios = _ratios(results, reference_rows, best["qps"], tuning)
+    report = {
+        "created_at": stamp,
+        "machine": _machine(cores, tuning, load_before),
+        "settings": {k: v for k, v in server_env.items() if k.startswith("SEARCHRL_RETRIEVAL_")},
+        "ceiling": ceiling_rows,
+        "ceiling_best": best,
+        "encoder": {k: service.described.get(k) for k in ENCODER_KEYS},
+        "encoder_tuning": tuning,
+        "workers_scaling": scaling,
+        "e5_shape": e5_rows,
+        "server_startup_s": service.startup_s,
+        "server_exit_code": service.exit_code,
+        "server_stopped_gracefully": service.graceful,
+        "service": [asdict(r) for r in results],
+        "reference": [asdict(r) for r in reference_rows],
+        "memory": service.memory,
+        "ratios": ratios,
+        "targets": _targets(ratios, b128, tuning),
+        "sizing": _sizing(settings, b128, tuning, e5_rows, cores),
+    }
+    path = out_dir / f"service-{stamp}.json"
+    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    report["path"] = str(path)
+    return report
+
+
+def _bench_index(settings: RetrievalSettings) -> tuple[Path, tuple[Path, Path, Path]]:
+    """The dense index of the bench's corpus, built on first use: (its directory, the files the service mmaps:
+    FAISS file, offsets, corpus), the corpus last."""
+    from searchrl.retrieval.index.build import (
+        FAISS_FILE,
+        OFFSETS,
+        ensure_index,
+        index_dir_for,
+        resolve_corpus,
+    )
+
+    ensure_index(settings, "dense")
+    corpus_path = resolve_corpus(settings)
+    index_dir = index_dir_for(settings, "dense", corpus_path)
+    return index_dir, (index_dir / FAISS_FILE, index_dir / OFFSETS, corpus_path)
+
+
+def _machine(cores: int, tuning: dict[str, Any], load_before: float) -> dict[str, Any]:
+    """The machine the numbers are from, as the service's tuning saw it, and how busy it was before the run."""
+    machine = tuning.get("machine") or {}
+    return {
+        "cpus": cores,
+        "cpu": machine.get("cpu"),
+        "fast_bf16": machine.get("fast_bf16"),
+        "loadavg_1m_before": load_before,
+    }
+
+
+def _server_env(settings: RetrievalSettings, batch_size: int, server_threads: int) -> dict[str, str]:
+    """The service's environment: the bench's index and corpus, the ceiling's best batch bound, no build.
+
+    The service tunes its own encoder (backend, precision, workers, threads, forward batch) at start-up; the
+    batch bound is the ceiling's best (a batch only fills that far when that many queries wait).
+    """
+    env = {
         "SEARCHRL_RETRIEVAL_DATA_DIR": str(settings.data_dir),
         "SEARCHRL_RETRIEVAL_CORPUS": settings.corpus,
         "SEARCHRL_RETRIEVAL_ENCODER": settings.encoder,
         "SEARCHRL_RETRIEVAL_INDEX_TYPE": settings.index_type,
-        "SEARCHRL_RETRIEVAL_BATCH_SIZE": str(best["batch_size"]),
+        "SEARCHRL_RETRIEVAL_BATCH_SIZE": str(batch_size),
         "SEARCHRL_RETRIEVAL_BATCH_WAIT_MS": str(settings.batch_wait_ms),
         "SEARCHRL_RETRIEVAL_BUILD_IF_MISSING": "false",
         "SEARCHRL_LOG_LEVEL": "WARNING",
     }
     if server_threads:
-        server_env["SEARCHRL_RETRIEVAL_THREADS"] = str(server_threads)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    mapped = (index_dir / FAISS_FILE, index_dir / OFFSETS, corpus_path)
-    reference_rows, reference_memory = run_reference(settings, pool, best["qps"], seconds, out_dir, stamp)
+        env["SEARCHRL_RETRIEVAL_THREADS"] = str(server_threads)
+    return env
+
+
+@dataclass
+class _ServiceRun:
+    """What the service answered and did over (b), (c), (h) and (m)."""
+
+    described: dict[str, Any]  # its GET / answer: the encoder it picked at start-up and that tuning
+    results: list[LoadResult]
+    memory: dict[str, Any]  # process_memory after start-up and at the end (run_bench adds the reference's)
+    startup_s: float
+    exit_code: int
+    graceful: bool  # its log says the graceful shutdown completed
+
+
+def _measure_service(
+    server_env: dict[str, str],
+    pool: QueryPool,
+    ceiling_qps: float,
+    seconds: float,
+    log_path: Path,
+    mapped: tuple[Path, ...],
+) -> _ServiceRun:
+    """(b), (c), (h) and (m) on the service, started as `searchrl serve` runs it and stopped after."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
-    proc = start_server(server_env, port, out_dir / f"server-{stamp}.log")
+    proc = start_server(server_env, port, log_path)
     startup_s = time.perf_counter() - t0
-    results: list[LoadResult] = []
     memory: dict[str, Any] = {"service_after_start": process_memory(proc.pid, mapped)}
     try:
         with urllib.request.urlopen(url + "/", timeout=10) as resp:
             described = json.loads(resp.read())
-        from tqdm import tqdm
-
-        scenarios = default_scenarios(seconds)
-        floor = http_floor_scenarios(seconds)
-        cached: list[str] = []
-        for sc in tqdm([*scenarios, *floor], desc="service scenarios", unit="scenario", file=sys.stderr):
-            if sc in floor:  # the queries (b)@128 got answers for are in the result cache now
-                results.append(run_scenario(url, sc, cached * 200, server_pid=proc.pid))
-                continue
-            queries = _queries_for(sc, pool, best["qps"])
-            results.append(run_scenario(url, sc, queries, server_pid=proc.pid))
-            if sc.name == "(b) 128 clients x 1 query":
-                cached = queries[: max(1, results[-1].requests)]
+        results = _run_service_scenarios(url, proc.pid, pool, ceiling_qps, seconds)
         memory["service_at_end"] = process_memory(proc.pid, mapped)
     finally:
         rc = stop_server(proc)
-    memory["reference"] = reference_memory
     # uvicorn re-raises SIGTERM after its graceful shutdown, so the exit status is -15; its log says whether
     # the shutdown (in-flight requests, then the lifespan: backend.close() draining the batcher) completed.
-    server_log = (out_dir / f"server-{stamp}.log").read_text(encoding="utf-8", errors="replace")
-    graceful = "Finished server process" in server_log
-    tuning = described.get("encoder_tuning") or {}
-    choice = tuning.get("choice") or {}
-    scaling = measure_workers(settings, pool, choice, seconds=ceiling_seconds) if choice else []
-    # In-process rows call the batch function directly (no result cache), so they may reuse queries.
-    e5_rows = measure_e5_shape(pool.queries[:4096], seconds=e5_seconds) if e5_seconds > 0 else []
+    server_log = log_path.read_text(encoding="utf-8", errors="replace")
+    return _ServiceRun(described, results, memory, startup_s, rc, "Finished server process" in server_log)
+
+
+def _run_service_scenarios(
+    url: str, server_pid: int, pool: QueryPool, ceiling_qps: float, seconds: float
+) -> list[LoadResult]:
+    """The (b)/(c) scenarios on unused queries, then (h) on the queries (b)@128 left in the result cache."""
+    from tqdm import tqdm
+
+    scenarios = default_scenarios(seconds)
+    floor = http_floor_scenarios(seconds)
+    results: list[LoadResult] = []
+    cached: list[str] = []
+    for sc in tqdm([*scenarios, *floor], desc="service scenarios", unit="scenario", file=sys.stderr):
+        if sc in floor:  # the queries (b)@128 got answers for are in the result cache now
+            results.append(run_scenario(url, sc, cached * 200, server_pid=server_pid))
+            continue
+        queries = _queries_for(sc, pool, ceiling_qps)
+        results.append(run_scenario(url, sc, queries, server_pid=server_pid))
+        if sc.name == "(b) 128 clients x 1 query":
+            cached = queries[: max(1, results[-1].requests)]
+    return results
+
+
+def _ratios(
+    results: list[LoadResult], reference_rows: list[LoadResult], ceiling_qps: float, tuning: dict[str, Any]
+) -> dict[str, float]:
+    """The ratios the issues ask for: the service against the reference-like server, the ceiling and itself."""
     by_name = {r.name: r for r in results}
     b1 = by_name["(b) 1 client x 1 query"]
     r1, r128 = (next(r for r in reference_rows if r.name == name) for name in REFERENCE)
@@ -248,22 +347,25 @@ def run_bench(
     b128 = by_name["(b) 128 clients x 1 query"]
     c32 = by_name["(c) 32 clients, 5x repeats, per client"]
     c32_concurrent = by_name["(c') 32 clients, 5x repeats, concurrent"]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     queueing_bound_ms = 1000 * 128 / b128.qps if b128.qps else float("inf")
-    servable = [c for c in tuning.get("candidates", []) if c.get("status") == "ok"]
-    ratios = {
+    return {
         # the lone client (issue 24): the service against a server with no batcher, same run, same machine
         "b1_over_reference": b1.qps / r1.qps if r1.qps else 0.0,
         "b1_p50_over_reference": b1.p50_ms / r1.p50_ms if r1.p50_ms else 0.0,
         "b128_over_reference": b128.qps / r128.qps if r128.qps else 0.0,
-        "b128_over_ceiling": b128.qps / best["qps"],
+        "b128_over_ceiling": b128.qps / ceiling_qps,
         "b128_p99_over_queueing_bound": b128.p99_ms / queueing_bound_ms,
         "c_over_b32": c32.qps / b32.qps if b32.qps else 0.0,
         "c_concurrent_over_b32": c32_concurrent.qps / b32.qps if b32.qps else 0.0,
         # how much of the encoder's own in-process rate (measured by the service at start-up) reaches clients
         "b128_over_tuned_encoder": b128.qps / float(tuning["qps"]) if tuning.get("qps") else 0.0,
     }
-    targets = {
+
+
+def _targets(ratios: dict[str, float], b128: LoadResult, tuning: dict[str, Any]) -> dict[str, bool]:
+    """Each target the issues set, by name, and whether this run met it."""
+    servable = [c for c in tuning.get("candidates", []) if c.get("status") == "ok"]
+    return {
         "(b) 1x1 >= 1.0x the reference-like server's 1x1": ratios["b1_over_reference"] >= 1.0,
         "b128 >= 2x fp32 in-process ceiling": ratios["b128_over_ceiling"] >= 2.0,
         "b128 p99 <= 1.3 x 128/(q/s)": ratios["b128_p99_over_queueing_bound"] <= 1.3,
@@ -273,45 +375,29 @@ def run_bench(
         and all((c.get("recall@3") or 0) >= 0.99 for c in servable),
         "(c) >= 3x (b)@32": ratios["c_over_b32"] >= 3.0,
     }
+
+
+def _sizing(
+    settings: RetrievalSettings,
+    b128: LoadResult,
+    tuning: dict[str, Any],
+    e5_rows: list[dict[str, Any]],
+    cores: int,
+) -> list[dict[str, Any]]:
+    """Replicas and $/1M queries (searchrl/bench/sizing.py) from this run's measured rates.
+
+    The service's own q/s for MiniLM; for E5-base the best encoder-only rate scaled by the service's own
+    service/in-process ratio (HTTP, batching and FAISS overheads measured on MiniLM in this run).
+    """
     from searchrl.bench.sizing import PRICES, sizing_table
 
-    # The service's own q/s for MiniLM; for E5-base the best encoder-only rate scaled by the service's own
-    # service/in-process ratio (HTTP, batching and FAISS overheads measured on MiniLM in this run).
+    choice = tuning.get("choice") or {}
     measured = {f"{settings.encoder} {choice.get('candidate', '?')} (service)": b128.qps}
     if e5_rows and tuning.get("qps"):
         best_e5 = max(e5_rows, key=lambda r: r["qps"])
         overhead = b128.qps / float(tuning["qps"])
         measured[f"e5-base shape {best_e5['candidate']} (est.)"] = best_e5["qps"] * min(1.0, overhead)
-    sizing = sizing_table(measured, cores=cores, price=PRICES["c7a.4xlarge"])
-    report = {
-        "created_at": stamp,
-        "machine": {
-            "cpus": cores,
-            "cpu": (tuning.get("machine") or {}).get("cpu"),
-            "fast_bf16": (tuning.get("machine") or {}).get("fast_bf16"),
-            "loadavg_1m_before": load_before,
-        },
-        "settings": {k: v for k, v in server_env.items() if k.startswith("SEARCHRL_RETRIEVAL_")},
-        "ceiling": ceiling_rows,
-        "ceiling_best": best,
-        "encoder": {k: described.get(k) for k in ENCODER_KEYS},
-        "encoder_tuning": tuning,
-        "workers_scaling": scaling,
-        "e5_shape": e5_rows,
-        "server_startup_s": startup_s,
-        "server_exit_code": rc,
-        "server_stopped_gracefully": graceful,
-        "service": [asdict(r) for r in results],
-        "reference": [asdict(r) for r in reference_rows],
-        "memory": memory,
-        "ratios": ratios,
-        "targets": targets,
-        "sizing": sizing,
-    }
-    path = out_dir / f"service-{stamp}.json"
-    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    report["path"] = str(path)
-    return report
+    return sizing_table(measured, cores=cores, price=PRICES["c7a.4xlarge"])
 
 
 def run_reference(

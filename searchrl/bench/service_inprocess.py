@@ -33,7 +33,7 @@ def measure_ceiling(
     A precision whose first point runs at under half the best rate so far is measured at that point only
     (bf16 without AVX-512 BF16 is ~5x slower than fp32 here; its grid would take minutes).
     """
-    # before torch/faiss load OpenMP: see retrieval/encoder.py (spinning threads starve everything else)
+    # before torch/faiss load OpenMP: see retrieval/encoders/encoder.py (spinning threads starve everything else)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import faiss
     import torch
@@ -115,9 +115,9 @@ def measure_e5_shape(
 
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from searchrl.retrieval.encoder import Encoder, bundled_minilm_path
-    from searchrl.retrieval.encoder_pool import available_cores
-    from searchrl.retrieval.encoder_tuning import _build, cpu_info, has_fast_bf16
+    from searchrl.retrieval.encoders.encoder import Encoder, bundled_minilm_path
+    from searchrl.retrieval.encoders.pool import available_cores
+    from searchrl.retrieval.encoders.tuning import _build, cpu_info, has_fast_bf16
 
     cores = len(available_cores())
     names = ["torch-fp32", "onnx-fp32"]

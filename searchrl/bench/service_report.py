@@ -25,13 +25,37 @@ def format_memory(memory: dict[str, Any]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     """The table and ratios, as printed by `searchrl bench`."""
-    lines = []
+    lines = [*_table(report), ""]
+    lines += _setup_lines(report)
+    lines += _ratio_lines(report)
+    lines.append(
+        "load generators (searchrl/bench/loadgen.py, a separate process on the same cores): raw = wrk-like "
+        "keep-alive HTTP/1.1 on uvloop + httptools, aiohttp = the client used before; both check status 200 "
+        "and one result list per query on every response; CPU ms/req from getrusage (client) and /proc "
+        "(server, all threads, encoder included)"
+    )
+    memory = report.get("memory") or {}
+    if memory:
+        lines.append(format_memory(memory))
+    for name, ok in report["targets"].items():
+        lines.append(f"  [{'x' if ok else ' '}] {name}")
+    if report.get("sizing"):
+        from searchrl.bench.sizing import format_sizing
+
+        lines.append("")
+        lines.append("sizing (searchrl/bench/sizing.py; assumptions in docs/sizing.md):")
+        lines.append(format_sizing(report["sizing"]))
+    lines.append(f"results: {report['path']}")
+    return "\n".join(lines)
+
+
+def _table(report: dict[str, Any]) -> list[str]:
+    """One row per measurement: (a) the in-process ceiling, (r) the reference, (b)/(c)/(h), (a') and (e5)."""
     header = (
         f"{'scenario':42} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} {'batch':>6} {'cached/dedup':>13}"
         f" {'CPU ms/req client/server':>25} {'RSS MB':>7}"
     )
-    lines.append(header)
-    lines.append("-" * len(header))
+    lines = [header, "-" * len(header)]
     for row in report["ceiling"]:
         name = f"(a) in-process {row['precision']} {row['threads']}thr fwd {row['forward']} batch {row['batch_size']}"
         lines.append(f"{name:42} {row['qps']:8.0f} {'':>8} {'':>8} {'':>7} {row['batch_size']:6d}")
@@ -51,37 +75,42 @@ def format_report(report: dict[str, Any]) -> str:
     for row in report.get("e5_shape", []):
         name = f"(e5) encoder only, E5-base shape {row['candidate']}"
         lines.append(f"{name:42} {row['qps']:8.0f}")
+    return lines
+
+
+def _setup_lines(report: dict[str, Any]) -> list[str]:
+    """What the numbers were measured with: the ceiling's best, the encoder the service picked, the machine, and
+    every encoder candidate's recall and rate."""
     best = report["ceiling_best"]
-    ratios = report["ratios"]
     enc = report.get("encoder") or {}
     tuning = report.get("encoder_tuning") or {}
-    lines.append("")
-    lines.append(
+    machine = report.get("machine") or {}
+    lines = [
         f"ceiling (today's torch fp32, best in-process): {best['qps']:.0f} q/s ({best['threads']} threads, "
         f"forward {best['forward']}, batch {best['batch_size']}); all throughput is on unique queries (no "
-        "cache hits) unless a row says otherwise"
-    )
-    lines.append(
+        "cache hits) unless a row says otherwise",
         f"service encoder (auto-tuned at start-up): {enc.get('encoder_backend')} {enc.get('precision')}, "
         f"{enc.get('encoder_workers')} workers x {enc.get('threads_per_worker')} threads, forward "
         f"{enc.get('forward_batch_size')}, {tuning.get('qps', 0):.0f} q/s in-process; batch <= "
         f"{report['settings']['SEARCHRL_RETRIEVAL_BATCH_SIZE']}; start-up {report['server_startup_s']:.1f}s "
-        f"(tuning {tuning.get('seconds', 0):.1f}s)"
-    )
-    machine = report.get("machine") or {}
-    lines.append(
+        f"(tuning {tuning.get('seconds', 0):.1f}s)",
         f"machine: {machine.get('cpu')}, {machine.get('cpus')} cores, fast bf16 {machine.get('fast_bf16')}, "
-        f"load average {machine.get('loadavg_1m_before', 0):.2f} before the run"
-    )
-    lines.append(
-        f"encoder candidates (recall@3 vs fp32 torch on {tuning.get('gate_queries', 0)} dev+bench queries):"
-    )
+        f"load average {machine.get('loadavg_1m_before', 0):.2f} before the run",
+        f"encoder candidates (recall@3 vs fp32 torch on {tuning.get('gate_queries', 0)} dev+bench queries):",
+    ]
     for c in tuning.get("candidates", []):
         recall = "-" if c.get("recall@3") is None else f"{c['recall@3']:.3f}"
         qps = "-" if c.get("qps") is None else f"{c['qps']:.0f} q/s"
         lines.append(f"  {c['name']:10} recall@3 {recall:>6}  {qps:>9}  {c['status']}")
+    return lines
+
+
+def _ratio_lines(report: dict[str, Any]) -> list[str]:
+    """The ratios the issues ask for, each with its target; a ratio whose rows or key are missing is left out."""
+    ratios = report["ratios"]
     reference = {r["name"]: r for r in report.get("reference", [])}
     service = {r["name"]: r for r in report["service"]}
+    lines = []
     r1, b1 = reference.get(REFERENCE[0]), service.get("(b) 1 client x 1 query")
     if r1 and b1:
         lines.append(
@@ -108,25 +137,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(
         f"(c') 5x repeats sent concurrently / (b) 32 clients: {ratios['c_concurrent_over_b32']:.1f}x   (no target)"
     )
-    lines.append(
-        "load generators (searchrl/bench/loadgen.py, a separate process on the same cores): raw = wrk-like "
-        "keep-alive HTTP/1.1 on uvloop + httptools, aiohttp = the client used before; both check status 200 "
-        "and one result list per query on every response; CPU ms/req from getrusage (client) and /proc "
-        "(server, all threads, encoder included)"
-    )
-    memory = report.get("memory") or {}
-    if memory:
-        lines.append(format_memory(memory))
-    for name, ok in report["targets"].items():
-        lines.append(f"  [{'x' if ok else ' '}] {name}")
-    if report.get("sizing"):
-        from searchrl.bench.sizing import format_sizing
-
-        lines.append("")
-        lines.append("sizing (searchrl/bench/sizing.py; assumptions in docs/sizing.md):")
-        lines.append(format_sizing(report["sizing"]))
-    lines.append(f"results: {report['path']}")
-    return "\n".join(lines)
+    return lines
 
 
 __all__ = ["format_memory", "format_report"]

@@ -144,8 +144,8 @@ def time_to_first_200(data_dir: Path, backend: str, log_path: Path, *, timeout_s
 def publish_bundled(work: Path, backend: str) -> tuple[Path, float]:
     """Build (or reuse) the bundled index in work/build and copy it into the bucket stand-in work/bucket."""
     from searchrl.config import load_settings
-    from searchrl.retrieval.index_copy import copy_index
-    from searchrl.retrieval.indexing import MANIFEST, default_index_dir, ensure_index
+    from searchrl.retrieval.index.build import MANIFEST, default_index_dir, ensure_index
+    from searchrl.retrieval.index.copy import copy_index
     from searchrl.retrieval.settings import RetrievalSettings
 
     settings = load_settings(RetrievalSettings, corpus="bundled", data_dir=work / "build", backend=backend)
@@ -168,11 +168,11 @@ def make_standin(work: Path, *, passages: int = STANDIN_PASSAGES, dim: int = STA
     import numpy as np
 
     from searchrl.config import load_settings
-    from searchrl.retrieval.bundled import iter_bundled
     from searchrl.retrieval.corpus import Passage, write_jsonl
-    from searchrl.retrieval.download import CORPORA
-    from searchrl.retrieval.encoder import resolve_encoder
-    from searchrl.retrieval.indexing import MANIFEST, import_faiss_index, index_dir_for
+    from searchrl.retrieval.encoders.encoder import resolve_encoder
+    from searchrl.retrieval.index.build import MANIFEST, import_faiss_index, index_dir_for
+    from searchrl.retrieval.index.bundled import iter_bundled
+    from searchrl.retrieval.index.download import CORPORA
     from searchrl.retrieval.settings import RetrievalSettings
 
     root = work / "standin-build"
@@ -226,7 +226,7 @@ def load_and_search(data_dir: str, cold: bool) -> dict[str, float]:
     from searchrl.config import load_settings
     from searchrl.retrieval.backends.dense import read_faiss_index
     from searchrl.retrieval.corpus import DocStore
-    from searchrl.retrieval.indexing import (
+    from searchrl.retrieval.index.build import (
         FAISS_FILE,
         OFFSETS,
         index_dir_for,
@@ -297,7 +297,7 @@ def run_start_time(
     standin_passages: int = STANDIN_PASSAGES,
 ) -> StartReport:
     """Measure every row; bundled indexes are built once into work/build (reused on later runs)."""
-    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.retrieval.encoders.tuning import cpu_info
 
     info = cpu_info()
     report = StartReport(cpu=str(info["model"]), cores=int(info["cores"]))
@@ -316,7 +316,7 @@ def run_start_time(
         log.info("bundled %s: first 200 after %.2fs", backend, serve_s)
     if standin:
         from searchrl.config import load_settings
-        from searchrl.retrieval.index_copy import copy_index
+        from searchrl.retrieval.index.copy import copy_index
         from searchrl.retrieval.settings import RetrievalSettings
 
         log.info("wiki18-100k stand-in: %d x %d Flat from random vectors", standin_passages, STANDIN_DIM)

@@ -194,7 +194,7 @@ def _build(args: argparse.Namespace) -> int:
     matching index is reused unless --force.
     """
     from searchrl.logs import setup_logging
-    from searchrl.retrieval.indexing import ensure_index, load_manifest
+    from searchrl.retrieval.index.build import ensure_index, load_manifest
 
     setup_logging()
     settings = retrieval_settings(args, *_WHERE, "encode_batch_size", "device", "precision")
@@ -219,7 +219,7 @@ def _download(args: argparse.Namespace) -> int:
     (PeterJinGo/wiki-18-e5-index, ~64.5 GB).
     """
     from searchrl.logs import setup_logging
-    from searchrl.retrieval.prebuilt import download
+    from searchrl.retrieval.index.prebuilt import download
 
     setup_logging()
     settings = retrieval_settings(args, "data_dir")
@@ -239,7 +239,7 @@ def _copy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from searchrl.logs import setup_logging
-    from searchrl.retrieval.index_copy import copy_index
+    from searchrl.retrieval.index.copy import copy_index
 
     setup_logging()
     settings = retrieval_settings(args, "corpus", "encoder", "index_type")
@@ -269,7 +269,7 @@ def _convert(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from searchrl.logs import setup_logging
-    from searchrl.retrieval.convert import DEFAULT_TARGET, convert_index
+    from searchrl.retrieval.index.convert import DEFAULT_TARGET, convert_index
 
     setup_logging()
     settings = retrieval_settings(

@@ -42,7 +42,7 @@ def _recall(args: argparse.Namespace) -> int:
     from searchrl.config import load_settings
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
-    from searchrl.retrieval.recall import as_dict, format_table, load_qa, measure_recall, pairwise_table
+    from searchrl.retrieval.index.recall import as_dict, format_table, load_qa, measure_recall, pairwise_table
     from searchrl.retrieval.settings import RetrievalSettings
 
     setup_logging()

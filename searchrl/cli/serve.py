@@ -45,7 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
     Run the retrieval service in the foreground; builds the index on first use.
     """
     from searchrl.logs import setup_logging
-    from searchrl.retrieval.server import run_server
+    from searchrl.retrieval.serving.server import run_server
 
     setup_logging()
     settings = retrieval_settings(

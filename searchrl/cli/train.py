@@ -221,7 +221,7 @@ def _bench_step_checks(args: argparse.Namespace) -> int:
 
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
-    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.retrieval.encoders.tuning import cpu_info
     from searchrl.trainer.mask_bench import bench_step_checks
 
     setup_logging()

@@ -1,11 +1,16 @@
 """`searchrl train cpu` and `searchrl train bench-rollout`: the verbs that start the CPU proof runs and the bench.
 
-    searchrl train cpu                                  # verl's real GRPO loop on CPU, tiny model (make train-cpu)
+    searchrl train cpu [smoke]                          # verl's real GRPO loop on CPU, tiny model (make train-cpu)
     searchrl train cpu --trainer-mode colocate_async    # the same in an async trainer mode
-    searchrl train cpu --learn                          # the learning run (make learn-cpu)
-    searchrl train cpu --model smollm2-135m             # real weights, 2 steps (make train-cpu-real)
-    searchrl train cpu --model smollm2-135m --learn     # real weights that learn (make learn-cpu-real)
+    searchrl train cpu learn [--rollout vllm]           # the learning run (make learn-cpu)
+    searchrl train cpu real --model smollm2-135m        # real weights, 2 steps (make train-cpu-real)
+    searchrl train cpu real-learn --model smollm2-135m  # real weights that learn (make learn-cpu-real)
+    searchrl train cpu gate --model smollm2-135m        # only the variance gate of real-learn
     searchrl train bench-rollout smollm2-135m           # the hf rollout engine and vLLM's CPU build, tokens/s
+
+The runs are sub-verbs (issue 54 item 2); the flags that picked them before (`--learn`, `--gate`, `--model` alone)
+still do for one release and say so in one line. Each handler reads its flags and calls one function of
+trainer/proofs/, which holds the run's orchestration and verdict.
 
 Apart from searchrl/cli/train.py (the GPU run's verbs) because this is the only CLI code that imports the CPU
 rooms, trainer/proofs/ (and through it trainer/cpu/): tests/trainer/test_rooms.py allows this module and no other.
@@ -25,6 +30,16 @@ from searchrl.cli.flags import verb
 from searchrl.trainer.engines import CPU_ENGINES
 
 _OUT = "outputs/train-cpu"  # --out's default; the other runs put theirs in a folder of their own (`_out`)
+# `searchrl train cpu RUN`: each run and what it is; the real-weights runs take --model
+RUNS = {
+    "smoke": "verl's real GRPO loop with a tiny random model: steps, resume, merge, eval (make train-cpu; the default)",
+    "learn": "the learning run (make learn-cpu)",
+    "real": "real weights through the loop: 2 steps, merge, load (make train-cpu-real)",
+    "real-learn": "real weights that learn (make learn-cpu-real)",
+    "gate": "only real-learn's variance gate",
+}
+REAL_RUNS = ("real", "real-learn", "gate")
+ENGINE_RUNS = ("smoke", "learn")  # the runs --rollout vllm takes
 
 
 def _out(args: argparse.Namespace, own: str) -> Path:
@@ -64,6 +79,12 @@ class _ModeAlias(argparse.Action):
 def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add `cpu` and `bench-rollout` to `searchrl train`'s verbs."""
     p = verb(verbs, "cpu", _cpu, suppress=False)
+    p.add_argument(
+        "run",
+        nargs="?",
+        choices=tuple(RUNS),
+        help="the run: " + "; ".join(f"{name}: {what}" for name, what in RUNS.items()),
+    )
     p.add_argument("--out", default=_OUT, help="work folder, emptied first (default %(default)s)")
     p.add_argument("--qa", help="QA JSONL (question, golden_answers; default the bundled dev set)")
     p.add_argument("--questions", type=int, default=12, help="questions used (default %(default)s)")
@@ -94,7 +115,7 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--learn",
         action="store_true",
-        help="the learning run instead (make learn-cpu): a reward the tiny model can climb, and checks that each "
+        help="the `learn` run, kept for one release (make learn-cpu): a reward the tiny model can climb, and checks that each "
         "question's reward rose from the first epoch to the last with the policy not collapsed, that every step's "
         "weight sync held, that no tool-response token was trained on, and that a probe of the merged model "
         "moved; last line `learned: ...`, exit 2 when a check fails",
@@ -121,7 +142,7 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--gate",
         action="store_true",
-        help="with --model: only the variance gate of --learn (each train question sampled 8 times at T=1 with "
+        help="the `gate` run, kept for one release: with --model, only the variance gate of real-learn (each train question sampled 8 times at T=1 with "
         "the turn budget; reward mean, share of groups that vary); exit 2 when no group varies",
     )
     p.add_argument(
@@ -233,27 +254,58 @@ def _cpu(args: argparse.Namespace) -> int:
         raise
 
 
-def _run_cpu(args: argparse.Namespace) -> int:
-    """The run `train cpu`'s flags pick: the tiny-model loop, the learning run, or a real model's run or gate."""
+def pick_run(args: argparse.Namespace) -> str:
+    """The run named (`searchrl train cpu RUN`), or the one the old flags pick, with a one-line notice; ConfigError
+    (one line, exit 2) for flags the run cannot take."""
     from searchrl.errors import ConfigError
+
+    legacy = "gate" if args.gate else "learn" if args.learn else None
+    if legacy and args.model:
+        legacy = "real-learn" if legacy == "learn" else legacy
+    elif legacy is None and args.model and args.run is None:
+        legacy = "real"
+    run: str = args.run or legacy or "smoke"
+    if args.run and legacy and legacy != args.run:
+        raise ConfigError(f"`{args.run}` and the flags of `{legacy}` name two runs: give the run only")
+    if args.run is None and legacy:
+        old = " ".join(["--model M"] * bool(args.model) + ["--learn"] * args.learn + ["--gate"] * args.gate)
+        print(  # noqa: T201
+            f"notice: `searchrl train cpu {old}` is `searchrl train cpu {run}{' --model M' * bool(args.model)}` now; "
+            "the flags are kept for one release",
+            file=sys.stderr,
+        )
+    if run in REAL_RUNS and not args.model:
+        raise ConfigError(f"`{run}` samples a real model: give --model (e.g. --model smollm2-135m)")
+    if run not in REAL_RUNS and args.model:
+        raise ConfigError(f"--model takes the real-weights runs ({', '.join(REAL_RUNS)}), not `{run}`")
+    if args.rollout != "hf" and run not in ENGINE_RUNS:
+        raise ConfigError(
+            f"--rollout {args.rollout} runs the tiny-model loops only ({', '.join(ENGINE_RUNS)}), not `{run}`"
+        )
+    return run
+
+
+def _run_cpu(args: argparse.Namespace) -> int:
+    """The run `train cpu` names (`pick_run`): the tiny-model loop, the learning run, or a real model's run or gate."""
     from searchrl.logs import setup_logging
     from searchrl.trainer.proofs.harness import DEV_QA
-    from searchrl.trainer.proofs.train_cpu import run_cpu_smoke
 
+    args.run = pick_run(args)  # the handlers read the run from here, whichever way it was named
     setup_logging()
     qa = Path(args.qa) if args.qa else DEV_QA
-    if args.rollout != "hf" and (args.model or args.gate):
-        raise ConfigError(
-            f"--rollout {args.rollout} runs the tiny-model loops only (train-cpu, --learn; no --model or --gate)"
-        )
-    if args.model and (args.learn or args.gate):
-        return _real_learn(args, qa)
-    if args.gate:
-        raise ConfigError("--gate samples a real model: give --model (e.g. --model smollm2-135m)")
-    if args.learn:
-        return _learn(args, qa)
-    if args.model:
-        return _real(args, qa)
+    handlers = {
+        "smoke": _smoke,
+        "learn": _learn,
+        "real": _real,
+        "real-learn": _real_learn,
+        "gate": _real_learn,
+    }
+    return handlers[args.run](args, qa)
+
+
+def _smoke(args: argparse.Namespace, qa: Path) -> int:
+    from searchrl.trainer.proofs.train_cpu import run_cpu_smoke
+
     run = run_cpu_smoke(
         Path(args.out),
         qa_source=qa,
@@ -289,7 +341,7 @@ def _real(args: argparse.Namespace, qa: Path) -> int:
 
 
 def _real_learn(args: argparse.Namespace, qa: Path) -> int:
-    """`--model M --learn` (make learn-cpu-real) or `--model M --gate`: trainer/proofs/real_learn.py."""
+    """`real-learn --model M` (make learn-cpu-real) or `gate --model M`: trainer/proofs/real_learn.py."""
     from searchrl.errors import SmokeCheckError
     from searchrl.trainer.proofs.real_learn import run_real_learn
 
@@ -301,12 +353,12 @@ def _real_learn(args: argparse.Namespace, qa: Path) -> int:
         lrs=lrs,
         pilot_steps=args.pilot_steps,
         turn_tokens=args.turn_tokens,
-        gate_only=not args.learn,
+        gate_only=args.run == "gate",
         random_reward=args.random_reward,
         stage=args.stage,
         **common,
     )
-    if not args.learn:
+    if args.run == "gate":
         print(run.gate.line() if run.gate else "variance gate: not run")  # noqa: T201
         return 0
     print(run.report())  # noqa: T201
@@ -382,7 +434,7 @@ def _bench_rollout(args: argparse.Namespace) -> int:
     from searchrl.errors import ConfigError
     from searchrl.logs import setup_logging
     from searchrl.models import resolve_model
-    from searchrl.retrieval.encoder_tuning import cpu_info
+    from searchrl.retrieval.encoders.tuning import cpu_info
     from searchrl.trainer.cpu.precision import choose_cpu_dtype
     from searchrl.trainer.proofs.rollout_bench import (
         DEFAULT_SETTINGS,

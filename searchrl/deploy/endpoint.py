@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import tenacity
@@ -198,6 +198,117 @@ def _fail(name: str, rid: Any, state: str, prefix: str = "") -> DeployError:
     )
 
 
+@dataclass
+class _FailureWatch:
+    """What the wait remembers between status reads to tell a failure that ends it from one SkyServe repairs."""
+
+    name: str
+    failed_states: frozenset[str]
+    history: set[Any] = field(default_factory=set)  # failed before the service last had a READY replica
+    counted: dict[Any, str] = field(
+        default_factory=dict
+    )  # replica id -> failed state, for failures since then
+    cleanup_since: dict[Any, float] = field(default_factory=dict)  # replica id -> first seen FAILED_CLEANUP
+    ever_ready: bool = False
+
+    def observe(self, record: Mapping[str, Any], replicas: Sequence[tuple[Any, str]], now: float) -> None:
+        """Take in one status read: raise the DeployError that ends the wait, or log what failed since the last."""
+        outdated = _outdated_replicas(record)
+        failed = [(rid, st) for rid, st in replicas if st in self.failed_states and rid not in outdated]
+        self._note_ready(record, replicas, failed)
+        self._track_cleanup(replicas, now)
+        # FAILED_CLEANUP is not counted until it becomes an outcome (or outlasts the grace, below)
+        current = [(rid, st) for rid, st in failed if rid not in self.history and st != "FAILED_CLEANUP"]
+        new = [(rid, st) for rid, st in current if self.counted.get(rid) != st]
+        self.counted.update(current)
+        self._raise_if_over(current, outdated, now)
+        self._log_new(new, now)
+
+    def _note_ready(
+        self, record: Mapping[str, Any], replicas: Sequence[tuple[Any, str]], failed: list[tuple[Any, str]]
+    ) -> None:
+        if any(st == "READY" for _, st in replicas) or (
+            record.get("uptime") is not None and not self.ever_ready
+        ):
+            # A replica is READY now, or was since the service's first probe success (`uptime`): what failed
+            # until then is history SkyServe has replaced, and its autoscaler no longer stops on a failure.
+            self.history.update(rid for rid, _ in failed)
+            self.counted.clear()
+            self.ever_ready = True
+
+    def _track_cleanup(self, replicas: Sequence[tuple[Any, str]], now: float) -> None:
+        for rid, st in replicas:
+            if st == "FAILED_CLEANUP":
+                self.cleanup_since.setdefault(rid, now)
+            else:
+                self.cleanup_since.pop(rid, None)
+
+    def _raise_if_over(self, current: list[tuple[Any, str]], outdated: set[Any], now: float) -> None:
+        """End the wait on a stuck FAILED_CLEANUP, a fatal failure before READY, or too many replacements."""
+        stuck = [
+            rid
+            for rid, since in self.cleanup_since.items()
+            if rid not in self.history and rid not in outdated and now - since >= CLEANUP_GRACE_S
+        ]
+        if stuck:
+            raise _fail(self.name, stuck[0], "FAILED_CLEANUP")
+        fatal = [] if self.ever_ready else [(rid, st) for rid, st in current if st in _REPLICA_FATAL]
+        if fatal:
+            raise _fail(self.name, *fatal[0])
+        if len(self.counted) >= MAX_REPLACED_REPLICAS:
+            rid, st = list(self.counted.items())[-1]
+            raise _fail(self.name, rid, st, f"{len(self.counted)} replicas failed, the last: ")
+
+    def _log_new(self, new: list[tuple[Any, str]], now: float) -> None:
+        name = self.name
+        for rid, since in self.cleanup_since.items():
+            if since == now and rid not in self.history:  # first seen in FAILED_CLEANUP
+                log.warning(
+                    "service %s: replica %s is FAILED_CLEANUP: SkyServe syncs its logs before tearing it down; "
+                    "waiting for its final state (`sky serve logs %s %s`)",
+                    name,
+                    rid,
+                    name,
+                    rid,
+                )
+        for rid, st in new:
+            log.warning(
+                "service %s: replica %s is %s (%s); %s",
+                name,
+                rid,
+                st,
+                _REPLICA_HINT.get(st, "it failed"),
+                "SkyServe launches a replacement"
+                if st not in _REPLICA_FATAL
+                else "SkyServe replaces it (READY before)",
+            )
+
+
+def _service_record(
+    name: str,
+    status_fn: Callable[[str], list[dict[str, Any]]],
+    sleep: Callable[[float], None],
+    interval_s: float,
+) -> dict[str, Any]:
+    """The service's one status record; a service SkyServe does not know ends the wait with how to start it."""
+    records = _read_status(name, status_fn, sleep, interval_s)
+    if not records:
+        raise DeployError(
+            f"no service named {name!r}: start it with "
+            f"`sky serve up -n {name} sky/retrieval.yaml --secret RETRIEVAL_API_KEY`"
+        )
+    return records[0]
+
+
+def _check_service_status(name: str, status: str, replicas: Sequence[tuple[Any, str]]) -> None:
+    """A service status that is neither pending nor READY (failed, shutting down, unknown) ends the wait."""
+    if status in _SERVICE_TERMINAL or status not in _SERVICE_PENDING | {"READY"}:
+        raise DeployError(
+            f"service {name!r} is {status} ({_summary(replicas)}): see `sky serve status {name}` and "
+            f"`sky serve logs --controller {name}`"
+        )
+
+
 def wait_for_endpoint(
     name: str,
     *,
@@ -219,83 +330,17 @@ def wait_for_endpoint(
     """
     start = clock()
     deadline = start + timeout_s
-    failed_states = failed_replica_states()
-    history: set[Any] = set()  # failed before the service last had a READY replica: SkyServe replaced them
-    counted: dict[Any, str] = {}  # replica id -> failed state, for failures since then
-    cleanup_since: dict[Any, float] = {}  # replica id -> when it was first seen FAILED_CLEANUP
-    ever_ready = False
+    watch = _FailureWatch(name, failed_replica_states())
     while True:
-        records = _read_status(name, status_fn, sleep, interval_s)
-        if not records:
-            raise DeployError(
-                f"no service named {name!r}: start it with "
-                f"`sky serve up -n {name} sky/retrieval.yaml --secret RETRIEVAL_API_KEY`"
-            )
-        record = records[0]
+        record = _service_record(name, status_fn, sleep, interval_s)
         status = _status_name(record.get("status"))
         replicas = _replica_states(record)
         endpoint = record.get("endpoint")
         if status == "READY" and endpoint:
             endpoint = str(endpoint)
             return endpoint if "://" in endpoint else f"http://{endpoint}"
-        outdated = _outdated_replicas(record)
-        failed = [(rid, st) for rid, st in replicas if st in failed_states and rid not in outdated]
-        ready_now = any(st == "READY" for _, st in replicas)
-        if ready_now or (record.get("uptime") is not None and not ever_ready):
-            # A replica is READY now, or was since the service's first probe success (`uptime`): what failed
-            # until then is history SkyServe has replaced, and its autoscaler no longer stops on a failure.
-            history.update(rid for rid, _ in failed)
-            counted.clear()
-            ever_ready = True
-        now = clock()
-        for rid, st in replicas:
-            if st == "FAILED_CLEANUP":
-                cleanup_since.setdefault(rid, now)
-            else:
-                cleanup_since.pop(rid, None)
-        # FAILED_CLEANUP is not counted until it becomes an outcome (or outlasts the grace, below)
-        current = [(rid, st) for rid, st in failed if rid not in history and st != "FAILED_CLEANUP"]
-        new = [(rid, st) for rid, st in current if counted.get(rid) != st]
-        counted.update(current)
-        stuck = [
-            rid
-            for rid, since in cleanup_since.items()
-            if rid not in history and rid not in outdated and now - since >= CLEANUP_GRACE_S
-        ]
-        if stuck:
-            raise _fail(name, stuck[0], "FAILED_CLEANUP")
-        fatal = [] if ever_ready else [(rid, st) for rid, st in current if st in _REPLICA_FATAL]
-        if fatal:
-            raise _fail(name, *fatal[0])
-        if len(counted) >= MAX_REPLACED_REPLICAS:
-            rid, st = list(counted.items())[-1]
-            raise _fail(name, rid, st, f"{len(counted)} replicas failed, the last: ")
-        for rid, since in cleanup_since.items():
-            if since == now and rid not in history:  # first seen in FAILED_CLEANUP
-                log.warning(
-                    "service %s: replica %s is FAILED_CLEANUP: SkyServe syncs its logs before tearing it down; "
-                    "waiting for its final state (`sky serve logs %s %s`)",
-                    name,
-                    rid,
-                    name,
-                    rid,
-                )
-        for rid, st in new:
-            log.warning(
-                "service %s: replica %s is %s (%s); %s",
-                name,
-                rid,
-                st,
-                _REPLICA_HINT.get(st, "it failed"),
-                "SkyServe launches a replacement"
-                if st not in _REPLICA_FATAL
-                else "SkyServe replaces it (READY before)",
-            )
-        if status in _SERVICE_TERMINAL or status not in _SERVICE_PENDING | {"READY"}:
-            raise DeployError(
-                f"service {name!r} is {status} ({_summary(replicas)}): see `sky serve status {name}` and "
-                f"`sky serve logs --controller {name}`"
-            )
+        watch.observe(record, replicas, clock())
+        _check_service_status(name, status, replicas)
         waited = clock() - start
         if clock() + interval_s > deadline:
             raise DeployError(

@@ -100,7 +100,7 @@ def plan_train(
 
     add_ca_bundle(task, envs)
     # Search-R1 data against a corpus other than wiki-18 trains "search does not help": refuse before launching.
-    from searchrl.retrieval.corpus_check import check_task_corpus
+    from searchrl.retrieval.client.corpus_check import check_task_corpus
 
     if resolved:
         first_url = split_urls(url)[0]

@@ -98,7 +98,7 @@ def hub_reachable(timeout_s: float = 10.0) -> tuple[bool, str]:
 
 def qa_questions(path: Path) -> list[Question]:
     """Questions with supporting titles, from a QA JSONL (the format `searchrl index recall` reads)."""
-    from searchrl.retrieval.recall import load_qa
+    from searchrl.retrieval.index.recall import load_qa
 
     return [Question(r.question, r.supporting_titles) for r in load_qa(path)]
 
@@ -290,9 +290,9 @@ def run_smoke(
     """Run the steps in order; a failed step ends the run (later steps are not attempted)."""
     from searchrl.config import load_settings
     from searchrl.retrieval.client import check_health
-    from searchrl.retrieval.download import CORPORA, INDEXES, download_corpus
-    from searchrl.retrieval.indexing import resolve_corpus
-    from searchrl.retrieval.prebuilt import download_index
+    from searchrl.retrieval.index.build import resolve_corpus
+    from searchrl.retrieval.index.download import CORPORA, INDEXES, download_corpus
+    from searchrl.retrieval.index.prebuilt import download_index
     from searchrl.retrieval.settings import RetrievalSettings
 
     report = SmokeReport(corpus, backend)

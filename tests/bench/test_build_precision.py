@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from searchrl.cli import main
-from searchrl.retrieval.encode_precision import MIN_COSINE
-from searchrl.retrieval.encoder_tuning import cpu_info, has_fast_bf16
+from searchrl.retrieval.encoders.precision import MIN_COSINE
+from searchrl.retrieval.encoders.tuning import cpu_info, has_fast_bf16
 from tests.conftest import TINY_CORPUS
 
 pytest.importorskip("faiss")

@@ -9,7 +9,7 @@ import pytest
 
 from searchrl.bench.convert import fit_and_estimate, write_flat
 from searchrl.bench.scale import WIKI18_N, WIKI18_NLIST
-from searchrl.retrieval.convert import FlatFile
+from searchrl.retrieval.index.convert_plan import FlatFile
 
 faiss = pytest.importorskip("faiss")
 

@@ -9,7 +9,7 @@ import pytest
 
 from searchrl.bench.loadgen import check_response, request_bodies
 from searchrl.bench.service_load import Scenario, run_scenario
-from searchrl.retrieval.app import create_app
+from searchrl.retrieval.serving.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import TINY_CORPUS
 from tests.live import serve_in_thread

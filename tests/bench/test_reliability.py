@@ -42,8 +42,8 @@ def test_schema_fuzzing_finds_nothing_and_the_service_stays_healthy(
 ) -> None:
     """schemathesis, every check, positive and negative data, against the real app in uvicorn with the
     service's own protocol settings (header deadline, connection cap); with and without auth."""
-    from searchrl.retrieval.app import create_app
-    from searchrl.retrieval.server import make_config
+    from searchrl.retrieval.serving.app import create_app
+    from searchrl.retrieval.serving.server import make_config
     from tests.live import serve_in_thread
 
     settings = settings.model_copy(update={"api_key": SecretStr(token) if token else None})

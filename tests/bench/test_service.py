@@ -12,7 +12,7 @@ from searchrl.bench.service_load import QueryPool, Scenario, bench_queries, run_
 from searchrl.bench.service_report import format_report
 from searchrl.cli import main
 from searchrl.errors import SearchRLError
-from searchrl.retrieval.app import create_app
+from searchrl.retrieval.serving.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
 from tests.conftest import DEV_QA, TINY_CORPUS
 from tests.live import serve_in_thread

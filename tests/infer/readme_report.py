@@ -33,12 +33,12 @@ from fastapi.responses import JSONResponse
 from searchrl.cli import main
 from searchrl.devset import dev_qa_path
 from searchrl.infer.scripted import Turn, create_scripted_app
-from searchrl.retrieval.app import create_app
+from searchrl.retrieval.serving.app import create_app
 from searchrl.retrieval.settings import RetrievalSettings
+from tests.conftest import REPO
 from tests.infer.conftest import build_tokenizer
 from tests.live import healthy_app, serve_in_thread
 
-REPO = Path(__file__).resolve().parents[2]
 DEV = dev_qa_path()
 ROWS = [json.loads(line) for line in DEV.read_text().splitlines() if line.strip()]
 

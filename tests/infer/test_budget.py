@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import yaml
 
 from searchrl.cli import main
 from searchrl.infer.budget import plan_search_budget
-from tests.conftest import TINY_QA
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO, TINY_QA
 
 
 def test_worst_case_budget_and_cost() -> None:

@@ -42,7 +42,7 @@ def test_a_template_without_tools_is_refused_only_when_the_run_passes_tools(chat
 
 
 def test_the_repo_template_needs_chatml_tokens() -> None:
-    from searchrl.retrieval.encoder import bundled_minilm_path
+    from searchrl.retrieval.encoders.encoder import bundled_minilm_path
 
     bert = load_tokenizer(str(bundled_minilm_path()))  # WordPiece: <|im_start|> is several tokens
     with pytest.raises(ConfigError, match=r"splits <\|im_start\|> into \d+ tokens"):

@@ -372,7 +372,7 @@ def test_matrix_names_bare_backends_with_the_services_token(
     from searchrl.errors import RetrievalUnavailableError
     from searchrl.infer import runs
     from searchrl.infer.settings import InferSettings
-    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.serving.app import create_app
     from tests.live import serve_in_thread
 
     seen: list[str] = []

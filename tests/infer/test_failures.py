@@ -18,7 +18,7 @@ import pytest
 
 from searchrl.cli import main
 from searchrl.infer.runs import load_runs
-from searchrl.retrieval.app import create_app
+from searchrl.retrieval.serving.app import create_app
 from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import MODEL, TRAINED

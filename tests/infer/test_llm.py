@@ -13,7 +13,7 @@ import pytest
 from searchrl.cli import main
 from searchrl.errors import InferenceError
 from searchrl.infer.llm import ServerLLM
-from tests.live import free_port
+from tests.conftest import free_port
 
 
 def _llm(handler: object) -> ServerLLM:

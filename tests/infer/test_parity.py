@@ -31,11 +31,11 @@ from tests.trainer.conftest import (
     SEVENTH_SEAL_QUESTION,
     compose,
     offline_tokenizer,
-    qa_sample,
 )
-from tests.trainer.test_agent_loop import _dataset_row, _run_loop, _settings
+from tests.trainer.plugins.test_agent_loop import _dataset_row, _run_loop, _settings
 
-__all__ = ["compose", "offline_tokenizer", "qa_sample"]  # fixtures re-used from the trainer tests
+# fixtures re-used from the trainer tests (qa_sample is tests/conftest.py's, seen everywhere)
+__all__ = ["compose", "offline_tokenizer"]
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 

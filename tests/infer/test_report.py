@@ -63,7 +63,7 @@ class _SummaryTable(HTMLParser):
 
 @pytest.fixture(scope="module")
 def live_dense_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from searchrl.retrieval.app import create_app
+    from searchrl.retrieval.serving.app import create_app
     from searchrl.retrieval.settings import RetrievalSettings
     from tests.live import serve_in_thread
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from searchrl.retrieval.backends.base import Backend
-from searchrl.retrieval.batcher import Batcher
 from searchrl.retrieval.schemas import Document, ScoredDocument
+from searchrl.retrieval.serving.batcher import Batcher
 
 DIM = 256
 _WORD = re.compile(r"\w+")

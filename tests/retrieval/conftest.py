@@ -12,7 +12,7 @@ import pytest
 from tests.retrieval.fake_web import FakeSearchAPIs, serve_fake
 
 if TYPE_CHECKING:
-    from searchrl.retrieval.encoder import Encoder
+    from searchrl.retrieval.encoders.encoder import Encoder
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +32,7 @@ def fake(fake_server: FakeSearchAPIs) -> FakeSearchAPIs:
 @pytest.fixture(scope="session")
 def minilm() -> Encoder:
     """The bundled MiniLM on CPU at fp32 (max_length 256), loaded once for every test that encodes with it."""
-    from searchrl.retrieval.encoder import Encoder
+    from searchrl.retrieval.encoders.encoder import Encoder
 
     return Encoder.load("bundled-minilm", device="cpu", precision="fp32")
 
@@ -43,7 +43,7 @@ def write_tiny_bert(folder: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from searchrl.retrieval.encoder import bundled_minilm_path
+    from searchrl.retrieval.encoders.encoder import bundled_minilm_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(bundled_minilm_path()))
     torch.manual_seed(0)

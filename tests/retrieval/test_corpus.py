@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import CorpusError
-from searchrl.retrieval import bundled, corpus
+from searchrl.retrieval import corpus
 from searchrl.retrieval.corpus import (
     DocStore,
     Passage,
@@ -22,6 +22,7 @@ from searchrl.retrieval.corpus import (
     iter_passages,
     iter_rows_with_offsets,
 )
+from searchrl.retrieval.index import bundled
 from tests.conftest import TINY_CORPUS
 
 

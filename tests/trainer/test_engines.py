@@ -28,7 +28,9 @@ def test_every_reader_takes_its_list_from_the_table():
 def test_settings_accept_the_gpu_engines_and_refuse_the_cpu_one():
     # sglang with a model it reads back (its Qwen2 cannot: trainer/weight_sync/sglang_readback.py)
     for name in engines.GPU_ENGINES:
-        settings = TrainSettings(_env_file=None, rollout_name=name, model_name="meta-llama/Llama-3.2-1B-Instruct")
+        settings = TrainSettings(
+            _env_file=None, rollout_name=name, model_name="meta-llama/Llama-3.2-1B-Instruct"
+        )
         assert settings.rollout_name == name
     with pytest.raises(ValueError, match="rollout_name"):
         TrainSettings(_env_file=None, rollout_name="hf")

@@ -17,7 +17,7 @@ import pytest
 
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
-from tests.live import free_port
+from tests.conftest import free_port
 from tests.trainer.conftest import gather_ranks
 
 K = 4  # micro batches in the mini batch

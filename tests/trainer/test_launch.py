@@ -20,7 +20,7 @@ from searchrl.trainer.launch import (
 )
 from searchrl.trainer.overrides import main_ppo_command, render_overrides
 from searchrl.trainer.settings import TrainSettings
-from tests.live import free_port
+from tests.conftest import free_port
 from tests.trainer.conftest import fixture_settings, forget_flash_attn, write_flash_attn
 
 
@@ -221,7 +221,7 @@ def test_train_local_refuses_a_flat_wiki18_index_on_cpu(tmp_path, monkeypatch):
 
 
 def test_wiki18_and_other_data_pass_and_web_backends_do_not(caplog):
-    from searchrl.retrieval.corpus_check import check_training_corpus, corpus_identity
+    from searchrl.retrieval.client.corpus_check import check_training_corpus, corpus_identity
 
     wiki = {"backend": "dense", "corpus": "/data/wiki-18.jsonl", "corpus_size": 21_015_324}
     assert check_training_corpus(corpus_identity(wiki), search_r1_data=True, allow_small=False).is_wiki18

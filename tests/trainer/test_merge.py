@@ -19,7 +19,7 @@ from searchrl.trainer.merge import (
     run_verl_merger,
     verify_hf_model,
 )
-from tests.live import free_port
+from tests.conftest import free_port
 
 
 def _tiny_qwen2(seed: int):

@@ -19,8 +19,8 @@ import pytest
 
 from searchrl.trainer.overrides import VLLM_SYNC_KEY, render_overrides
 from searchrl.trainer.settings import TrainSettings
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 # import name prefix -> folder (pyproject.toml's package-dir)
 ROOTS = {
     "searchrl": REPO / "searchrl",

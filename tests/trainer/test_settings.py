@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from searchrl.config import load_settings
 from searchrl.errors import ConfigError
 from searchrl.trainer.settings import TrainSettings
 from searchrl.urls import redact_url
+from tests.conftest import REPO
 
 
 def test_defaults_are_the_search_r1_recipe():
@@ -424,11 +423,10 @@ def test_presets_built_on_other_settings_validate_their_changes():
     # every copy goes through it (searchrl/config.py StrictSettings.with_changes, every settings model's): no product
     # module copies anything with model_copy (the learn and real-learn presets did, and 15 retrieval, bench and infer
     # copies did, issue 54 item 5) but the web backend's passage documents, which are no settings
-    repo = Path(__file__).resolve().parents[2]
     copies = [
-        p.relative_to(repo).as_posix()
+        p.relative_to(REPO).as_posix()
         for area in ("searchrl", "retrieval", "trainer", "infer")
-        for p in (repo / area).rglob("*.py")
+        for p in (REPO / area).rglob("*.py")
         if ".model_copy(" in p.read_text()
     ]
     assert copies == ["retrieval/backends/web/backend.py"], copies

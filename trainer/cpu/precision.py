@@ -3,7 +3,7 @@
 On a CPU with AVX-512 BF16 (Zen 4/5) or AMX (Sapphire Rapids and later) bf16 matmuls run at about twice fp32
 (issue 32 measured a SmolLM2 training step at 27 s in bf16 against 56 s in fp32 on a Zen 5); without them torch
 emulates bf16 and runs several times slower than fp32. The rule is the retrieval encoder's (retrieval/
-encoder_tuning.py): bf16 is never tried without the CPU flag, and with it a short timed forward and backward in
+encoders/tuning.py): bf16 is never tried without the CPU flag, and with it a short timed forward and backward in
 each precision decides. `choose_cpu_dtype` returns the torch dtype name and the reason, which the run prints.
 
 A bf16 run computes the actor, the reference and the rollout in bf16 (fp32 master weights and reductions), so
@@ -48,7 +48,7 @@ def choose_cpu_dtype(
     timer: Callable[[Path, str], float] = time_train_step,
 ) -> tuple[str, str]:
     """(torch dtype name, why) for `requested` in PRECISIONS on this CPU."""
-    from searchrl.retrieval.encoder_tuning import cpu_info, has_fast_bf16
+    from searchrl.retrieval.encoders.tuning import cpu_info, has_fast_bf16
 
     if requested not in PRECISIONS:
         raise ConfigError(f"--precision {requested!r}: use one of {', '.join(PRECISIONS)}")

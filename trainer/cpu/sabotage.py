@@ -79,7 +79,7 @@ def name_in(exc: BaseException, name: str) -> None:
 
 # Both advantage sabotages wrap the function verl's GRPO path looks up on `core_algos` at each call
 # (verl/trainer/ppo/ray_trainer.py `compute_advantage`, reached from the v1 trainer's `_compute_advantage` through
-# v1/utils.py `compute_advantage_for_multi_trajectories`); tests/trainer/test_learning_checks.py drives that path
+# v1/utils.py `compute_advantage_for_multi_trajectories`); tests/trainer/proofs/test_learning_checks.py drives that path
 # with verl's own code, so a verl that routes GRPO elsewhere fails a test instead of making these silent no-ops.
 _WRAPPED = "_searchrl_sabotage"
 

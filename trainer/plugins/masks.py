@@ -34,7 +34,7 @@ starts at a `<` and spans at most 16 characters, so at most 16 tokens; a role af
 whitespace and letters, and a trajectory whose role might run past a dropped token is read whole), and searches
 what is left of the step's text at once. That text differs from the joined strings only where no match can be,
 so it holds the same blocks and the same roles, and the four numbers are the same on every trajectory
-(tests/trainer/test_mask_ids.py compares them with `mask_step_metrics` on varied inputs; `make bench-step-checks`
+(tests/trainer/plugins/test_mask_ids.py compares them with `mask_step_metrics` on varied inputs; `make bench-step-checks`
 on a whole step, with the time). Tokens whose ids the table lacks, or a vocabulary with an empty token string,
 take the string path, as before.
 """

@@ -358,15 +358,45 @@ def run_real_learn(
 ) -> RealLearnRun:
     """The whole run (module docstring). Raises ConfigError at the gate; returns the run for its checks."""
     from searchrl.retrieval.process import served
-    from searchrl.trainer.cpu.precision import choose_cpu_dtype
     from searchrl.trainer.data import prepare_data
     from searchrl.trainer.launch import check_retrieval
     from searchrl.trainer.proofs.real import require_inputs
-    from searchrl.trainer.proofs.real_gate import STAGES, check_gate, gate, null_rise
-    from searchrl.trainer.proofs.train_cpu import run_checks_line, write_qa
+    from searchrl.trainer.proofs.train_cpu import write_qa
     from searchrl.trainer.toolconfig import write_tool_config
 
     require_inputs(model_dir, qa_source)
+    _check_learn_args(stage, random_reward, turn_tokens, pilot_steps, lrs)
+    run = _start_run(out_dir, model_dir, precision, stage)
+    out_dir = run.out_dir
+    write_qa(out_dir, qa_source, questions)
+    with served(["--backend", "bm25"], out_dir / "serve.log") as url:
+        base = learn_settings(
+            out_dir, run.model_dir, url, experiment=EXPERIMENT, steps=2, lr=lrs[0], seed=seed
+        )
+        check_retrieval(base)
+        data = prepare_data(base)
+        write_tool_config(base)
+        run.epoch_steps = data.train_rows
+        _run_gate(run, base, turn_tokens, seed, stage)
+        if gate_only:
+            return run
+        prompt_len, response_len = sequence_lengths(base, run.model_dir, turn_tokens, stage)
+        extra = learn_overrides(run.dtype, seed, turn_tokens, random_reward, stage=stage, retrieval_url=url)
+        trainer = _Trainer(run, url, seed, stage, timeout_s, prompt_len, response_len, extra)
+        _pilot_and_train(run, trainer, lrs, pilot_steps)
+        started = time.monotonic()
+        probe(run, qa_source, questions, turn_tokens, url, prompt_len, response_len)
+        run.phases["merge and probe"] = time.monotonic() - started
+    (out_dir / "steps.md").write_text(run.report() + "\n", encoding="utf-8")
+    return run
+
+
+def _check_learn_args(
+    stage: str, random_reward: float | None, turn_tokens: int, pilot_steps: int, lrs: Sequence[float]
+) -> None:
+    """Refuse a combination of flags the run cannot honour, before it deletes or loads anything."""
+    from searchrl.trainer.proofs.real_gate import STAGES
+
     if stage not in STAGES:
         raise ConfigError(f"--stage {stage!r}: one of {', '.join(STAGES)}")
     if random_reward is not None and stage == "query":
@@ -378,6 +408,12 @@ def run_real_learn(
         )
     if random_reward is not None and not 0 <= random_reward <= 1:
         raise ConfigError(f"--random-reward {random_reward}: a rate between 0 and 1 (e.g. the gate's mean)")
+
+
+def _start_run(out_dir: Path, model_dir: Path, precision: str, stage: str) -> RealLearnRun:
+    """A fresh, empty `out_dir` (a rerun never mixes with an old one's files) and the run's precision."""
+    from searchrl.trainer.cpu.precision import choose_cpu_dtype
+
     out_dir = out_dir.expanduser().resolve()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
@@ -386,79 +422,91 @@ def run_real_learn(
     run.dtype, run.dtype_reason = choose_cpu_dtype(model_dir, precision)
     log.info("precision %s", run.dtype_reason)
     run.phases["precision"] = time.monotonic() - started
-    write_qa(out_dir, qa_source, questions)
-    with served(["--backend", "bm25"], out_dir / "serve.log") as url:
-        base = learn_settings(
-            out_dir, run.model_dir, url, experiment=EXPERIMENT, steps=2, lr=lrs[0], seed=seed
-        )
-        check_retrieval(base)
-        data = prepare_data(base)
-        write_tool_config(base)
-        run.epoch_steps = data.train_rows
-        started = time.monotonic()
-        run.gate = gate(
-            base, run.model_dir, n=SAMPLES, max_tokens=turn_tokens, dtype=run.dtype, seed=seed, stage=stage
-        )
-        run.phases["gate"] = time.monotonic() - started
-        run.null = null_rise(run.gate.scores)
-        log.info("%s", run.gate.line())
-        (out_dir / "gate.json").write_text(run.gate.to_json() + "\n", encoding="utf-8")
-        check_gate(run.gate)
-        if gate_only:
-            return run
-        prompt_len, response_len = sequence_lengths(base, run.model_dir, turn_tokens, stage)
-        extra = learn_overrides(run.dtype, seed, turn_tokens, random_reward, stage=stage, retrieval_url=url)
-        texts: list[str] = []  # every invocation's log, for the checks line
-
-        def train(experiment: str, steps: int, lr: float) -> list[StepRow]:
-            from searchrl.trainer.proofs.real import check_real_steps
-            from searchrl.trainer.proofs.train_cpu import run_training
-
-            settings = learn_settings(
-                out_dir,
-                run.model_dir,
-                url,
-                experiment=experiment,
-                steps=steps,
-                lr=lr,
-                seed=seed,
-                max_prompt_length=prompt_len,
-                max_response_length=response_len,
-            )
-            began = time.monotonic()
-            rows, text = run_training(
-                settings,
-                extra,
-                out_dir / f"{experiment}.log",
-                experiment,
-                timeout_s,
-                lambda row: check_real_steps([row], run.dtype, per_step=True),
-            )
-            texts.append(text)
-            # the query stage's searches run in its reward, not in verl's tool
-            problems = check_real_steps(rows, run.dtype, steps=steps, searching=stage != "query")
-            if problems:
-                raise SmokeCheckError(f"{experiment} missed what training must show: " + "; ".join(problems))
-            run.phases[experiment] = time.monotonic() - began
-            return rows
-
-        if len(lrs) > 1:
-            for lr in lrs:
-                run.pilots[lr] = train(f"pilot-lr{lr:g}", pilot_steps, lr)
-                plot_curve(run, out_dir / "reward_curve.png")
-            run.lr = pick_lr(run.pilots)
-            log.info("lr pilot picked %g", run.lr)
-        else:
-            run.lr = lrs[0]
-        run.rows = train(EXPERIMENT, 2 * run.epoch_steps, run.lr)
-        plot_curve(run, out_dir / "reward_curve.png")
-        trained = [row for rows in run.pilots.values() for row in rows] + run.rows
-        run.checks = run_checks_line(trained, texts, mean_bound=run.dtype != "float32")
-        started = time.monotonic()
-        probe(run, qa_source, questions, turn_tokens, url, prompt_len, response_len)
-        run.phases["merge and probe"] = time.monotonic() - started
-    (out_dir / "steps.md").write_text(run.report() + "\n", encoding="utf-8")
     return run
+
+
+def _run_gate(run: RealLearnRun, base: TrainSettings, turn_tokens: int, seed: int, stage: str) -> None:
+    """Step 1 (module docstring): sample the initial policy, write gate.json, and stop the run (ConfigError)
+    when no group varies, as GRPO would then have nothing to learn from."""
+    from searchrl.trainer.proofs.real_gate import check_gate, gate, null_rise
+
+    started = time.monotonic()
+    run.gate = gate(
+        base, run.model_dir, n=SAMPLES, max_tokens=turn_tokens, dtype=run.dtype, seed=seed, stage=stage
+    )
+    run.phases["gate"] = time.monotonic() - started
+    run.null = null_rise(run.gate.scores)
+    log.info("%s", run.gate.line())
+    (run.out_dir / "gate.json").write_text(run.gate.to_json() + "\n", encoding="utf-8")
+    check_gate(run.gate)
+
+
+@dataclass
+class _Trainer:
+    """Runs one verl invocation of the run (a pilot or the run itself) with the run's fixed settings, and checks
+    every step as it arrives and all of them at the end."""
+
+    run: RealLearnRun
+    url: str  # the run's BM25 service
+    seed: int
+    stage: str
+    timeout_s: float
+    prompt_len: int
+    response_len: int
+    extra: list[str]  # learn_overrides
+    texts: list[str] = field(default_factory=list)  # every invocation's log, for the checks line
+
+    def train(self, experiment: str, steps: int, lr: float) -> list[StepRow]:
+        from searchrl.trainer.proofs.real import check_real_steps
+        from searchrl.trainer.proofs.train_cpu import run_training
+
+        run = self.run
+        settings = learn_settings(
+            run.out_dir,
+            run.model_dir,
+            self.url,
+            experiment=experiment,
+            steps=steps,
+            lr=lr,
+            seed=self.seed,
+            max_prompt_length=self.prompt_len,
+            max_response_length=self.response_len,
+        )
+        began = time.monotonic()
+        rows, text = run_training(
+            settings,
+            self.extra,
+            run.out_dir / f"{experiment}.log",
+            experiment,
+            self.timeout_s,
+            lambda row: check_real_steps([row], run.dtype, per_step=True),
+        )
+        self.texts.append(text)
+        # the query stage's searches run in its reward, not in verl's tool
+        problems = check_real_steps(rows, run.dtype, steps=steps, searching=self.stage != "query")
+        if problems:
+            raise SmokeCheckError(f"{experiment} missed what training must show: " + "; ".join(problems))
+        run.phases[experiment] = time.monotonic() - began
+        return rows
+
+
+def _pilot_and_train(run: RealLearnRun, trainer: _Trainer, lrs: Sequence[float], pilot_steps: int) -> None:
+    """Steps 2 and 3 (module docstring): the lr pilots when there is a choice, the two-epoch run at the lr kept,
+    the curve redrawn after each, then the step checks' line over everything trained."""
+    from searchrl.trainer.proofs.train_cpu import run_checks_line
+
+    if len(lrs) > 1:
+        for lr in lrs:
+            run.pilots[lr] = trainer.train(f"pilot-lr{lr:g}", pilot_steps, lr)
+            plot_curve(run, run.out_dir / "reward_curve.png")
+        run.lr = pick_lr(run.pilots)
+        log.info("lr pilot picked %g", run.lr)
+    else:
+        run.lr = lrs[0]
+    run.rows = trainer.train(EXPERIMENT, 2 * run.epoch_steps, run.lr)
+    plot_curve(run, run.out_dir / "reward_curve.png")
+    trained = [row for rows in run.pilots.values() for row in rows] + run.rows
+    run.checks = run_checks_line(trained, trainer.texts, mean_bound=run.dtype != "float32")
 
 
 def probe(

@@ -72,7 +72,7 @@ def search(url: str, query: str, topk: int = TOPK) -> list[str]:
     worker threads and event loops alike)."""
     import requests
 
-    from searchrl.retrieval.hits import parse_result
+    from searchrl.retrieval.client.hits import parse_result
 
     response = requests.post(
         f"{url.rstrip('/')}/retrieve",

@@ -170,7 +170,7 @@ FULL_SETTINGS = (
 
 def turn_prompts(tokenizer: object, qa_path: Path, n: int) -> list[list[int]]:
     """`n` model-turn prompts: question, scripted search call, two bundled passages as the tool response."""
-    from searchrl.retrieval.bundled import iter_bundled
+    from searchrl.retrieval.index.bundled import iter_bundled
 
     questions = [json.loads(line)["question"] for line in qa_path.read_text(encoding="utf-8").splitlines()]
     passages = [p.contents for p in itertools.islice(iter_bundled(), 2 * n)]

@@ -10,7 +10,7 @@ at its first sync, after the lock install, data prep and model load on every nod
 pair of attempts, issue 46).
 
 READBACK_ARCHITECTURES is derived from the sglang 0.5.12 wheel itself, not written by hand:
-tests/trainer/test_sglang_readback.py downloads the wheel from PyPI and walks the classes of
+tests/trainer/weight_sync/test_sglang_readback.py downloads the wheel from PyPI and walks the classes of
 `sglang/srt/models/*.py` (each `EntryClass`, with its bases) and fails when this set differs.
 
 Standard library only: the plan runs in the SkyPilot venv, which has no torch or sglang.

@@ -11,7 +11,7 @@ Every provider is asked with the same pinned country and language (`gl`, `hl`), 
 the benchmarks' Q/A pairs are dropped (`web_blocklist`), and in page mode (`web_page_mode`) the result pages are
 fetched, cleaned and cut into ~100-word passages, so a web run reads passages of the size Wikipedia runs read
 instead of two-line snippets. Page fetching and its guard (public addresses only, a byte cap, a time budget per
-page within the request's deadline) live in retrieval/web_pages.py, HTML to passage in retrieval/page_text.py.
+page within the request's deadline) live in pages.py, HTML to passage in page_text.py.
 
 The trainer and the agent only speak /retrieve, so swapping Wikipedia for the web is a service setting. What
 public web wrappers lack, and these add: a timeout per request, retries with jittered exponential back-off on
@@ -27,7 +27,8 @@ Each result becomes a Search-R1 document: `id` = the URL, `contents` = '"Title"\
 Scores are rank-based (1/rank): web APIs return an order, not a score.
 
 One module per job: throttle.py (rate limit, daily budget), transport.py (secrets below the client, upstream
-error text), backend.py (`WebBackend`: lifecycle, retries, blocklist, page mode), then one provider per file:
+error text), backend.py (`WebBackend`: lifecycle, retries, blocklist, page mode), pages.py and page_text.py (page
+mode's fetch and HTML to passage), then one provider per file:
 cse.py, serper.py, serpapi.py, searxng.py, and google.py (`google`: Serper or SerpAPI).
 """
 
@@ -36,11 +37,11 @@ from __future__ import annotations
 from searchrl.retrieval.backends.web.backend import WebBackend, make_document
 from searchrl.retrieval.backends.web.cse import CSE_SUNSET, GoogleCSEBackend
 from searchrl.retrieval.backends.web.google import GoogleBackend
+from searchrl.retrieval.backends.web.page_text import best_passage, page_text
 from searchrl.retrieval.backends.web.searxng import SearxngBackend
 from searchrl.retrieval.backends.web.serpapi import SerpApiBackend
 from searchrl.retrieval.backends.web.serper import SerperBackend
 from searchrl.retrieval.backends.web.throttle import DailyBudget, RateLimiter
-from searchrl.retrieval.page_text import best_passage, page_text
 
 __all__ = [
     "CSE_SUNSET",

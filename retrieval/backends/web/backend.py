@@ -23,12 +23,12 @@ from tenacity import RetryCallState
 from searchrl.errors import BackendError, ConfigError, QuotaExceededError, RetryableError
 from searchrl.http import retry_after_s, retrying
 from searchrl.retrieval.backends.base import Backend
+from searchrl.retrieval.backends.web.page_text import page_passage
+from searchrl.retrieval.backends.web.pages import PageFetcher, PageFetchError, loggable
 from searchrl.retrieval.backends.web.throttle import DailyBudget, RateLimiter
 from searchrl.retrieval.backends.web.transport import SecretTransport, upstream_message
-from searchrl.retrieval.page_text import page_passage
 from searchrl.retrieval.schemas import Document, ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
-from searchrl.retrieval.web_pages import PageFetcher, PageFetchError, loggable
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class WebBackend(Backend):
     async def page_passage(self, doc: Document, query: str, deadline: float) -> Document:
         """The result page's ~`page_words`-word passage that best matches the query; the snippet on failure.
 
-        Fetching is guarded by `web_pages.PageFetcher` (public addresses only, byte cap, one time budget that
+        Fetching is guarded by `pages.PageFetcher` (public addresses only, byte cap, one time budget that
         ends by the request's deadline); parsing runs in a worker thread so the event loop keeps answering.
         """
         title = doc.contents.split("\n", 1)[0]

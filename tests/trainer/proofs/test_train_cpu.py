@@ -1,0 +1,254 @@
+"""verl's real training loop on CPU (`make train-cpu`): steps that search, a resume, a merge, an eval; and a
+reward that raises stops the run. These run verl's own entry point with Ray, TransferQueue, the agent loop,
+FSDP2 on gloo and the `hf` rollout engine (docs/cpu-proofs.md, "First run on CPU"): minutes, not seconds."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+
+from searchrl.errors import RolloutFailedError
+from searchrl.trainer.cpu.scripted_agent_loop import question_of, scripted_tool_call
+from searchrl.trainer.overrides import merge_overrides
+from searchrl.trainer.proofs.train_cpu import first_error
+from searchrl.trainer.step_checks import StepRow, check_steps, parse_steps, step_table
+from tests.trainer.conftest import TRAIN_CPU_TIMEOUT_S
+
+# One step line as verl's console logger prints it inside the TaskRunner actor (trimmed).
+STEP_LINE = (
+    "\x1b[36m(TaskRunnerV1 pid=6421)\x1b[0m step:2 - search/trajectories:4.0 - search/calls:4.0 - "
+    "search/model_calls:0.0 - search/scripted_calls:4.0 - "
+    "search/failures:0.0 - actor/pg_loss:0.0 - actor/grad_norm:1.5e-05 - critic/score/mean:0.0 - "
+    "critic/advantages/max:0.0 - training/rollout_probs_diff_max:1.2e-09 - loss/observation_tokens:300.0 - "
+    "loss/observation_tokens_in_loss:0.0 - loss/mask_outside_generated:0.0 - loss/mask_missing_in_generated:0.0 - "
+    "loss/unrecorded_trajectories:0.0 - response_length/mean:375.0 - timing_s/step:7.0 - num_turns/mean:np.float64(4.0)"
+)
+
+
+def test_step_lines_become_rows_and_a_table():
+    (row,) = parse_steps("noise\n" + STEP_LINE + "\nmore noise", "1")
+    assert row.step == 2 and row.run == "1"
+    assert row.get("scripted_calls") == 4 and row.get("grad_norm") == pytest.approx(1.5e-5)
+    assert row.get("search_calls") == 0  # the table's search column counts only calls the model wrote
+    assert row.metrics["num_turns/mean"] == 4.0
+    assert "| 2 | 1 | 4 | 0 | 4 | 0 |" in step_table([row])
+
+
+def test_check_steps_names_every_miss():
+    good = parse_steps(STEP_LINE.replace("step:2", "step:1"), "1")[0]
+    assert check_steps([good], 1) == []
+    no_search = StepRow(1, "1", {**good.metrics, "search/calls": 0.0})
+    failed = StepRow(2, "1", {**good.metrics, "search/failures": 2.0, "actor/grad_norm": math.nan})
+    problems = "; ".join(check_steps([no_search, failed], 3))
+    assert "expected 1..3" in problems and "step 1: no search call" in problems
+    assert "step 2: 2 failed searches" in problems and "grad norm is nan" in problems
+    missing = StepRow(1, "1", {"search/calls": 1.0})
+    assert "verl logged no" in check_steps([missing], 1)[0]
+
+
+def _printing(*lines: str, then_sleep_s: float = 600) -> list[str]:
+    """A stand-in for verl's entry point: prints these console lines, then trains on (sleeps)."""
+    script = "import time\n" + "".join(f"print({line!r}, flush=True)\n" for line in lines)
+    return [sys.executable, "-c", script + f"time.sleep({then_sleep_s})"]
+
+
+def test_a_cpu_run_stops_at_the_first_step_that_fails_its_check(tmp_path, caplog):
+    """Each step line is shown as it arrives and checked: a stale sync at step 2 stops verl there (one line naming
+    the step), instead of the whole run going on first; a run past its time limit ends 124."""
+    import time
+
+    from searchrl.errors import SmokeCheckError
+    from searchrl.trainer.proofs.train_cpu import run_main_ppo
+    from searchrl.trainer.step_checks import sync_and_mask_problems
+
+    caplog.set_level("INFO", logger="searchrl.trainer.proofs.train_cpu")
+    ok, stale = STEP_LINE.replace("step:2", "step:1"), STEP_LINE.replace("1.2e-09", "0.0028")
+    started = time.monotonic()
+    with pytest.raises(SmokeCheckError) as info:
+        run_main_ppo(_printing(ok, stale), tmp_path / "train.log", 120, sync_and_mask_problems, "1")
+    assert time.monotonic() - started < 60
+    assert str(info.value).startswith(
+        "step 2: sync max prob diff 0.0028 above 1e-04 (the rollout did not sample from the weights the "
+        "trainer holds); verl stopped at step 2 (invocation 1, log: "
+    )
+    assert "step 1 (1): mean reward 0.000, response length 375.0" in caplog.text
+    assert (tmp_path / "train.log").read_text().count(" step:") == 2
+    code, text = run_main_ppo(_printing(ok, then_sleep_s=60), tmp_path / "slow.log", 2, None, "1")
+    assert code == 124 and "step:1" in text
+
+
+# verl 0.9.1's start-up lines as the tiny learning run logged them (Ray's colour codes included), then our hf
+# rollout's: a fast batch (the tiny model) and a slow one (real weights on 2 cores)
+STARTUP_LINES = [
+    "2026-11-27 10:04:35,678\tINFO worker.py:2029 -- Started a local Ray instance. View the dashboard at "
+    "\x1b[1m\x1b[32mhttp://127.0.0.1:8265 \x1b[39m\x1b[22m",
+    "\x1b[36m(TaskRunnerV1 pid=9399)\x1b[0m INFO:2026-11-27 10:04:49,379:train and validate dataloader initialized, "
+    "train dataset size: 10, val dataset size: 2",
+    "\x1b[36m(WorkerDict pid=9599)\x1b[0m Qwen2ForCausalLM contains 148.93K parameters",
+    "\x1b[36m(WorkerDict pid=9599)\x1b[0m Qwen2ForCausalLM contains 148.93K parameters",
+    "\x1b[36m(TaskRunnerV1 pid=9399)\x1b[0m INFO:2026-11-27 10:04:57,993:actor and ref model engine initialized",
+    "\x1b[36m(TaskRunnerV1 pid=9399)\x1b[0m INFO:2026-11-27 10:05:04,595:all initialize finished, ready to fit",
+    "\x1b[36m(HFGenerateServer pid=9650)\x1b[0m searchrl-hf-rollout: weight update 1 for step 0: 27 tensors, "
+    "fingerprint a9a0ffb49ae5",
+    "\x1b[36m(HFGenerateServer pid=9650)\x1b[0m searchrl-hf-rollout: batch of 16 sequences, 2798 new tokens in 1.11 s",
+    "\x1b[36m(HFGenerateServer pid=9650)\x1b[0m searchrl-hf-rollout: batch of 8 sequences, 1536 new tokens in 42.50 s",
+]
+
+
+def test_a_cpu_run_shows_a_line_per_phase_of_verls_start_up_before_its_first_step(tmp_path, caplog):
+    """`make train-cpu-real` printed nothing for 6 minutes before its first step (issue 39): each start-up phase
+    verl logs gets one line as it arrives, once, and a rollout batch only when it is slow."""
+    from searchrl.trainer.proofs.train_cpu import run_main_ppo
+
+    caplog.set_level("INFO", logger="searchrl.trainer.proofs.train_cpu")
+    ok = STEP_LINE.replace("step:2", "step:1")
+    code, _ = run_main_ppo(
+        _printing(*STARTUP_LINES, ok, then_sleep_s=0), tmp_path / "train.log", 60, None, "1"
+    )
+    assert code == 0
+    shown = [r.getMessage() for r in caplog.records]
+    phases = [m.split(": ", 1)[1].split(" s: ", 1)[1] for m in shown if m.startswith("1: verl +")]
+    assert phases == [
+        "Ray started",
+        "data read: 10 training rows, 2 validation rows",
+        "model built: Qwen2ForCausalLM, 148.93K parameters",
+        "actor and reference model loaded",
+        "workers ready, first rollout starting",
+        "rollout server holds the weights (update 1)",
+        "rollout batch: 8 sequences, 1536 new tokens in 42 s (36.1 tokens/s)",
+    ]
+    assert shown.index(next(m for m in shown if m.startswith("step 1 (1)"))) == len(shown) - 1
+
+
+def test_merge_overrides_replaces_keys_hydra_would_refuse_twice():
+    base = ["a.b=1", "+c.d=2", "e=3"]
+    assert merge_overrides(base, ["a.b=9", "c.d=8"]) == ["e=3", "a.b=9", "c.d=8"]
+
+
+def test_first_error_is_the_cause_not_rays_wrapper():
+    log = (
+        "(WorkerDict) UserWarning: torchtitan engine is not available\n"
+        "ray.exceptions.RayTaskError(RuntimeError): ray::TaskRunnerV1.run()\n"
+        "searchrl.errors.SearchFailureRateError: 100.0% of the last 10 searches failed (connect x10)\n"
+    )
+    assert first_error(log).startswith("SearchFailureRateError: 100.0% of the last 10")
+    assert first_error("just a line\n") == "just a line"
+
+
+def test_the_scripted_first_turn_is_a_call_verls_hermes_parser_reads(offline_tokenizer):
+    """The CPU engine's first turn must parse as verl parses a model's turn, or no search would ever run."""
+    import asyncio
+
+    from verl.experimental.agent_loop.tool_parser import HermesToolParser
+
+    prompt = offline_tokenizer.apply_chat_template(
+        [
+            {
+                "role": "user",
+                "content": "Answer the given question. Question: Who directed The Seventh Seal?\n",
+            }
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    question = question_of(prompt)
+    assert question == "Who directed The Seventh Seal?"
+    ids = offline_tokenizer.encode(scripted_tool_call(question), add_special_tokens=False)
+    _, calls = asyncio.run(HermesToolParser(offline_tokenizer).extract_tool_calls(ids, None))
+    assert [c.name for c in calls] == ["search"]
+    assert '"query_list": ["Who directed The Seventh Seal?"]' in calls[0].arguments
+
+
+def test_the_sampler_stops_at_the_first_failed_group(monkeypatch):
+    """verl's agent-loop worker turns a raising reward into a "failure" group status; ours raises on it."""
+    import transfer_queue
+
+    from searchrl.trainer.plugins.sampler import SearchReplayBuffer
+
+    buffer = SearchReplayBuffer(
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={},
+    )
+    tags = {"u1": {"is_prompt": True, "status": "finished", "global_steps": 1}}
+    monkeypatch.setattr(transfer_queue, "kv_list", lambda: {"train": tags})
+    buffer._sync_metadata_from_transfer_queue()  # all finished: nothing to say
+    tags["u2"] = {"is_prompt": True, "status": "failure", "global_steps": 1}
+    with pytest.raises(RolloutFailedError, match=r"rollout groups failed \(1 in train\)"):
+        buffer._sync_metadata_from_transfer_queue()
+
+
+@pytest.mark.slow
+@pytest.mark.live
+@pytest.mark.cli_run("train-cpu sync")
+def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(train_cpu_runs):
+    """What `make train-cpu` runs, as a user runs it: the CLI, its exit code and its printed table (the run goes
+    on beside the colocate_async one, tests/trainer/conftest.py's train_cpu_runs)."""
+    from tests.trainer.test_checks_line import checks_figures  # it reads this module's STEP_LINE
+
+    out = train_cpu_runs.out("sync")
+    proc = train_cpu_runs.result("sync", TRAIN_CPU_TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3"]
+    assert [r.split(" | ")[1] for r in rows] == ["1", "1", "2 (resumed)"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("| ").split(" | ")]
+        trajectories, scripted, failures = float(cells[2]), float(cells[4]), float(cells[5])
+        assert trajectories == 4 and scripted == 4 and failures == 0, row
+        assert all(math.isfinite(float(c)) for c in cells[6:]), row
+        sync, in_loss = float(cells[-3]), float(cells[-2])
+        assert sync < 1e-4 and in_loss == 0, row  # fp32 everywhere: the rollout ran the trained weights
+    assert "merged step 3:" in proc.stdout
+    assert "search failures 0, LLM errors 0" in proc.stdout
+    # the run ends with what its checks read: a sync when each invocation starts and after each step (3 + 2), the
+    # fp32 bound over every step, tool responses seen and none trained on, the mask invariant
+    assert proc.stdout.strip().splitlines()[-1].startswith("checks: ")
+    checks = checks_figures(proc.stdout)
+    assert checks["syncs"] == 5 and checks["diff"] < 1e-4 and checks["covered"] == 3, checks
+    assert checks["in_loss"] == 0 and checks["seen"] > 0, checks
+    assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
+    # the resumed invocation loaded step 2's checkpoint, and search metrics are in verl's console log
+    second = (out / "train-2.log").read_text(errors="replace")
+    assert "global_step_2" in second and "search/calls:" in second
+    assert (out / "checkpoints" / "cpu-smoke" / "merged" / "global_step_3" / "config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.live
+def test_a_reward_that_raises_stops_the_run(tmp_path):
+    """The bug this replaced: verl 0.9.1 catches the reward's SearchFailureRateError in the agent-loop worker
+    and, without our sampler, keeps asking for prompts forever. Against a dead service, the run must end with
+    the reward's own message, well before its last step."""
+    from searchrl.trainer.cpu.tiny_model import write_tiny_model
+    from searchrl.trainer.data import prepare_data
+    from searchrl.trainer.overrides import render_overrides, verl_command
+    from searchrl.trainer.proofs.train_cpu import (
+        DEV_QA,
+        cpu_overrides,
+        cpu_settings,
+        run_main_ppo,
+        tokenizer_texts,
+        write_qa,
+    )
+    from searchrl.trainer.toolconfig import write_tool_config
+    from tests.conftest import free_port
+
+    qa = write_qa(tmp_path, DEV_QA, 12)
+    model = write_tiny_model(tmp_path / "model", tokenizer_texts(qa))
+    dead = f"http://127.0.0.1:{free_port()}"  # nobody listens: every search fails with "connect"
+    settings = cpu_settings(tmp_path, model, dead, steps=5).model_copy(
+        update={"search_failure_window": 10, "retrieval_max_retries": 0}
+    )
+    data = prepare_data(settings)
+    write_tool_config(settings)
+    overrides = merge_overrides(render_overrides(settings, data.train_rows), cpu_overrides())
+    code, text = run_main_ppo(verl_command(overrides, sys.executable), tmp_path / "train.log", timeout_s=900)
+    assert code != 0
+    assert first_error(text).startswith("SearchFailureRateError: 100.0% of the last 10 searches failed")
+    assert "RolloutFailedError: rollout groups failed" in text
+    assert len(parse_steps(text, "1")) < 5
