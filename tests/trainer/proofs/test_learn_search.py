@@ -1,0 +1,323 @@
+"""`make learn-search` in seconds (issue 52 item 3): the question builder, the environment's openings, the verdict on
+synthetic numbers (cases that must fail among them), and the CLI's bad-input errors.
+
+The run itself (SmolLM2-135M through verl's loop on verl's vLLM server, then `searchrl eval`/`compare`; ~20+ minutes
+on 2 cores) is opt-in: `SEARCHRL_LEARN_SEARCH=1 pytest -m slow tests/trainer/proofs/test_learn_search.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from searchrl.cli import main
+from searchrl.errors import ConfigError
+from searchrl.trainer.proofs.search_env import ANSWER_OPENING, SEARCH_OPENING, closed_answer, opening_for
+from searchrl.trainer.proofs.search_questions import (
+    MASK,
+    Question,
+    candidates,
+    first_sentence,
+    make_question,
+    mask_title,
+    write_qa,
+)
+from searchrl.trainer.proofs.search_verdict import VERDICT_OK, Arm, judge, paired, table
+from tests.conftest import REPO
+
+CORPUS = REPO / "data" / "corpora" / "wiki-bundled-en.jsonl"
+LION = '"Lion"\nThe lion is a large cat of the genus Panthera native to Africa and India. It has a muscular body.'
+
+
+# --- the question builder -----------------------------------------------------------------------------------------
+
+
+def test_a_question_masks_every_title_word_and_answers_with_the_title():
+    q = make_question("7", LION)
+    assert q == Question(
+        "Which subject is described as: 'The ___ is a large cat of the genus Panthera native to Africa and India.'?",
+        "Lion",
+        "7",
+    )
+    assert q.qa_row() == {
+        "question": q.question,
+        "golden_answers": ["Lion"],
+        "data_source": "reverse_lookup",
+        "passage_id": "7",
+    }
+    masked = mask_title("Theodor Mommsen was a German classical scholar and historian.", "Theodor Mommsen")
+    assert masked == f"{MASK} {MASK} was a German classical scholar and historian."
+
+
+def test_passages_that_cannot_make_a_fair_question_are_left_out():
+    # the title is not in the first sentence, so nothing can be masked
+    assert (
+        make_question("1", '"Lion"\nA large cat of the genus Panthera lives in Africa and India today.')
+        is None
+    )
+    # disambiguated titles and titles of more than four words
+    assert (
+        make_question(
+            "2", '"Mercury (planet)"\nMercury (planet) is the first planet from the Sun in our system.'
+        )
+        is None
+    )
+    assert (
+        make_question("3", '"A B C D E"\nA B C D E is a long title of a thing that is also a test here.')
+        is None
+    )
+    # too short a sentence
+    assert make_question("4", '"Lion"\nThe lion is a cat.') is None
+    # a title word surviving normalisation (a possessive) drops the question rather than leak the answer
+    assert mask_title("Paris's museums and Paris are famous across the world today.", "Paris") is not None
+    assert (
+        first_sentence("The lion is a large cat of Africa. It roars. Many do.")
+        == "The lion is a large cat of Africa."
+    )
+
+
+def test_candidates_are_deterministic_and_never_leak_their_answer():
+    if not CORPUS.is_file():
+        pytest.skip("the bundled corpus is made by `make serve-retrieval` (searchrl.retrieval bundled)")
+    first, second = candidates(CORPUS), candidates(CORPUS)
+    assert first == second and len(first) > 1000
+    from searchrl.scoring import normalize_answer
+
+    for q in first[:500]:
+        words = set(normalize_answer(q.question).split())
+        assert not any(w in words for w in normalize_answer(q.answer).split() if len(w) >= 2), q
+
+
+def test_written_questions_are_a_qa_file_eval_reads(tmp_path: Path):
+    path = write_qa(tmp_path / "q" / "held.jsonl", [make_question("7", LION)])  # type: ignore[list-item]
+    row = json.loads(path.read_text(encoding="utf-8"))
+    assert row["golden_answers"] == ["Lion"] and row["question"].startswith("Which subject")
+
+
+# --- the declared environment -------------------------------------------------------------------------------------
+
+SYSTEM = '<|im_start|>system\n<tools>{"name": "search"}</tools><|im_end|>\n'
+USER = "<|im_start|>user\nQuestion: x?<|im_end|>\n"
+HEADER = "<|im_start|>assistant\n"
+
+
+def test_the_environment_opens_the_search_call_then_the_answer():
+    assert opening_for(SYSTEM + USER + HEADER) == SEARCH_OPENING
+    assert SEARCH_OPENING == '<tool_call>\n{"name": "search", "arguments": {"query_list": ["'
+    after_tool = SYSTEM + USER + HEADER + SEARCH_OPENING + 'x"]}}\n</tool_call><|im_end|>\n'
+    after_tool += (
+        "<|im_start|>user\n<tool_response>\nDoc 1 (Title: X) y\n</tool_response><|im_end|>\n" + HEADER
+    )
+    assert opening_for(after_tool) == ANSWER_OPENING
+    # search off: no tool in the system turn, the first turn opens the answer
+    assert opening_for(USER + HEADER) == ANSWER_OPENING
+    # not a turn's start, or a later turn that follows no tool response
+    assert opening_for(SYSTEM + USER) == ""
+    assert opening_for(SYSTEM + USER + HEADER + "hi<|im_end|>\n" + USER + HEADER) == ""
+
+
+def test_the_environment_closes_the_answer_where_the_model_breaks_the_line():
+    assert closed_answer(" Zeus\nThe supreme deity") == " Zeus</answer>"
+    assert closed_answer(" Zeus </answer> more") == " Zeus </answer>"
+    assert closed_answer(" Zeus") == " Zeus</answer>"
+    assert closed_answer("\nZeus") == "</answer>"  # a turn that opens with a newline answers nothing
+
+
+def test_the_eval_proxy_opens_and_closes_turns_as_training_does():
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from searchrl.trainer.proofs.search_proxy import proxy_app
+
+    seen: list[dict[str, object]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        body = json.loads(request.content)
+        seen.append(body)
+        text = 'Zeus"]}}\n</tool_call>' if str(body["prompt"]).endswith(SEARCH_OPENING) else " Zeus\nmore"
+        return httpx.Response(200, json={"choices": [{"text": text, "finish_reason": "stop"}]})
+
+    client = TestClient(proxy_app("http://up", close_answer=True, transport=httpx.MockTransport(upstream)))
+    assert client.get("/v1/models").json() == {"data": [{"id": "m"}]}
+    first = client.post("/v1/completions", json={"prompt": SYSTEM + USER + HEADER, "max_tokens": 8}).json()
+    assert first["choices"][0]["text"] == SEARCH_OPENING + 'Zeus"]}}\n</tool_call>'
+    assert str(seen[-1]["prompt"]).endswith(SEARCH_OPENING) and "stop" not in seen[-1]
+    answer = client.post("/v1/completions", json={"prompt": USER + HEADER, "stop": ["</x>"]}).json()
+    assert answer["choices"][0]["text"] == "<answer> Zeus</answer>"
+    assert seen[-1]["stop"] == ["</x>", "\n", "<"]
+    assert client.get("/openings").json() == {"search": 1, "answer": 1, "none": 0}
+
+
+def test_the_answer_stops_are_every_token_that_breaks_the_line_or_opens_a_tag():
+    pytest.importorskip("verl")
+    model = REPO / "data" / "models" / "smollm2-135m"
+    if not (model / "tokenizer.json").is_file():
+        pytest.skip("make model-get makes the SmolLM2 folder")
+    from transformers import AutoTokenizer
+
+    from searchrl.trainer.proofs.search_agent_loop import answer_stop_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    ids = answer_stop_ids(tokenizer)
+    assert tokenizer.encode("\n", add_special_tokens=False)[0] in ids
+    assert all(any(s in tokenizer.decode([i]) for s in ("\n", "<")) for i in ids)
+    assert tokenizer.encode(" Zeus", add_special_tokens=False)[0] not in ids
+
+
+def test_the_training_loop_opens_turns_by_the_same_rule():
+    pytest.importorskip("verl")
+    from searchrl.trainer.proofs.search_agent_loop import opening_of
+
+    assert opening_of(0, "user") == SEARCH_OPENING
+    assert opening_of(1, "tool") == ANSWER_OPENING
+    assert opening_of(1, "assistant") == ""
+    assert opening_of(0, "user", searching=False) == ANSWER_OPENING
+
+
+# --- the verdict --------------------------------------------------------------------------------------------------
+
+
+def arm(label: str, em: list[int], found: list[int] | None = None, searches: float = 1.0) -> Arm:
+    return Arm(label, [float(x) for x in em], [bool(x) for x in (found or em)], [searches] * len(em))
+
+
+N = 60
+
+
+def ones(k: int, n: int = N) -> list[int]:
+    return [1] * k + [0] * (n - k)
+
+
+def test_a_gain_that_depends_on_search_is_learned_to_search():
+    v = judge(
+        arm("base on", ones(2), ones(30)),
+        arm("trained on", ones(30), ones(50)),
+        arm("base off", ones(0)),
+        arm("trained off", ones(1)),
+    )
+    assert v.learned and v.line().startswith(VERDICT_OK)
+    assert v.em.low > 0 and v.found.low > 0
+
+
+def test_a_gain_that_survives_switching_search_off_is_not_search():
+    v = judge(
+        arm("base on", ones(2), ones(30)),
+        arm("trained on", ones(30), ones(50)),
+        arm("base off", ones(0)),
+        arm("trained off", ones(25)),  # it learned the answers, not to search
+    )
+    assert not v.learned
+    assert any("does not depend on search" in p for p in v.problems)
+    assert "did NOT learn to search" in v.line()
+
+
+def test_a_rise_within_noise_fails():
+    v = judge(
+        arm("base on", ones(5), ones(30)),
+        arm("trained on", ones(8), ones(33)),  # +3 of 60: McNemar's interval spans zero
+        arm("base off", ones(0)),
+        arm("trained off", ones(0)),
+    )
+    assert not v.learned
+    assert any("EM with search did not rise" in p for p in v.problems)
+    assert any("answer retrieval" in p for p in v.problems)
+
+
+def test_em_without_better_retrieval_fails():
+    v = judge(
+        arm("base on", ones(2), ones(55)),
+        arm("trained on", ones(30), ones(55)),  # reads better, but its own search finds no more
+        arm("base off", ones(0)),
+        arm("trained off", ones(0)),
+    )
+    assert [p for p in v.problems if "answer retrieval" in p] and not v.learned
+
+
+def test_the_null_must_be_beaten_when_it_ran():
+    common = (arm("base on", ones(2), ones(30)), arm("trained on", ones(30), ones(50)))
+    offs = (arm("base off", ones(0)), arm("trained off", ones(0)))
+    assert not judge(*common, *offs, null_on=arm("null on", ones(29))).learned
+    assert judge(*common, *offs, null_on=arm("null on", ones(3))).learned
+
+
+def test_a_loss_is_not_learning():
+    v = judge(
+        arm("b", ones(30), ones(50)), arm("t", ones(2), ones(10)), arm("bo", ones(0)), arm("to", ones(0))
+    )
+    assert not v.learned and v.em.diff < 0 and v.em.high < 0
+
+
+def test_paired_and_table_refuse_mismatched_questions_and_show_intervals():
+    with pytest.raises(ConfigError):
+        paired([1.0, 0.0], [1.0])
+    with pytest.raises(ConfigError):
+        judge(arm("a", ones(1, 10)), arm("b", ones(1, 11)), arm("c", ones(0, 10)), arm("d", ones(0, 10)))
+    p = paired(ones(0, 20), ones(10, 20))
+    assert (p.gained, p.lost, p.diff) == (10, 0, 0.5) and 0 < p.low < 0.5 <= p.high
+    text = table([arm("base, held, search on", ones(3, 20))])
+    assert "| base, held, search on | 20 | 0.150 [" in text
+
+
+def test_arms_are_read_in_the_held_out_order_and_missing_questions_refused():
+    records = {
+        "q1": {"em": 1.0, "answer_in_observation": True, "searches": 1},
+        "q2": {"em": 0.0, "searches": 0},
+    }
+    a = Arm.from_records("x", records, ["q2", "q1"])
+    assert a.em == [0.0, 1.0] and a.found == [False, True] and a.searches_mean() == 0.5
+    with pytest.raises(ConfigError, match="no record"):
+        Arm.from_records("x", records, ["q3"])
+
+
+# --- the CLI ------------------------------------------------------------------------------------------------------
+
+
+def test_the_cli_refuses_bad_input_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    base = ["train", "learn-search", "--out", str(tmp_path / "o")]
+    assert main([*base, "--model", str(tmp_path / "nowhere")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert main([*base, "--model", str(model), "--corpus", str(tmp_path / "none.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main([*base, "--model", str(model), "--corpus", str(CORPUS), "--steps", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+    assert (
+        main([*base, "--model", str(model), "--corpus", str(CORPUS), "--steps", "100", "--prompts", "8"]) == 2
+    )
+    assert "training rows" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_the_make_target_runs_the_verb_from_the_vllm_venv():
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    assert "learn-search:" in makefile
+    assert "$(VLLM_CPU_VENV)/bin/searchrl train learn-search" in makefile
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SEARCHRL_LEARN_SEARCH") != "1", reason="opt-in: ~20+ minutes on 2 cores")
+def test_the_whole_run(tmp_path: Path):  # pragma: no cover
+    from searchrl.trainer.proofs.learn_search import run_learn_search
+
+    run = run_learn_search(tmp_path / "out", REPO / "data" / "models" / "smollm2-135m", corpus=CORPUS)
+    assert run.verdict is not None
+    assert (tmp_path / "out" / "report" / "report.html").is_file()
+    assert (tmp_path / "out" / "reward_curve.png").is_file()
+
+
+def test_a_step_line_glued_to_verls_dump_message_is_still_read():
+    """verl printed `Dumped generations to <dir>/3.jsonl` without a newline and run 2 of make learn-search lost step 3
+    (its checks then failed the run: steps logged [1, 2, 4, 5, 6])."""
+    from searchrl.trainer.step_checks import parse_steps
+
+    text = "(TaskRunnerV1 pid=1) Dumped generations to /tmp/r/3.jsonlstep:3 - critic/score/mean:0.2 - x:1\n"
+    rows = parse_steps(text + "step:4 - critic/score/mean:0.1\n", "run")
+    assert [row.step for row in rows] == [3, 4]
+    assert rows[0].metrics["critic/score/mean"] == 0.2

@@ -1,0 +1,98 @@
+"""The eval side of `make learn-search`'s declared environment: an OpenAI-compatible proxy that opens turns.
+
+`proxy_app` sits in front of a served model (vLLM's OpenAI server) and applies trainer/proofs/search_env.py's
+`opening_for` to every `/v1/completions` prompt: the opening is appended to the prompt, the completion comes back
+as the opening plus the continuation, so `searchrl eval` sees the turn training's agent loop builds. Every other
+route is forwarded unchanged. No `from __future__ import annotations` here: FastAPI reads the handlers'
+annotations at run time.
+"""
+
+import argparse
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from searchrl.trainer.proofs.search_env import (
+    ANSWER_OPENING,
+    ANSWER_STOPS,
+    SEARCH_OPENING,
+    closed_answer,
+    opening_for,
+)
+
+
+def proxy_app(
+    upstream: str, close_answer: bool = False, transport: httpx.AsyncBaseTransport | None = None
+) -> Any:
+    """An OpenAI-compatible app in front of `upstream` (a vLLM server's root URL, without /v1) that applies
+    `opening_for` to every `/v1/completions` prompt; every other route is forwarded as it is. `transport`: the
+    upstream's (tests pass httpx.MockTransport)."""
+    app = FastAPI()
+    client = httpx.AsyncClient(
+        base_url=upstream.rstrip("/"), timeout=httpx.Timeout(600.0), transport=transport
+    )
+    app.state.openings = {"search": 0, "answer": 0, "none": 0}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        prompt = body.get("prompt")
+        opening = opening_for(prompt) if isinstance(prompt, str) else ""
+        kind = "none" if not opening else ("search" if opening == SEARCH_OPENING else "answer")
+        app.state.openings[kind] += 1
+        closing = close_answer and opening == ANSWER_OPENING
+        if opening:
+            body["prompt"] = prompt + opening
+        if closing:
+            body["stop"] = [*(body.get("stop") or []), *ANSWER_STOPS]
+        reply = await client.post("/v1/completions", json=body)
+        if reply.status_code != 200 or not opening:
+            return Response(reply.content, reply.status_code, media_type="application/json")
+        payload = reply.json()
+        for choice in payload.get("choices", []):
+            text = str(choice.get("text") or "")
+            if closing:
+                text = closed_answer(text)
+                choice["finish_reason"], choice["stop_reason"] = "stop", None
+            choice["text"] = opening + text
+        return JSONResponse(payload)
+
+    @app.get("/openings")
+    async def openings() -> dict[str, int]:
+        return dict(app.state.openings)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def forward(path: str, request: Request) -> Response:
+        url = f"/{path}"
+        if request.method == "GET":
+            reply = await client.get(url)
+        else:
+            body = await request.body()
+            reply = await client.post(url, content=body, headers={"content-type": "application/json"})
+        return Response(reply.content, reply.status_code, media_type=reply.headers.get("content-type"))
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m searchrl.trainer.proofs.search_proxy --upstream URL --port N`: serve the proxy."""
+    parser = argparse.ArgumentParser(description="the learn-search environment's eval proxy")
+    parser.add_argument("--upstream", required=True, help="the served model's root URL (no /v1)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--close-answer", action="store_true", help="end the answer turn as search_env says")
+    args = parser.parse_args(argv)
+    uvicorn.run(
+        proxy_app(args.upstream, args.close_answer), host=args.host, port=args.port, log_level="warning"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["main", "proxy_app"]
