@@ -627,10 +627,9 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
     """Two panels. Left: each question's paired rise (its mean reward over the last epoch minus the first), the
     mean over the seeds that trained on it, with the seeds' min-max band. Right: the per-step mean reward of each
     seed, and the seeds' mean with a min-max band where several ran."""
-    import matplotlib
+    from searchrl.trainer.proofs.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, (left, ax) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
@@ -696,21 +695,16 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
     ax.set_title("per step (each step holds other questions)", fontsize=9)
     ax.legend(fontsize=7)
     fig.suptitle("make learn-cpu: answer-character reward, tiny random Qwen2, 2 CPU cores", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def plot_modes(by_mode: Mapping[str, Sequence[LearnRun]], path: Path) -> Path:
     """The modes side by side on the same seeds (`--beside-sync`). Left: per step, each mode's mean reward over its
     seeds with their min-max band. Right: each mode's paired rise per seed (its first group or epoch of each
     question against its last), the seeds' mean as a bar: the figure the verdict judges."""
-    import matplotlib
+    from searchrl.trainer.proofs.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.6, 1]})
@@ -749,11 +743,7 @@ def plot_modes(by_mode: Mapping[str, Sequence[LearnRun]], path: Path) -> Path:
     fig.suptitle(
         "make learn-cpu: the trainer modes on the same seeds, tiny random Qwen2, 2 CPU cores", fontsize=10
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def modes_table(by_mode: Mapping[str, Sequence[LearnRun]]) -> str:

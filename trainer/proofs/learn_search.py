@@ -574,10 +574,9 @@ def write_samples(run: LearnSearchRun, per_step: int = 2) -> Path:
 
 def plot_rewards(run: LearnSearchRun, path: Path) -> Path:
     """Per-step mean reward (EM of the step's samples) of the run, and of the shuffled-reward null if it ran."""
-    import matplotlib
+    from searchrl.trainer.proofs.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -596,11 +595,7 @@ def plot_rewards(run: LearnSearchRun, path: Path) -> Path:
     ax.set_ylabel("mean reward (Search-R1 EM)")
     ax.set_title("make learn-search: SmolLM2-135M, reverse look-ups with search (2 CPU cores)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 __all__ = [

@@ -562,10 +562,9 @@ def probe(
 def plot_curve(run: RealLearnRun, path: Path) -> Path:
     """Reward and invented tool-response tokens a trajectory per step (pilots thin, the run thick), the gate's
     mean and the epoch means with the null band."""
-    import matplotlib
+    from searchrl.trainer.proofs.plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     def lower(row: StepRow) -> float:
@@ -611,11 +610,7 @@ def plot_curve(run: RealLearnRun, path: Path) -> Path:
     )
     top.set_title(f"make learn-cpu-real: SmolLM2-135M, {what} (2 CPU cores)", fontsize=10)
     top.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 __all__ = [

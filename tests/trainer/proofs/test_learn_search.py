@@ -321,3 +321,15 @@ def test_a_step_line_glued_to_verls_dump_message_is_still_read():
     rows = parse_steps(text + "step:4 - critic/score/mean:0.1\n", "run")
     assert [row.step for row in rows] == [3, 4]
     assert rows[0].metrics["critic/score/mean"] == 0.2
+
+
+def test_the_reward_curve_draws_the_run_and_its_null(tmp_path):
+    from searchrl.trainer.proofs.learn_search import LearnSearchRun, plot_rewards
+    from searchrl.trainer.step_checks import COLUMNS, StepRow
+
+    key = COLUMNS["reward"][1]
+    run = LearnSearchRun(out_dir=tmp_path, model_dir=tmp_path)
+    run.rows = [StepRow(step, "1", {key: 0.05 * step}) for step in range(1, 7)]
+    run.null_rows = [StepRow(step, "null", {key: 0.04}) for step in range(1, 7)]
+    path = plot_rewards(run, tmp_path / "figs" / "reward_curve.png")
+    assert path.stat().st_size > 10_000  # the folder made, the figure written

@@ -1,0 +1,38 @@
+"""The proof runs' figures: matplotlib's headless setup and the writing of a figure, in one place.
+
+Each run draws its own figure (learn.py's reward curve and modes, real_learn.py's curve, learn_search.py's reward
+per step); what they share is here, so a change of backend, resolution or folder handling is made once (issue 54
+item 2: "one plots module"). matplotlib is imported only when a figure is drawn: the runs' other code and the CLI
+start without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+DPI = 110  # the figures docs/cpu-proofs.md shows: readable on a laptop screen, ~100 kB a PNG
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend: the runs draw on machines without a display (CI, a remote box)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Lay `fig` out, write it to `path` (PNG; its folder made if missing) and free it; returns `path`."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["DPI", "pyplot", "save"]
