@@ -209,6 +209,15 @@ def cpu_settings(
     )
 
 
+def fresh_out_dir(out_dir: Path) -> Path:
+    """The run's folder, absolute, emptied and made: a CPU run always starts from nothing (its resume is its own),
+    so an earlier run's checkpoints can never be resumed by mistake."""
+    out_dir = out_dir.expanduser().resolve()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    return out_dir
+
+
 def write_qa(out_dir: Path, source: Path, n: int) -> Path:
     """The first `n` questions of the dev QA set as a QA file data prep reads (it names no data_source)."""
     rows = [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines() if line.strip()][:n]

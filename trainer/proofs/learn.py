@@ -46,7 +46,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import shutil
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -65,6 +64,7 @@ from searchrl.trainer.proofs.harness import (
     check_mode,
     cpu_overrides,
     cpu_settings,
+    fresh_out_dir,
     run_checks_line,
     run_training,
     tokenizer_texts,
@@ -534,9 +534,7 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
     from searchrl.trainer.merge import merge_latest
     from searchrl.trainer.proofs.train_cpu_vllm import engine_overrides
 
-    out_dir = out_dir.expanduser().resolve()
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
+    out_dir = fresh_out_dir(out_dir)
     run = LearnRun(seed=seed, out_dir=out_dir, mode=mode, epoch=epoch)
     started = time.monotonic()
     qa = write_qa(out_dir, qa_source, questions)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import statistics
 import time
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.proofs.harness import fresh_out_dir
 from searchrl.trainer.proofs.search_eval import Rules
 from searchrl.trainer.proofs.search_verdict import Arm, Verdict, judge, table
 
@@ -286,9 +286,7 @@ def run_learn_search(
 
     model_dir = model_dir.expanduser().resolve()
     check_args(model_dir, corpus, steps=steps, prompts=prompts, lr=lr, train=train_questions, held=held_out)
-    out_dir = out_dir.expanduser().resolve()
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
+    out_dir = fresh_out_dir(out_dir)
     if not 0 <= format_weight < 1:
         raise ConfigError(
             f"--format-weight {format_weight}: between 0 (EM alone) and below 1 (EM's own weight)"

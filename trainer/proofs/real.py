@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from searchrl.trainer.proofs.harness import (
     FP32,
     cpu_overrides,
     cpu_settings,
+    fresh_out_dir,
     run_checks_line,
     run_training,
     write_qa,
@@ -161,9 +161,7 @@ def run_real(
     from searchrl.trainer.merge import merge_latest
 
     require_inputs(model_dir, qa_source)
-    out_dir = out_dir.expanduser().resolve()
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
+    out_dir = fresh_out_dir(out_dir)
     run = RealRun(out_dir, model_dir.resolve())
     started = time.monotonic()
     # a line per phase before verl's first step (issue 39: this run printed nothing for 6 minutes)

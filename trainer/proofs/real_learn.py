@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import statistics
 import time
 from collections.abc import Sequence
@@ -50,6 +49,7 @@ from pathlib import Path
 
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.plugins.masks import MODEL_TOOL_RESPONSE_TOKENS
+from searchrl.trainer.proofs.harness import fresh_out_dir
 from searchrl.trainer.proofs.real_gate import GateResult
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.step_checks import ENTROPY, PROB_DIFF_MEAN, StepRow
@@ -414,9 +414,7 @@ def _start_run(out_dir: Path, model_dir: Path, precision: str, stage: str) -> Re
     """A fresh, empty `out_dir` (a rerun never mixes with an old one's files) and the run's precision."""
     from searchrl.trainer.cpu.precision import choose_cpu_dtype
 
-    out_dir = out_dir.expanduser().resolve()
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.mkdir(parents=True)
+    out_dir = fresh_out_dir(out_dir)
     run = RealLearnRun(out_dir, model_dir.resolve(), stage=stage)
     started = time.monotonic()
     run.dtype, run.dtype_reason = choose_cpu_dtype(model_dir, precision)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -65,6 +64,7 @@ from searchrl.trainer.proofs.harness import (
     cpu_overrides,
     cpu_settings,
     first_error,
+    fresh_out_dir,
     hf_sync_problems,
     run_checks_line,
     run_eval,
@@ -159,9 +159,7 @@ def _run_cpu_smoke(
     from searchrl.trainer.merge import merge_latest
     from searchrl.trainer.proofs.train_cpu_vllm import engine_overrides
 
-    out_dir = out_dir.expanduser().resolve()
-    shutil.rmtree(out_dir, ignore_errors=True)  # a CPU run always starts from nothing: its resume is its own
-    out_dir.mkdir(parents=True)
+    out_dir = fresh_out_dir(out_dir)
     run = CpuRun(out_dir)
     started = time.monotonic()
     if not qa_source.is_file():
@@ -261,6 +259,7 @@ __all__ = [
     "cpu_overrides",
     "cpu_settings",
     "first_error",
+    "fresh_out_dir",
     "hf_sync_problems",
     "run_checks_line",
     "run_eval",
