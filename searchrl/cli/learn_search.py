@@ -40,6 +40,14 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the declared format term: reward for an episode whose own search call ran (default 0.2; 0 = EM alone)",
     )
     p.add_argument(
+        "--format-term",
+        dest="format_term",
+        choices=("searched", "retrieved"),
+        default="searched",
+        help="what the format term pays for: searched (its own search call ran) or retrieved (a passage its own "
+        "search returned holds a golden answer) (default %(default)s)",
+    )
+    p.add_argument(
         "--close-answer",
         dest="close_answer",
         action="store_true",
@@ -84,6 +92,7 @@ def _learn_search(args: argparse.Namespace) -> int:
         seed=args.seed,
         null=args.null,
         close_answer=args.close_answer,
+        format_term=args.format_term,
         timeout_s=args.timeout,
         **kwargs,
     )

@@ -68,6 +68,7 @@ RESPONSE_TOKENS = 512  # both openings, the query, 3 passages (~280 tokens), the
 # closed 0.26, answer retrieved 0.03, answer closed 0.01, EM 0.000; 0 of 12 GRPO groups vary), so GRPO has no
 # gradient; the closed call varies in ~90% of groups. Its share of the reward is reported (`format_share`).
 FORMAT_WEIGHT = 0.2
+TERM_TEXT = {"searched": "its own search call ran", "retrieved": "its own search retrieved a golden answer"}
 REWARD_PATH = "pkg://searchrl.trainer.proofs.search_reward"
 AGENT_MODULE = "searchrl.trainer.proofs.search_agent_loop"
 ROLLOUTS = "rollouts"
@@ -83,6 +84,7 @@ class LearnSearchRun:
     dtype: str = "float32"
     dtype_reason: str = ""
     format_weight: float = FORMAT_WEIGHT
+    format_term: str = "searched"  # search_reward.FORMAT_TERMS: what the format term pays for
     close_answer: bool = False  # the environment ends the answer turn at a newline or `<` and closes it
     format_share: float = math.nan  # the format term's share of the run's summed reward (rollout dumps)
     questions: QuestionSet | None = None
@@ -129,7 +131,8 @@ class LearnSearchRun:
         return "\n".join(
             [
                 f"model {self.model_dir}, {self.dtype}: {self.dtype_reason}",
-                f"reward: Search-R1 EM + {self.format_weight:g} x [its own search call ran] (declared format term); "
+                f"reward: Search-R1 EM + {self.format_weight:g} x [{TERM_TEXT[self.format_term]}] (declared format "
+                "term); "
                 f"the format term's share of the run's summed reward: {self.format_share:.3f}; environment closes the "
                 f"answer: {self.close_answer}",
                 self.questions.line() if self.questions else "questions: not built",
@@ -200,6 +203,7 @@ def search_overrides(
     ray_temp: Path,
     format_weight: float,
     close_answer: bool = False,
+    format_term: str = "searched",
 ) -> list[str]:
     """The CPU overrides, the vLLM server's (with the run's precision and batch), the agent loop's plugin, a
     seeded rollout, the per-turn budget and verl's per-step trajectory dumps."""
@@ -220,6 +224,7 @@ def search_overrides(
         ("reward.custom_reward_function.path", REWARD_PATH),
         ("reward.custom_reward_function.name", "compute_score"),
         ("+reward.custom_reward_function.reward_kwargs.format_weight", format_weight),
+        ("+reward.custom_reward_function.reward_kwargs.format_term", format_term),
         (f"+actor_rollout_ref.rollout.engine_kwargs.hf.{CLOSE_ANSWER_KEY}", close_answer),
     ]
     base = merge_overrides(cpu_overrides(scripted_first_turn=False), precision_overrides(dtype))
@@ -280,6 +285,7 @@ def run_learn_search(
     timeout_s: float = 3600.0,
     format_weight: float = FORMAT_WEIGHT,
     close_answer: bool = False,
+    format_term: str = "searched",
 ) -> LearnSearchRun:
     """The whole run (module docstring); the verdict is on the returned run."""
     from searchrl.trainer.proofs.train_cpu_vllm import Leftovers
@@ -291,7 +297,13 @@ def run_learn_search(
         raise ConfigError(
             f"--format-weight {format_weight}: between 0 (EM alone) and below 1 (EM's own weight)"
         )
-    run = LearnSearchRun(out_dir, model_dir, format_weight=format_weight, close_answer=close_answer)
+    from searchrl.trainer.proofs.search_reward import FORMAT_TERMS
+
+    if format_term not in FORMAT_TERMS:
+        raise ConfigError(f"--format-term {format_term!r}: one of {', '.join(FORMAT_TERMS)}")
+    run = LearnSearchRun(
+        out_dir, model_dir, format_weight=format_weight, close_answer=close_answer, format_term=format_term
+    )
     leftovers = Leftovers.start()
     try:
         _run(
@@ -420,7 +432,14 @@ def _train(
     name = settings.experiment_name
     rollout_dir = run.out_dir / f"{ROLLOUTS}-{name}"
     overrides = search_overrides(
-        settings, run.dtype, seed, rollout_dir, leftovers.ray_temp_dir, run.format_weight, run.close_answer
+        settings,
+        run.dtype,
+        seed,
+        rollout_dir,
+        leftovers.ray_temp_dir,
+        run.format_weight,
+        run.close_answer,
+        run.format_term,
     )
     env = vllm_cpu_env(leftovers.scratch)
     if sabotage is not None:

@@ -333,3 +333,30 @@ def test_the_reward_curve_draws_the_run_and_its_null(tmp_path):
     run.null_rows = [StepRow(step, "null", {key: 0.04}) for step in range(1, 7)]
     path = plot_rewards(run, tmp_path / "figs" / "reward_curve.png")
     assert path.stat().st_size > 10_000  # the folder made, the figure written
+
+
+def test_the_format_term_pays_a_search_or_only_a_search_that_found_the_answer():
+    """`searched` pays any call that ran (run 2's `your query` met it); `retrieved` only a tool response holding a
+    golden answer; EM keeps its weight in both, and the term's share is reported."""
+    from searchrl.trainer.proofs.search_reward import compute_score, retrieved
+
+    truth = {"target": ["The Seventh Seal"]}
+    found = (
+        '<tool_call>{"name": "search", "arguments": {"query_list": ["medieval knight chess death film"]}}'
+        "</tool_call><tool_response>Doc 1(Title: The Seventh Seal) a 1957 film ...</tool_response>"
+        "<answer>Ingmar Bergman</answer>"
+    )
+    junk = found.replace("The Seventh Seal) a 1957 film", "Your Query) a band from Ohio")
+    ran = {"search_calls": 1, "search_failures": 0}
+    assert retrieved(found, ["the seventh seal"]) == 1.0 and retrieved(junk, ["The Seventh Seal"]) == 0.0
+    assert retrieved("The Seventh Seal outside any tool response", ["The Seventh Seal"]) == 0.0
+    assert retrieved(found, ["Seventh"]) == 1.0 and retrieved(found, ["Sev"]) == 0.0  # whole words only
+    for text in (found, junk):
+        assert compute_score("x", text, truth, ran, format_weight=0.2)["score"] == pytest.approx(0.2)
+    assert compute_score("x", found, truth, ran, format_weight=0.2, format_term="retrieved")["score"] == 0.2
+    assert compute_score("x", junk, truth, ran, format_weight=0.2, format_term="retrieved")["score"] == 0.0
+    right = found.replace("Ingmar Bergman", "The Seventh Seal")
+    scored = compute_score("x", right, truth, ran, format_weight=0.2, format_term="retrieved")
+    assert scored["score"] == pytest.approx(1.2) and scored["format_share"] == pytest.approx(0.2 / 1.2)
+    with pytest.raises(ValueError, match="format_term"):
+        compute_score("x", found, truth, ran, format_weight=0.2, format_term="length")
