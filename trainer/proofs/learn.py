@@ -13,7 +13,8 @@ and fails with one line unless all of these hold:
    **And the policy had not collapsed**: at least `MIN_VARYING` of the last epoch's GRPO groups still scored
    differently (a group that scores alike has no advantage; the per-step share and `actor/entropy` are in the
    step table).
-2. **The sync held on every step** of both invocations, the step after the resume included:
+2. **The sync held on every step** of both invocations, the step after the resume included (on verl's vLLM server,
+   `--rollout vllm`, the run is one invocation: one engine start, `run_learn` says why):
    `training/rollout_probs_diff_max` <= SYNC_MAX_PROB_DIFF (trainer/step_checks.py), and the rollout server
    received one weight update when each invocation started (after the checkpoint load on the resume) and one
    after every step (`verl_progress.UPDATE_LINE`).
@@ -551,10 +552,16 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
             else partial(async_step_problems, threshold=ASYNC_THRESHOLD, weight_push=mode == "separate_async")
         )
         texts = []
-        for label, extra in (
+        invocations = [
             ("1", [*overrides, f"trainer.total_training_steps={resume}"]),
             ("2 (resumed)", overrides),
-        ):
+        ]
+        if vllm is not None:
+            # One engine start: verl's vLLM server takes ~4 min to start here, each invocation one start, so the
+            # run on it trains in one invocation (issue 52: "one start per run"); the resume on vLLM is make
+            # train-cpu ROLLOUT=vllm's (make test-vllm), on the hf engine this run's and make train-cpu's.
+            invocations = [("1", overrides)]
+        for label, extra in invocations:
             started = time.monotonic()
             try:
                 rows, text = run_training(

@@ -140,7 +140,11 @@ def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(syn
     assert "| seed | reward first epoch | reward last epoch | paired rise | questions rose |" in proc.stdout
     # what the checks read: a sync when each invocation starts and after each of its steps, the fp32 bound on all
     checks = checks_figures(proc.stdout)
-    assert checks["syncs"] == STEPS + 2 and checks["covered"] == STEPS and checks["diff"] < 1e-4, checks
+    # (on verl's vLLM server the run is one invocation, one engine start: learn.run_learn says why)
+    invocations = 1 if engine == "vllm" else 2
+    assert checks["syncs"] == STEPS + invocations and checks["covered"] == STEPS and checks["diff"] < 1e-4, (
+        checks
+    )
     assert checks["in_loss"] == 0 and checks["seen"] > 0, checks
     assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
     # one seed: its steps.md ends with the same line

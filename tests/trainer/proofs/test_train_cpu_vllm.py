@@ -145,10 +145,20 @@ def test_the_cli_refuses_vllm_for_the_runs_it_does_not_cover(capsys):
 
 def test_make_learn_cpu_takes_rollout_vllm_into_the_vllm_venv():
     dry = subprocess.run(
-        ["make", "-n", "learn-cpu", "ROLLOUT=vllm"], cwd=REPO, capture_output=True, text=True, check=True
+        ["make", "--no-print-directory", "-n", "learn-cpu", "ROLLOUT=vllm"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.splitlines()[-1]
     assert dry.startswith(".venv-vllm-cpu/bin/searchrl train cpu learn") and "--rollout vllm" in dry
-    plain = subprocess.run(["make", "-n", "learn-cpu"], cwd=REPO, capture_output=True, text=True, check=True)
+    plain = subprocess.run(
+        ["make", "--no-print-directory", "-n", "learn-cpu"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert plain.stdout.splitlines()[-1].startswith(".venv/bin/searchrl train cpu learn")
     assert "--rollout" not in plain.stdout
 
