@@ -63,6 +63,7 @@ TOPK = 3
 PASSAGE_CHARS = 200
 MAX_TURNS = 1  # one search, then the answer (Search-R1 counts tool turns)
 RESPONSE_TOKENS = 512  # both openings, the query, 3 passages (~280 tokens), the answer
+KV_CACHE_BYTES = 2**30  # SmolLM2-135M in bf16: ~23 KB a token (30 layers x K,V x 3 heads x 64), ~46k tokens
 # The declared format term (trainer/proofs/search_reward.py): 0.2 for an episode whose own search call parsed and ran.
 # Why: under EM alone the base policy scores 0 in every sample (measured 2026-12-07, T=1, 12 questions x 8: calls
 # closed 0.26, answer retrieved 0.03, answer closed 0.01, EM 0.000; 0 of 12 GRPO groups vary), so GRPO has no
@@ -228,7 +229,7 @@ def search_overrides(
         (f"+actor_rollout_ref.rollout.engine_kwargs.hf.{CLOSE_ANSWER_KEY}", close_answer),
     ]
     base = merge_overrides(cpu_overrides(scripted_first_turn=False), precision_overrides(dtype))
-    base = merge_overrides(base, vllm_cpu_overrides(settings, ray_temp))
+    base = merge_overrides(base, vllm_cpu_overrides(settings, ray_temp, KV_CACHE_BYTES))
     return merge_overrides(base, [f"{key}={hydra_value(value)}" for key, value in pairs])
 
 

@@ -72,6 +72,27 @@ def test_cpu_vllm_overrides_compose_and_keep_the_gpu_runs_plugins(tmp_path, comp
     gpu_plugins = gpu_plugins.strip("'\"").split(",")  # hydra_value quotes it
     assert set(gpu_plugins) <= set(plugins) and plugins[-1] == SHIMS and tuple(plugins) == PLUGINS
     assert cfg.ray_kwargs.ray_init._temp_dir == str(tmp_path / "ray")
+    # the KV cache sized to the tiny model's step through vLLM's own engine argument (its env var counts whole GiBs)
+    assert rollout.engine_kwargs.vllm.kv_cache_memory_bytes == train_cpu_vllm.KV_CACHE_BYTES < 2**30
+
+
+def test_the_engine_caches_outlive_the_run_and_its_config_does_not(tmp_path):
+    """vLLM's model-info cache and inductor's kernels are kept beside the vLLM venv's packages (37 s -> 10 s of the
+    tiny model's engine start, measured); its config folder is the run's scratch; no VLLM_CPU_KVCACHE_SPACE, which
+    would override the engine argument above, unless asked for (the offline bench)."""
+    env = train_cpu_vllm.vllm_cpu_env(tmp_path / "scratch")
+    cache = train_cpu_vllm.engine_cache_dir()
+    assert cache.parent == Path(sys.prefix) and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert (env["VLLM_CACHE_ROOT"], env["TORCHINDUCTOR_CACHE_DIR"]) == (
+        str(cache / "vllm"),
+        str(cache / "inductor"),
+    )
+    assert env["VLLM_CONFIG_ROOT"].startswith(str(tmp_path / "scratch"))
+    cold = train_cpu_vllm.vllm_cpu_env(tmp_path / "s", cache=tmp_path / "s", kv_cache_gib=1)
+    assert (
+        cold["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "s"))
+        and cold["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    )
 
 
 def test_check_rollout_refuses_what_the_cpu_run_cannot_take():
