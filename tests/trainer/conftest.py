@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import queue as queue_module
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -203,15 +206,17 @@ class CliRuns:
     fixtures that start these runs are set up before the autouse `clean_env`, so a SEARCHRL_TEST_SABOTAGE left in the
     shell reached the healthy train-cpu run and failed it at step 1 with that sabotage's figures (issue 53 item 5).
 
-    `max_running` bounds how many run at once; the others wait in order and start as one ends (a thread watches).
+    `max_running` bounds how many run at once; the others wait in order and start as one ends (a thread watches);
+    `nice` lowers their CPU priority (the session's runs, `session_runs`, so the unit tests beside them keep theirs).
     Three runs on verl's vLLM server side by side went past 95% of this machine's 24 GB with other work beside them
     and Ray's memory monitor killed their workers (issue 52): each starts nine Ray processes that import torch.
     """
 
-    def __init__(self, root: Path, max_running: int | None = None) -> None:
+    def __init__(self, root: Path, max_running: int | None = None, nice: int = 0) -> None:
         self.root = root
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.max_running = max_running
+        self.nice = nice
         self._waiting: list[tuple[str, list[str], dict[str, str]]] = []
         self._lock = threading.Lock()
         self._feeder: threading.Thread | None = None
@@ -233,6 +238,8 @@ class CliRuns:
         plus `env` (only the variables given there reach it from the test); `python`: another venv's interpreter
         (the vLLM CPU venv's for the runs on verl's vLLM server)."""
         argv = [str(python), "-m", "searchrl", *args, "--out", str(self.out(key))]
+        if self.nice:  # coreutils' nice execs the run (same pid, same process group); its children inherit it
+            argv = ["nice", "-n", str(self.nice), *argv]
         with self._lock:
             if self.max_running is None or self._running() < self.max_running:
                 self._launch(key, argv, clean_environ(env))
@@ -285,10 +292,10 @@ class CliRuns:
             stop_process(proc)
 
 
-def selected(request: pytest.FixtureRequest, run: str) -> list[pytest.Function]:
+def selected(session: pytest.Session, run: str) -> list[pytest.Function]:
     """The items this session will run that read the CLI run `run`, those marked `@pytest.mark.cli_run(run)`
-    (none when deselected): a fixture starts a run only for a test that will read it, whatever the test's name."""
-    items = request.session.items
+    (none when deselected): a run starts only for a test that will read it, whatever the test's name."""
+    items = session.items
     return [
         i
         for i in items
@@ -304,20 +311,81 @@ TRAIN_CPU_RUNS: dict[str, tuple[str, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class PlannedRun:
+    """A CLI run a test module asks the session to start (`CliRuns.start`'s arguments), and its `rank`: the session
+    starts its runs in rank order, two at a time."""
+
+    rank: int
+    key: str
+    args: list[str]
+    env: dict[str, str] | None = None
+    python: str | Path = sys.executable
+
+
+Planner = Callable[[pytest.Session], list[PlannedRun]]
+_PLANNERS: list[Planner] = []
+_SESSION_RUNS = pytest.StashKey[CliRuns]()
+# Two at a time: three runs on verl's vLLM server came within 5% of this machine's 24 GB (CliRuns says why).
+SESSION_MAX_RUNNING = 2
+SESSION_NICE = 10
+
+
+def plans_runs(planner: Planner) -> Planner:
+    """Register a test module's `planner`: called once the session has collected, it returns the runs that the
+    session's selected tests will read (`selected`), and `pytest_collection_finish` starts them all then."""
+    _PLANNERS.append(planner)
+    return planner
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start every planned run as soon as the session has collected, niced, two at a time, so the verl runs go on
+    beside the ~1,500 unit tests that run before the tests reading them (issue 52: `make test` ran them only when
+    their first reader came, in the last third of the session, and waited ~18 of its 38 minutes on them; a unit
+    test keeps ~one core of two busy). Nothing starts for `--collect-only` or a session that selects no reader."""
+    plans = sorted((p for planner in _PLANNERS for p in planner(session)), key=lambda p: p.rank)
+    if session.config.option.collectonly or not plans:
+        return
+    root = Path(tempfile.mkdtemp(prefix="searchrl-cli-runs-"))
+    runs = CliRuns(root, max_running=SESSION_MAX_RUNNING, nice=SESSION_NICE)
+    session.config.stash[_SESSION_RUNS] = runs
+    for plan in plans:
+        runs.start(plan.key, plan.args, plan.env, python=plan.python)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop what a failed or interrupted session left running; keep the runs' folder (logs) unless it passed."""
+    runs = session.config.stash.get(_SESSION_RUNS, None)
+    if runs is not None:
+        runs.stop()
+        if exitstatus == 0:
+            shutil.rmtree(runs.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def train_cpu_runs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[CliRuns]:
+def session_runs(request: pytest.FixtureRequest) -> CliRuns:
+    """The runs `pytest_collection_finish` started for this session's readers, keyed as their planners named them."""
+    runs = request.config.stash.get(_SESSION_RUNS, None)
+    if runs is None:
+        pytest.fail("no CLI run was planned for this test: mark it cli_run(NAME) and plan NAME (plans_runs)")
+    return runs
+
+
+@plans_runs
+def plan_train_cpu_runs(session: pytest.Session) -> list[PlannedRun]:
     """`make train-cpu` in sync (test_train_cpu.py) and in colocate_async (test_train_cpu_async.py), the ones this
-    session selected, started together when the first is needed: the colocate run goes on beside the sync run and
-    then test_train_cpu.py's raising-reward run (the three took 272 s so against 356 s one after another on a quiet
-    2-core Zen 4, 324 s with another suite sharing the cores)."""
-    runs = CliRuns(tmp_path_factory.mktemp("train-cpu-runs"))
-    for mode, flags in TRAIN_CPU_RUNS.items():
-        if selected(request, f"train-cpu {mode}"):
-            runs.start(mode, ["train", "cpu", *flags])
-    yield runs
-    runs.stop()
+    session selected, keyed by mode; ranked 1 and 3, between the learning runs' (test_learn.py), so that a run on
+    our hf engine, lighter in memory, goes beside each run on verl's vLLM server."""
+    return [
+        PlannedRun(rank=1 + 2 * i, key=mode, args=["train", "cpu", *flags])
+        for i, (mode, flags) in enumerate(TRAIN_CPU_RUNS.items())
+        if selected(session, f"train-cpu {mode}")
+    ]
+
+
+@pytest.fixture(scope="session")
+def train_cpu_runs(session_runs: CliRuns) -> CliRuns:
+    return session_runs
 
 
 def worker_env_vars(compose: Callable[[list[str]], Any], settings: TrainSettings) -> dict[str, str]:

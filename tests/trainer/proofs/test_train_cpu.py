@@ -187,7 +187,7 @@ def test_the_sampler_stops_at_the_first_failed_group(monkeypatch):
 @pytest.mark.cli_run("train-cpu sync")
 def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(train_cpu_runs):
     """What `make train-cpu` runs, as a user runs it: the CLI, its exit code and its printed table (the run goes
-    on beside the colocate_async one, tests/trainer/conftest.py's train_cpu_runs)."""
+    on beside the colocate_async one, tests/trainer/conftest.py's plan_train_cpu_runs, started with the session)."""
     from tests.trainer.test_checks_line import checks_figures  # it reads this module's STEP_LINE
 
     out = train_cpu_runs.out("sync")
