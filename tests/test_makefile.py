@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -146,3 +147,21 @@ def test_cpu_runs_take_trainer_mode_and_async_is_its_alias_for_one_release(
         assert refused.returncode == 2 and refused.stdout == "", (bad, refused.stdout)
         (line,) = refused.stderr.splitlines()
         assert says in line and line.endswith(".  Stop."), line
+
+
+def test_each_opt_in_mark_is_registered_and_its_make_target_is_its_one_switch(tmp_path: Path) -> None:
+    """The opt-in runs are marks (tests/conftest.py OPT_IN), `-m` the one switch: each mark is registered (strict
+    markers), its make target passes `-m` naming it and no SEARCHRL_*_TESTS gate is left anywhere in tests/."""
+    from tests.conftest import OPT_IN
+
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    registered = {m.split(":")[0].split("(")[0] for m in markers}
+    assert set(OPT_IN) <= registered
+    for mark, where in OPT_IN.items():
+        if where.startswith("make "):
+            recipe = _make("-n", where.split()[1], tmp_path=tmp_path).stdout.splitlines()[-1]
+            argv = shlex.split(recipe)
+            m_arg = argv[len(argv) - 1 - argv[::-1].index("-m") + 1]  # pytest's -m, after python's
+            assert mark in m_arg.split(), (where, recipe)
+    gate = re.compile(r'environ\.get\(\s*"SEARCHRL_\w+_TESTS"')
+    assert not [p for p in (REPO / "tests").rglob("*.py") if gate.search(p.read_text())]

