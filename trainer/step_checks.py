@@ -336,6 +336,39 @@ def mask_problems(row: StepRow) -> list[str]:
     return problems + invariant_problems(row)
 
 
+@dataclass(frozen=True)
+class Checks:
+    """What a run's checks read (`checks_made`): the figures of its checks line, and of its run record
+    (trainer/proofs/record.py), so a test reads numbers, not the line's prose."""
+
+    syncs: int  # syncs whose fingerprint matched
+    sync_diff: float  # the largest rollout/trainer difference over the steps the bound covered
+    covered: int  # steps the sync bound covered
+    steps: int
+    observation_tokens_in_loss: float
+    observation_tokens_seen: float
+    mask_outside: float  # mask tokens outside the generated spans
+    mask_missing: float  # generated tokens unmasked
+    unrecorded: float  # trajectories unrecorded
+    async_mode: bool = False
+    mean_bound: bool = False
+
+    def line(self) -> str:
+        scope = (
+            f"{self.covered} steps"
+            if not self.async_mode
+            else f"{self.covered} of {self.steps} steps (staleness 0)"
+        )
+        figure = "sync mean prob diff (bf16) up to" if self.mean_bound else "sync max prob diff"
+        return (
+            f"checks: {self.syncs} syncs fingerprinted, all matched; {figure} {self.sync_diff:.2g} over {scope}; "
+            f"{self.observation_tokens_in_loss:.0f} observation tokens in the loss "
+            f"({self.observation_tokens_seen:.0f} seen); {self.mask_outside:.0f} mask tokens outside the generated "
+            f"spans, {self.mask_missing:.0f} generated tokens unmasked, {self.unrecorded:.0f} trajectories "
+            "unrecorded"
+        )
+
+
 def checks_line(
     rows: Sequence[StepRow],
     logs: Sequence[str],
@@ -344,8 +377,20 @@ def checks_line(
     mean_bound: bool = False,
     error: type[SearchRLError] = StepCheckError,
 ) -> str:
-    """The one line a passing run ends with, built from what its checks read; `error` (one line naming the check)
-    when a check never ran, so a run cannot pass on zeros.
+    """The one line a passing run ends with (`checks_made`'s figures)."""
+    return checks_made(rows, logs, async_mode=async_mode, mean_bound=mean_bound, error=error).line()
+
+
+def checks_made(
+    rows: Sequence[StepRow],
+    logs: Sequence[str],
+    *,
+    async_mode: bool = False,
+    mean_bound: bool = False,
+    error: type[SearchRLError] = StepCheckError,
+) -> Checks:
+    """What a passing run's checks read; `error` (one line naming the check) when a check never ran, so a run
+    cannot pass on zeros.
 
     `rows`: every step of the run (all its invocations, seeds or pilots); `logs`: their logs (or just their
     SYNC_MATCH_LINE lines). `async_mode`: the sync bound covers only steps whose worst staleness is 0
@@ -395,15 +440,18 @@ def checks_line(
         raise never_ran(
             f"the loss-mask check saw no tool-response token although the run made {calls:.0f} search calls"
         )
-    scope = (
-        f"{len(covered)} steps" if not async_mode else f"{len(covered)} of {len(rows)} steps (staleness 0)"
-    )
-    figure = "sync mean prob diff (bf16) up to" if mean_bound else "sync max prob diff"
-    return (
-        f"checks: {len(syncs)} syncs fingerprinted, all matched; {figure} {diff:.2g} over {scope}; "
-        f"{total(COLUMNS['obs_in_loss'][1]):.0f} observation tokens in the loss ({seen:.0f} seen); "
-        f"{total(OUTSIDE):.0f} mask tokens outside the generated spans, {total(MISSING):.0f} generated tokens "
-        f"unmasked, {total(UNRECORDED):.0f} trajectories unrecorded"
+    return Checks(
+        syncs=len(syncs),
+        sync_diff=diff,
+        covered=len(covered),
+        steps=len(rows),
+        observation_tokens_in_loss=total(COLUMNS["obs_in_loss"][1]),
+        observation_tokens_seen=seen,
+        mask_outside=total(OUTSIDE),
+        mask_missing=total(MISSING),
+        unrecorded=total(UNRECORDED),
+        async_mode=async_mode,
+        mean_bound=mean_bound,
     )
 
 
@@ -512,7 +560,9 @@ __all__ = [
     "STALENESS_WORST_MAX",
     "SYNC_MATCH_LINE",
     "SYNC_MATCH_PATTERN",
+    "Checks",
     "checks_line",
+    "checks_made",
     "sync_match_line",
     "sync_matches",
     "async_run_problems",

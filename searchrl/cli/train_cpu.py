@@ -371,19 +371,9 @@ def _real_learn(args: argparse.Namespace, qa: Path) -> int:
 
 
 def _learn(args: argparse.Namespace, qa: Path) -> int:
-    from searchrl.errors import ConfigError, SmokeCheckError
+    from searchrl.errors import ConfigError
     from searchrl.trainer.proofs.harness import check_mode
-    from searchrl.trainer.proofs.learn import (
-        ASYNC_MIN_SEEDS,
-        ASYNC_SEEDS,
-        learn_table,
-        learned_line,
-        modes_table,
-        plot_modes,
-        run_seeds,
-        seeds_table,
-        seeds_verdict,
-    )
+    from searchrl.trainer.proofs.learn import ASYNC_MIN_SEEDS, ASYNC_SEEDS, learn
 
     mode = args.trainer_mode
     check_mode(mode)
@@ -396,30 +386,16 @@ def _learn(args: argparse.Namespace, qa: Path) -> int:
         )
     if args.beside_sync and mode == "sync":
         raise ConfigError("--beside-sync compares an async mode with sync: add --trainer-mode separate_async")
-    out = _out(args, "outputs/learn-cpu").resolve()
-    common = {
-        "qa_source": qa,
-        "questions": args.questions,
-        "timeout_s": args.timeout or 1200.0,
-        "rollout": args.rollout,
-    }
-    by_mode = {"sync": run_seeds(out / "sync", seeds, mode="sync", **common)} if args.beside_sync else {}
-    runs = run_seeds(out / mode if args.beside_sync else out, seeds, mode=mode, **common)
-    by_mode[mode] = runs
-    for run in runs:
-        print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{learn_table(run)}")  # noqa: T201
-    print(f"\n{seeds_table(runs)}\nreward curve: {runs[0].out_dir.parent / 'reward_curve.png'}")  # noqa: T201
-    verdicts = {mode: seeds_verdict(mode_runs) for mode, mode_runs in by_mode.items()}
-    if args.beside_sync:
-        (out / "modes.md").write_text(modes_table(by_mode) + "\n", encoding="utf-8")
-        plot_modes(by_mode, out / "modes_curve.png")
-        print(f"\n{modes_table(by_mode)}\nmodes curve: {out / 'modes_curve.png'}")  # noqa: T201
-        print(f"sync beside it: {verdicts['sync'] or learned_line(by_mode['sync'])}")  # noqa: T201
-    print(learned_line(runs))  # noqa: T201
-    if failed := verdicts[mode]:
-        raise SmokeCheckError(failed)
-    if verdicts.get("sync"):
-        raise SmokeCheckError(f"sync beside it: {verdicts['sync']}")
+    learn(
+        _out(args, "outputs/learn-cpu").resolve(),
+        seeds,
+        mode=mode,
+        beside_sync=args.beside_sync,
+        qa_source=qa,
+        questions=args.questions,
+        timeout_s=args.timeout or 1200.0,
+        rollout=args.rollout,
+    )
     return 0
 
 

@@ -30,9 +30,10 @@ from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.settings import TrainerMode, TrainSettings
 from searchrl.trainer.step_checks import (
+    Checks,
     StepCheck,
     StepRow,
-    checks_line,
+    checks_made,
     parse_steps,
     step_summary,
     sync_and_mask_problems,
@@ -314,12 +315,18 @@ def hf_sync_problems(logs: Sequence[str]) -> list[str]:
 
 
 def run_checks_line(rows: Sequence[StepRow], logs: Sequence[str], *, hf: bool = True, **kwargs: Any) -> str:
-    """`step_checks.checks_line` of a CPU run (SmokeCheckError when a check never ran), after the hf engine's own
-    check that each update it logged was compared (`hf_sync_problems`; `hf=False` for verl's vLLM server)."""
+    """`step_checks.checks_line` of a CPU run (`run_checks`' line)."""
+    return run_checks(rows, logs, hf=hf, **kwargs).line()
+
+
+def run_checks(rows: Sequence[StepRow], logs: Sequence[str], *, hf: bool = True, **kwargs: Any) -> Checks:
+    """What a CPU run's checks read (`step_checks.checks_made`; SmokeCheckError when a check never ran), after the
+    hf engine's own check that each update it logged was compared (`hf_sync_problems`; `hf=False` for verl's vLLM
+    server)."""
     problems = hf_sync_problems(logs) if hf else []
     if problems:
         raise SmokeCheckError("checks: " + "; ".join(problems))
-    return checks_line(rows, logs, error=SmokeCheckError, **kwargs)
+    return checks_made(rows, logs, error=SmokeCheckError, **kwargs)
 
 
 def run_training(

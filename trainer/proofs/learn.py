@@ -50,7 +50,7 @@ import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,7 +66,7 @@ from searchrl.trainer.proofs.harness import (
     cpu_overrides,
     cpu_settings,
     fresh_out_dir,
-    run_checks_line,
+    run_checks,
     run_training,
     tokenizer_texts,
     write_qa,
@@ -80,16 +80,18 @@ from searchrl.trainer.proofs.learn_epochs import (
     paired_rise,
     read_dumps,
 )
+from searchrl.trainer.proofs.record import write_record
 from searchrl.trainer.settings import TrainerMode, TrainSettings
 from searchrl.trainer.step_checks import (
     ENTROPY,
     STALENESS_WORST_MAX,
     SYNC_MATCH_PATTERN,
+    Checks,
     StepCheck,
     StepRow,
     async_step_problems,
     check_steps,
-    checks_line,
+    checks_made,
     step_table,
     sync_and_mask_problems,
     sync_matches,
@@ -210,6 +212,7 @@ class LearnRun:
     updates: dict[str, list[int]] = field(default_factory=dict)  # invocation label -> steps of updates
     syncs: list[str] = field(default_factory=list)  # the logs' step_checks.SYNC_MATCH_LINE lines
     checks: str = ""  # step_checks.checks_line of this seed, set once its training ended
+    checked: Checks | None = None  # the figures of that line
     phases: dict[str, float] = field(default_factory=dict)
     probe_initial: float = math.nan
     probe_merged: float = math.nan
@@ -575,7 +578,8 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
             texts.append(text)
             run.phases[f"train {label}"] = time.monotonic() - started
         try:
-            run.checks = run_checks_line(run.rows, texts, hf=vllm is None, async_mode=mode != "sync")
+            run.checked = run_checks(run.rows, texts, hf=vllm is None, async_mode=mode != "sync")
+            run.checks = run.checked.line()
         except SmokeCheckError as exc:
             raise SmokeCheckError(f"the learning run (seed {seed}) failed: {exc}") from None
         started = time.monotonic()
@@ -788,12 +792,76 @@ def learn_table(run: LearnRun) -> str:
 
 def seeds_checks(runs: Sequence[LearnRun]) -> str:
     """The checks line (step_checks.checks_line) over every seed's steps and matched syncs: the runs' one line."""
-    return checks_line(
+    return seeds_checked(runs).line()
+
+
+def seeds_checked(runs: Sequence[LearnRun]) -> Checks:
+    """The figures of `seeds_checks`' line."""
+    return checks_made(
         [row for run in runs for row in run.rows],
         [line for run in runs for line in run.syncs],
         async_mode=any(run.mode != "sync" for run in runs),
         error=SmokeCheckError,
     )
+
+
+def learned_figures(runs: Sequence[LearnRun]) -> dict[str, Any]:
+    """The figures of `learned_line` and of each seed, for the run record (trainer/proofs/record.py)."""
+    paired = [run.paired() for run in runs if run.trajectories]
+    first = statistics.fmean(statistics.fmean(p.first.values()) for p in paired) if paired else math.nan
+    last = statistics.fmean(statistics.fmean(p.last.values()) for p in paired) if paired else math.nan
+    try:
+        checked: dict[str, Any] | None = asdict(seeds_checked(runs))
+    except SmokeCheckError:
+        checked = None
+    return {
+        "reward_first": first,
+        "reward_last": last,
+        "rise": last - first,
+        "questions_rose": sum(p.rose for p in paired),
+        "questions": sum(len(p.first) for p in paired),
+        "last_epoch_groups_varying": min((run.last_epoch_varying() for run in runs), default=math.nan),
+        "sync_max_prob_diff": max((run.max_sync_diff() for run in runs), default=math.nan),
+        "observation_tokens_in_loss": sum(run.observation_tokens_in_loss() for run in runs),
+        "model_written_searches": sum(run.model_searches() for run in runs),
+        "checks": checked,
+        "seeds": [
+            {
+                "seed": run.seed,
+                "mode": run.mode,
+                "steps": len(run.rows),
+                "probe_initial": run.probe_initial,
+                "probe_merged": run.probe_merged,
+                "weight_change": run.weight_change,
+                "wall_s": sum(run.phases.values()),
+            }
+            for run in runs
+        ],
+    }
+
+
+def learn(out: Path, seeds: Sequence[int], *, mode: str, beside_sync: bool, **common: Any) -> list[LearnRun]:
+    """`searchrl train cpu learn`: the seeds' runs (and sync's beside them), their tables and curve printed, the
+    record written (`<out>/run.json`, trainer/proofs/record.py) and the verdict: SmokeCheckError with the failing
+    line, or the runs that learned."""
+    by_mode = {"sync": run_seeds(out / "sync", seeds, mode="sync", **common)} if beside_sync else {}
+    runs = run_seeds(out / mode if beside_sync else out, seeds, mode=mode, **common)
+    by_mode[mode] = runs
+    for run in runs:
+        print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{learn_table(run)}")  # noqa: T201
+    print(f"\n{seeds_table(runs)}\nreward curve: {runs[0].out_dir.parent / 'reward_curve.png'}")  # noqa: T201
+    verdicts = {name: seeds_verdict(mode_runs) for name, mode_runs in by_mode.items()}
+    if beside_sync:
+        (out / "modes.md").write_text(modes_table(by_mode) + "\n", encoding="utf-8")
+        plot_modes(by_mode, out / "modes_curve.png")
+        print(f"\n{modes_table(by_mode)}\nmodes curve: {out / 'modes_curve.png'}")  # noqa: T201
+        print(f"sync beside it: {verdicts['sync'] or learned_line(by_mode['sync'])}")  # noqa: T201
+    print(learned_line(runs))  # noqa: T201
+    failed = verdicts[mode] or (f"sync beside it: {verdicts['sync']}" if verdicts.get("sync") else None)
+    write_record(out, "learn-cpu", failed, learned_figures(runs))
+    if failed:
+        raise SmokeCheckError(failed)
+    return runs
 
 
 def seeds_table(runs: Sequence[LearnRun]) -> str:
@@ -833,6 +901,8 @@ __all__ = [
     "WINDOW",
     "LearnRun",
     "count_updates",
+    "learn",
+    "learned_figures",
     "learned_line",
     "summarize",
     "learn_overrides",
@@ -845,6 +915,7 @@ __all__ = [
     "token_rewards",
     "run_learn",
     "run_seeds",
+    "seeds_checked",
     "seeds_checks",
     "seeds_table",
     "seeds_verdict",

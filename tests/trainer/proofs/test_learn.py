@@ -25,15 +25,11 @@ import pytest
 
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.learn import MIN_RISE, MIN_VARYING, STEPS
+from searchrl.trainer.proofs.record import PASSED, read_record
 from tests.conftest import REPO, clean_environ
 from tests.trainer.conftest import VLLM_PYTHON, CliRuns, PlannedRun, plans_runs, selected
 from tests.trainer.test_checks_line import checks_figures
 
-LEARNED = re.compile(
-    r"^learned: reward per question, first epoch -> last (\d\.\d+) -> (\d\.\d+) \(([+-]\d\.\d+)\), "
-    r"\d+ of \d+ rose; last epoch's groups varying (\d\.\d+); sync max prob diff (\S+); "
-    r"observation tokens in loss (\d+); model-written searches (\d+)$"
-)
 # what the fingerprint check prints for stale_sync: on the hf engine the first push after step 1 is refused (in
 # every mode); verl's vLLM workers load none of the buckets they receive, so its initial sync (vLLM's dummy weights
 # -> the actor's) is refused, before step 1
@@ -125,27 +121,32 @@ def sync_runs(session_runs: CliRuns) -> CliRuns:
 def test_make_learn_cpu_learns_with_the_sync_and_masks_checked_on_every_step(sync_runs, engine):
     proc = sync_runs.result(_key(engine, None), LEARN_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    match = LEARNED.match(last)
-    assert match, last
-    first, final, delta = (float(g) for g in match.groups()[:3])
-    assert final - first >= MIN_RISE and float(match.group(4)) >= MIN_VARYING
-    assert float(match.group(5)) < 1e-4 and match.group(6) == "0"
-    rows = [line for line in proc.stdout.splitlines() if re.match(r"^\| \d+ \| (1|2 \(resumed\)) \| ", line)]
-    assert len(rows) == STEPS
-    assert (sync_runs.out(_key(engine, None)) / "reward_curve.png").stat().st_size > 10_000
+    out = sync_runs.out(_key(engine, None))
+    # the figures from the run's record (trainer/proofs/record.py), not from its printed lines
+    record = read_record(out)
+    assert record["run"] == "learn-cpu" and record["passed"] and record["verdict"] == PASSED, record
+    figures = record["figures"]
+    assert (
+        proc.stdout.strip().splitlines()[-1].startswith("learned: reward per question, first epoch -> last ")
+    )
+    assert figures["rise"] >= MIN_RISE and figures["last_epoch_groups_varying"] >= MIN_VARYING, figures
+    assert figures["sync_max_prob_diff"] < 1e-4 and figures["observation_tokens_in_loss"] == 0, figures
+    assert [(seed["seed"], seed["steps"]) for seed in figures["seeds"]] == [(0, STEPS)]
+    assert figures["seeds"][0]["probe_merged"] > figures["seeds"][0]["probe_initial"]
+    assert (out / "reward_curve.png").stat().st_size > 10_000
     assert "| seed | reward first epoch | reward last epoch | paired rise | questions rose |" in proc.stdout
     # what the checks read: a sync when each invocation starts and after each of its steps, the fp32 bound on all
-    checks = checks_figures(proc.stdout)
+    checks = figures["checks"]
     # (on verl's vLLM server the run is one invocation, one engine start: learn.run_learn says why)
     invocations = 1 if engine == "vllm" else 2
-    assert checks["syncs"] == STEPS + invocations and checks["covered"] == STEPS and checks["diff"] < 1e-4, (
-        checks
-    )
-    assert checks["in_loss"] == 0 and checks["seen"] > 0, checks
-    assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
-    # one seed: its steps.md ends with the same line
-    assert checks_figures((sync_runs.out(_key(engine, None)) / "seed-0" / "steps.md").read_text()) == checks
+    assert checks["syncs"] == STEPS + invocations and checks["covered"] == STEPS, checks
+    assert checks["sync_diff"] < 1e-4 and checks["steps"] == STEPS, checks
+    assert checks["observation_tokens_in_loss"] == 0 and checks["observation_tokens_seen"] > 0, checks
+    assert checks["mask_outside"] == checks["mask_missing"] == checks["unrecorded"] == 0, checks
+    # the line people read says what the record says, and one seed's steps.md ends with the same line
+    printed = checks_figures(proc.stdout)
+    assert (printed["syncs"], printed["seen"]) == (checks["syncs"], checks["observation_tokens_seen"])
+    assert checks_figures((out / "seed-0" / "steps.md").read_text()) == printed
 
 
 def _fails_with_one_line(proc: subprocess.CompletedProcess[str], sabotaged: str, named: str) -> None:
@@ -223,21 +224,17 @@ def test_separate_async_learn_cpu_learns_over_three_seeds_with_every_step_versio
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert "; max prob diff on stale samples (versions checked) " in last, last
-    match = LEARNED.match(
-        last.replace("first group -> last", "first epoch -> last").replace(
-            "max prob diff on stale samples (versions checked)", "sync max prob diff"
-        )
-    )
-    assert match, proc.stdout[-2000:]
-    assert float(match.group(3)) >= MIN_RISE and float(match.group(4)) >= MIN_VARYING
+    figures = read_record(tmp_path / "learn")["figures"]
+    assert figures["rise"] >= MIN_RISE and figures["last_epoch_groups_varying"] >= MIN_VARYING, figures
     assert "| worst staleness |" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if re.match(r"^\| \d+ \| (1|2 \(resumed\)) \| ", line)]
     assert len(rows) == 3 * STEPS and all(re.search(r"\| [01] \|$", row) for row in rows)
     assert sorted(p.name for p in (tmp_path / "learn").glob("seed-*")) == ["seed-0", "seed-1", "seed-2"]
     # over the three seeds: their syncs, the steps without stale trajectories
-    checks = checks_figures(proc.stdout)
+    checks = figures["checks"]
     assert checks["syncs"] >= 3 * STEPS and checks["steps"] == 3 * STEPS and checks["covered"] >= 3, checks
-    assert checks["in_loss"] == 0 and checks["seen"] > 0 and checks["outside"] == 0, checks
+    assert checks["observation_tokens_in_loss"] == 0 and checks["observation_tokens_seen"] > 0, checks
+    assert checks["mask_outside"] == 0, checks
     assert "checks: " in (tmp_path / "learn" / "seeds.md").read_text()
 
 

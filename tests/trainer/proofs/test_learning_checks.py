@@ -655,3 +655,27 @@ def test_the_probe_gives_the_end_of_turn_token_and_other_special_tokens_no_chara
     kept = [r for r in rewards if not math.isnan(r)]
     ids = tokenizer.encode("the time", add_special_tokens=False)
     assert probe_score(model_dir, [(ids, answers)]) == pytest.approx(sum(kept) / len(kept), abs=1e-6)
+
+
+def test_the_record_holds_the_learned_line_s_figures_and_each_seed():
+    import searchrl.trainer.proofs.learn as learn
+
+    rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
+    runs = [_learn_run(rising)]
+    figures = learn.learned_figures(runs)
+    line = learn.learned_line(runs)
+    assert f"{figures['reward_first']:.3f} -> {figures['reward_last']:.3f} ({figures['rise']:+.3f})" in line
+    assert f"{figures['questions_rose']} of {figures['questions']} rose" in line
+    assert figures["rise"] == pytest.approx(0.3) and figures["questions"] == WINDOW * 2
+    assert figures["seeds"] == [
+        {
+            "seed": 0,
+            "mode": "sync",
+            "steps": 20,
+            "probe_initial": 0.30,
+            "probe_merged": 0.60,
+            "weight_change": 0.2,
+            "wall_s": 0,
+        }
+    ]
+    assert figures["checks"] is None  # no sync was matched in these rows: the record says so, not zeros
