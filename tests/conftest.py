@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,12 +70,34 @@ OPT_IN = {
 }
 
 
+# What `quiet` tests wait for: the CLI runs the session started (tests/trainer/conftest.py puts its CliRuns here).
+SESSION_RUNS = pytest.StashKey[Any]()
+QUIET_WAIT_S = 3600
+# every benchmark test measures the machine (time, memory, throughput under load)
+QUIET_FOLDERS = ("tests/bench/",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the opt-in tests -m does not name (OPT_IN); run the `quiet` ones last, once the session's CLI runs have
+    ended (`pytest_runtest_setup`): beside two verl runs, a drain test lost 3 of 3,487 requests, a memory bound read
+    325 MB against 100 and an eval recorded 7 of 10 questions (measured, issue 52: the runs start with the session)."""
     named = set(re.findall(r"\w+", config.option.markexpr or ""))
     for item in items:
         for mark, target in OPT_IN.items():
             if item.get_closest_marker(mark) is not None and mark not in named:
                 item.add_marker(pytest.mark.skip(reason=f"opt-in: {target} (-m {mark})"))
+        if item.nodeid.startswith(QUIET_FOLDERS):
+            item.add_marker(pytest.mark.quiet)
+    quiet = [item for item in items if item.get_closest_marker("quiet") is not None]
+    if quiet:
+        items[:] = [item for item in items if item.get_closest_marker("quiet") is None] + quiet
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A `quiet` test starts only once every CLI run the session started has ended."""
+    runs = item.config.stash.get(SESSION_RUNS, None)
+    if runs is not None and item.get_closest_marker("quiet") is not None:
+        runs.wait_all(QUIET_WAIT_S)
 
 
 def clean_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:

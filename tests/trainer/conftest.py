@@ -23,7 +23,7 @@ from searchrl.prompt import SEARCH_TOOL_SCHEMA, build_user_prompt
 from searchrl.trainer.cpu.tiny_model import CHATML_HERMES_TEMPLATE
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.settings import TrainSettings
-from tests.conftest import QA_SAMPLE, REPO, TINY_CORPUS, clean_environ
+from tests.conftest import QA_SAMPLE, REPO, SESSION_RUNS, TINY_CORPUS, clean_environ
 
 SEVENTH_SEAL_QUESTION = (
     "Which Swedish director wrote and directed the 1957 film in which a medieval knight challenges Death to a "
@@ -284,6 +284,18 @@ class CliRuns:
         read = {s: self._log(key, s).read_text(errors="replace") for s in ("stdout", "stderr")}
         return subprocess.CompletedProcess(proc.args, code, read["stdout"], read["stderr"])
 
+    def wait_all(self, timeout_s: float) -> None:
+        """Wait until every run, started or waiting for a slot, has ended (TimeoutError past `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                busy = bool(self._waiting) or self._running() > 0
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the session's CLI runs still ran after {timeout_s:.0f} s")
+            time.sleep(1.0)
+
     def stop(self) -> None:
         with self._lock:
             self._waiting.clear()  # none starts after this
@@ -334,7 +346,6 @@ class PlannedRun:
 
 Planner = Callable[[pytest.Session], list[PlannedRun]]
 _PLANNERS: list[Planner] = []
-_SESSION_RUNS = pytest.StashKey[CliRuns]()
 # Two at a time: three runs on verl's vLLM server came within 5% of this machine's 24 GB (CliRuns says why).
 SESSION_MAX_RUNNING = 2
 SESSION_NICE = 10
@@ -357,14 +368,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     root = Path(tempfile.mkdtemp(prefix="searchrl-cli-runs-"))
     runs = CliRuns(root, max_running=SESSION_MAX_RUNNING, nice=SESSION_NICE)
-    session.config.stash[_SESSION_RUNS] = runs
+    session.config.stash[SESSION_RUNS] = runs
     for plan in plans:
         runs.start(plan.key, plan.args, plan.env, python=plan.python)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Stop what a failed or interrupted session left running; keep the runs' folder (logs) unless it passed."""
-    runs = session.config.stash.get(_SESSION_RUNS, None)
+    runs = session.config.stash.get(SESSION_RUNS, None)
     if runs is not None:
         runs.stop()
         if exitstatus == 0:
@@ -374,7 +385,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def session_runs(request: pytest.FixtureRequest) -> CliRuns:
     """The runs `pytest_collection_finish` started for this session's readers, keyed as their planners named them."""
-    runs = request.config.stash.get(_SESSION_RUNS, None)
+    runs = request.config.stash.get(SESSION_RUNS, None)
     if runs is None:
         pytest.fail("no CLI run was planned for this test: mark it cli_run(NAME) and plan NAME (plans_runs)")
     return runs

@@ -29,6 +29,9 @@ ROUNDS = 4
 PER_ROUND = 400
 MARGIN_MB = 25.0
 
+# RSS bounds: read on a quiet machine, after the session's CLI runs (tests/conftest.py)
+pytestmark = pytest.mark.quiet
+
 
 def new_queries(n: int, seed: int) -> list[str]:
     """n distinct questions of 2..48 words from the fixture corpus's vocabulary (every token length)."""
