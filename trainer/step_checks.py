@@ -39,6 +39,7 @@ import re
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from searchrl.errors import SearchRLError, StepCheckError
 from searchrl.trainer.plugins import versions
@@ -369,16 +370,9 @@ class Checks:
         )
 
 
-def checks_line(
-    rows: Sequence[StepRow],
-    logs: Sequence[str],
-    *,
-    async_mode: bool = False,
-    mean_bound: bool = False,
-    error: type[SearchRLError] = StepCheckError,
-) -> str:
-    """The one line a passing run ends with (`checks_made`'s figures)."""
-    return checks_made(rows, logs, async_mode=async_mode, mean_bound=mean_bound, error=error).line()
+def checks_line(rows: Sequence[StepRow], logs: Sequence[str], **kwargs: Any) -> str:
+    """The one line a passing run ends with: `checks_made(rows, logs, **kwargs)`'s figures."""
+    return checks_made(rows, logs, **kwargs).line()
 
 
 def checks_made(
