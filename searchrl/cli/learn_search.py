@@ -17,7 +17,7 @@ from pathlib import Path
 from searchrl.cli.flags import verb
 
 DEFAULT_OUT = "outputs/learn-search"
-DEFAULT_CORPUS = "data/corpora/wiki-bundled-en.jsonl"
+DEFAULT_CORPUS = "bundled"  # the installed ~10k Wikipedia summaries, written to data/corpora/ on first use
 
 
 def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,7 +27,12 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = verb(verbs, "learn-search", _learn_search, suppress=False)
     p.add_argument("--out", default=DEFAULT_OUT, help="work folder, emptied first (default %(default)s)")
     p.add_argument("--model", default="smollm2-135m", help="known name or local folder (default %(default)s)")
-    p.add_argument("--corpus", default=DEFAULT_CORPUS, help="Search-R1 JSONL the questions come from")
+    p.add_argument(
+        "--corpus",
+        default=DEFAULT_CORPUS,
+        help="Search-R1 JSONL the questions come from, or `bundled` (default: the installed Wikipedia summaries, "
+        "written to data/corpora/ on first use)",
+    )
     p.add_argument("--steps", type=int, help="GRPO steps (default 10)")
     p.add_argument("--prompts", type=int, help="questions a step, 8 samples each (default 4)")
     p.add_argument("--lr", type=float, help="learning rate (default 5e-5)")
@@ -87,7 +92,7 @@ def _learn_search(args: argparse.Namespace) -> int:
     run = ls.run_learn_search(
         Path(args.out),
         Path(resolve_model(args.model)),
-        corpus=Path(args.corpus),
+        corpus=_corpus(args.corpus),
         precision=args.precision,
         seed=args.seed,
         null=args.null,
@@ -100,6 +105,16 @@ def _learn_search(args: argparse.Namespace) -> int:
     report, curve = run.out_dir / "report", run.out_dir / "reward_curve.png"
     print(f"report: {report} (report.md, report.html); curve: {curve}")  # noqa: T201
     return 0 if run.verdict is not None and run.verdict.learned else 2
+
+
+def _corpus(given: str) -> Path:
+    """`bundled`: the installed corpus as Search-R1 JSONL (converted on first use, as `searchrl serve --corpus
+    bundled` does; a fresh clone has none until then), else the file given."""
+    if given != "bundled":
+        return Path(given)
+    from searchrl.retrieval.index.bundled import ensure_bundled_corpus
+
+    return ensure_bundled_corpus(Path("data"))
 
 
 __all__ = ["register"]

@@ -27,7 +27,17 @@ from searchrl.trainer.proofs.search_questions import (
 from searchrl.trainer.proofs.search_verdict import VERDICT_OK, Arm, judge, paired, table
 from tests.conftest import REPO
 
-CORPUS = REPO / "data" / "corpora" / "wiki-bundled-en.jsonl"
+CORPUS = REPO / "data" / "corpora" / "wiki-bundled-en.jsonl"  # what `--corpus bundled` (the default) writes
+
+
+@pytest.fixture
+def bundled_corpus() -> Path:
+    """The default `--corpus bundled`, converted if this checkout has not yet (a fresh clone has not)."""
+    from searchrl.retrieval.index.bundled import ensure_bundled_corpus
+
+    return ensure_bundled_corpus(REPO / "data")
+
+
 LION = '"Lion"\nThe lion is a large cat of the genus Panthera native to Africa and India. It has a muscular body.'
 
 
@@ -78,10 +88,8 @@ def test_passages_that_cannot_make_a_fair_question_are_left_out():
     )
 
 
-def test_candidates_are_deterministic_and_never_leak_their_answer():
-    if not CORPUS.is_file():
-        pytest.skip("the bundled corpus is made by `make serve-retrieval` (searchrl.retrieval bundled)")
-    first, second = candidates(CORPUS), candidates(CORPUS)
+def test_candidates_are_deterministic_and_never_leak_their_answer(bundled_corpus: Path):
+    first, second = candidates(bundled_corpus), candidates(bundled_corpus)
     assert first == second and len(first) > 1000
     from searchrl.scoring import normalize_answer
 
@@ -276,7 +284,9 @@ def test_arms_are_read_in_the_held_out_order_and_missing_questions_refused():
 # --- the CLI ------------------------------------------------------------------------------------------------------
 
 
-def test_the_cli_refuses_bad_input_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_the_cli_refuses_bad_input_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bundled_corpus: Path
+):
     base = ["train", "learn-search", "--out", str(tmp_path / "o")]
     assert main([*base, "--model", str(tmp_path / "nowhere")]) == 2
     assert "no config.json" in capsys.readouterr().err
@@ -285,8 +295,10 @@ def test_the_cli_refuses_bad_input_with_one_line(tmp_path: Path, capsys: pytest.
     (model / "config.json").write_text("{}")
     assert main([*base, "--model", str(model), "--corpus", str(tmp_path / "none.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main([*base, "--model", str(model), "--corpus", str(CORPUS), "--steps", "0"]) == 2
+    assert main([*base, "--model", str(model), "--corpus", str(bundled_corpus), "--steps", "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
+    assert main([*base, "--model", str(model), "--steps", "0"]) == 2  # the default, `bundled`, resolves to it
+    assert "at least 1" in capsys.readouterr().err and bundled_corpus == CORPUS
     assert (
         main([*base, "--model", str(model), "--corpus", str(CORPUS), "--steps", "100", "--prompts", "8"]) == 2
     )
