@@ -73,8 +73,9 @@ OPT_IN = {
 # What `quiet` tests wait for: the CLI runs the session started (tests/trainer/conftest.py puts its CliRuns here).
 SESSION_RUNS = pytest.StashKey[Any]()
 QUIET_WAIT_S = 3600
-# every benchmark test measures the machine (time, memory, throughput under load)
-QUIET_FOLDERS = ("tests/bench/",)
+# every benchmark test measures the machine (time, memory, throughput under load); the client's tests time hedges,
+# breakers and deadlines in tens of milliseconds (one counted 7 hedge denials against 3 beside the runs)
+QUIET_FOLDERS = ("tests/bench/", "tests/retrieval/client/")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
