@@ -363,8 +363,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     beside the ~1,500 unit tests that run before the tests reading them (issue 52: `make test` ran them only when
     their first reader came, in the last third of the session, and waited ~18 of its 38 minutes on them; a unit
     test keeps ~one core of two busy). Nothing starts for `--collect-only` or a session that selects no reader."""
+    if session.config.option.collectonly:
+        return
     plans = sorted((p for planner in _PLANNERS for p in planner(session)), key=lambda p: p.rank)
-    if session.config.option.collectonly or not plans:
+    if not plans:
         return
     root = Path(tempfile.mkdtemp(prefix="searchrl-cli-runs-"))
     runs = CliRuns(root, max_running=SESSION_MAX_RUNNING, nice=SESSION_NICE)

@@ -391,14 +391,10 @@ def summarize(problems: Sequence[str]) -> str:
 
 def learned_line(runs: Sequence[LearnRun]) -> str:
     """The run's last line: the paired per-question rise (mean over seeds, and how many question-seed pairs rose),
-    the last epoch's varying groups (worst seed), the worst sync figure, the mask and call counts."""
+    the last epoch's varying groups (worst seed), the worst sync figure, the mask and call counts (the figures of
+    `learned_figures`, the run record's)."""
+    f = learned_figures(runs)
     paired = [run.paired() for run in runs if run.trajectories]
-    first = statistics.fmean(statistics.fmean(p.first.values()) for p in paired) if paired else math.nan
-    last = statistics.fmean(statistics.fmean(p.last.values()) for p in paired) if paired else math.nan
-    rose = sum(p.rose for p in paired)
-    pairs = sum(len(p.first) for p in paired)
-    varying = min((run.last_epoch_varying() for run in runs), default=math.nan)
-    sync = max((run.max_sync_diff() for run in runs), default=math.nan)
     what = paired[0].what if paired else "first epoch -> last"
     # an async step may train on samples of older weights: its rollout/trainer difference is staleness, not a
     # sync error (each step's weight versions were checked instead)
@@ -408,10 +404,11 @@ def learned_line(runs: Sequence[LearnRun]) -> str:
         else "max prob diff on stale samples (versions checked)"
     )
     return (
-        f"learned: reward per question, {what} {first:.3f} -> {last:.3f} ({last - first:+.3f}), "
-        f"{rose} of {pairs} rose; last epoch's groups varying {varying:.2f}; {sync_label} {sync:.2g}; "
-        f"observation tokens in loss {sum(run.observation_tokens_in_loss() for run in runs):.0f}; "
-        f"model-written searches {sum(run.model_searches() for run in runs):.0f}"
+        f"learned: reward per question, {what} {f['reward_first']:.3f} -> {f['reward_last']:.3f} ({f['rise']:+.3f}), "
+        f"{f['questions_rose']} of {f['questions']} rose; last epoch's groups varying "
+        f"{f['last_epoch_groups_varying']:.2f}; {sync_label} {f['sync_max_prob_diff']:.2g}; "
+        f"observation tokens in loss {f['observation_tokens_in_loss']:.0f}; "
+        f"model-written searches {f['model_written_searches']:.0f}"
     )
 
 
