@@ -47,10 +47,15 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--format-term",
         dest="format_term",
-        choices=("searched", "retrieved"),
+        choices=(
+            "searched",
+            "retrieved",
+            "retrieved+f1",
+        ),  # search_reward.FORMAT_TERMS (a test holds them equal)
         default="searched",
-        help="what the format term pays for: searched (its own search call ran) or retrieved (a passage its own "
-        "search returned holds a golden answer) (default %(default)s)",
+        help="what the format term pays for: searched (its own search call ran), retrieved (a passage its own "
+        "search returned holds a golden answer) or retrieved+f1 (half that, half the answer's token F1) "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--close-answer",

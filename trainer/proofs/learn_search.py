@@ -69,7 +69,11 @@ KV_CACHE_BYTES = 2**30  # SmolLM2-135M in bf16: ~23 KB a token (30 layers x K,V 
 # closed 0.26, answer retrieved 0.03, answer closed 0.01, EM 0.000; 0 of 12 GRPO groups vary), so GRPO has no
 # gradient; the closed call varies in ~90% of groups. Its share of the reward is reported (`format_share`).
 FORMAT_WEIGHT = 0.2
-TERM_TEXT = {"searched": "its own search call ran", "retrieved": "its own search retrieved a golden answer"}
+TERM_TEXT = {
+    "searched": "its own search call ran",
+    "retrieved": "its own search retrieved a golden answer",
+    "retrieved+f1": "half: its own search retrieved a golden answer; half: the answer's token F1",
+}
 REWARD_PATH = "pkg://searchrl.trainer.proofs.search_reward"
 AGENT_MODULE = "searchrl.trainer.proofs.search_agent_loop"
 ROLLOUTS = "rollouts"
@@ -482,7 +486,12 @@ def _evaluate(
 
     results = run.out_dir / "results"
     with served_model(
-        model_dir, f"smollm2-{label}", run.dtype, run.out_dir / "logs", leftovers.scratch
+        model_dir,
+        f"smollm2-{label}",
+        run.dtype,
+        run.out_dir / "logs",
+        leftovers.scratch,
+        close_answer=run.close_answer,
     ) as llm:
         jobs = [(name, qa, True) for name, qa in sets.items()] + (
             [("held", sets["held"], False)] if search_off else []

@@ -106,7 +106,8 @@ def vllm_bin() -> Path:
 def served_model(
     model_dir: Path, name: str, dtype: str, logs: Path, scratch: Path, *, close_answer: bool = False
 ) -> Iterator[str]:
-    """`vllm serve model_dir` plus the environment's proxy in front of it; yields the proxy's /v1 URL."""
+    """`vllm serve model_dir` plus the environment's proxy in front of it; yields the proxy's /v1 URL.
+    `close_answer`: the proxy ends the answer turn as training's environment does (search_env.closed_answer)."""
     vllm_port, proxy_port = _free_port(), _free_port()
     cores = os.cpu_count() or 1
     env = {
@@ -150,6 +151,7 @@ def served_model(
             f"http://127.0.0.1:{vllm_port}",
             "--port",
             str(proxy_port),
+            *(["--close-answer"] if close_answer else []),
         ],  # fmt: skip
         logs / f"proxy-{name}.log",
     )

@@ -160,6 +160,43 @@ def test_the_eval_proxy_opens_and_closes_turns_as_training_does():
     assert client.get("/openings").json() == {"search": 1, "answer": 1, "none": 0}
 
 
+def test_the_eval_serves_the_run_with_its_own_answer_rule(tmp_path, monkeypatch):
+    """Run 3 trained with `--close-answer` but its eval proxy was started without it: every answer ended
+    `<answer> Beijing<|im_end|>`, parsed as no answer, EM 0 by construction. The run's rule reaches the proxy."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from searchrl.trainer.proofs import learn_search, search_eval
+
+    commands: list[list[str]] = []
+    monkeypatch.setattr(search_eval, "_start", lambda cmd, *a, **k: commands.append(list(cmd)))
+    monkeypatch.setattr(search_eval, "_wait", lambda *a, **k: None)
+    monkeypatch.setattr(search_eval, "_stop", lambda proc: None)
+    for close in (True, False):
+        commands.clear()
+        with search_eval.served_model(tmp_path, "m", "bfloat16", tmp_path, tmp_path, close_answer=close):
+            pass
+        proxy = next(c for c in commands if "searchrl.trainer.proofs.search_proxy" in c)
+        assert ("--close-answer" in proxy) is close
+
+    served: list[bool] = []
+
+    @contextmanager
+    def fake_served(*args, close_answer=False, **kwargs):
+        served.append(close_answer)
+        yield "http://proxy/v1"
+
+    monkeypatch.setattr(search_eval, "served_model", fake_served)
+    monkeypatch.setattr(search_eval, "run_eval", lambda **kwargs: tmp_path / "r.json")
+    for close in (True, False):
+        run = learn_search.LearnSearchRun(out_dir=tmp_path, model_dir=tmp_path, close_answer=close)
+        leftovers = SimpleNamespace(scratch=tmp_path)
+        learn_search._evaluate(
+            run, "base", tmp_path, "http://r", {"held": tmp_path}, None, leftovers, search_off=True
+        )
+    assert served == [True, False]
+
+
 def test_the_answer_stops_are_every_token_that_breaks_the_line_or_opens_a_tag():
     pytest.importorskip("verl")
     model = REPO / "data" / "models" / "smollm2-135m"
@@ -371,3 +408,38 @@ def test_the_format_term_pays_a_search_or_only_a_search_that_found_the_answer():
     assert scored["score"] == pytest.approx(1.2) and scored["format_share"] == pytest.approx(0.2 / 1.2)
     with pytest.raises(ValueError, match="format_term"):
         compute_score("x", found, truth, ran, format_weight=0.2, format_term="length")
+
+
+def test_the_f1_term_pays_half_for_the_search_and_half_for_the_golden_words_in_the_answer():
+    """`retrieved+f1` (run 4): a search that found the passage earns half the term; the answer earns the other
+    half in proportion to its token F1, so "Beijing" earns nothing and a partial title earns part of it."""
+    import argparse
+
+    from searchrl.cli.learn_search import register
+    from searchrl.trainer.proofs.search_reward import FORMAT_TERMS, compute_score
+
+    truth = {"target": ["The Seventh Seal"]}
+    ran = {"search_calls": 1, "search_failures": 0}
+    found = "<tool_response>Doc 1(Title: The Seventh Seal) a 1957 film</tool_response>"
+
+    def term(text: str) -> float:
+        return compute_score("x", text, truth, ran, format_weight=0.2, format_term="retrieved+f1")["score"]
+
+    assert term(found + "<answer> Beijing </answer>") == pytest.approx(0.1)
+    # EM drops "the": "Seventh" is half the golden words (P 1, R 1/2, F1 2/3)
+    assert term(found + "<answer> Seventh </answer>") == pytest.approx(0.1 + 0.1 * 2 / 3)
+    assert term(found + "<answer> The Seventh Seal </answer>") == pytest.approx(1.2)  # EM + the whole term
+    assert term("<tool_response>nothing</tool_response><answer> Seventh </answer>") == pytest.approx(
+        0.1 * 2 / 3
+    )
+    assert term(found) == pytest.approx(0.1)  # no answer: F1 0
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    choices = next(
+        a.choices
+        for sub in parser._subparsers._group_actions
+        for p in sub.choices.values()  # type: ignore[union-attr]
+        for a in p._actions
+        if a.dest == "format_term"
+    )
+    assert tuple(choices) == FORMAT_TERMS
