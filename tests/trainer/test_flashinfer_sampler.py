@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from searchrl.trainer.settings import TrainSettings
-from tests.trainer.conftest import VLLM_PYTHON, worker_env_vars
+from tests.trainer.conftest import worker_env_vars
+from tests.trainer.e2e.runs import VLLM_PYTHON
 
 PROBE = Path(__file__).with_name("vllm_sampler_probe.py")
 

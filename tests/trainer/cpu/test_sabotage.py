@@ -13,7 +13,7 @@ import pytest
 
 from searchrl.cli import main
 from searchrl.trainer.cpu import sabotage
-from tests.trainer.conftest import CliRuns
+from tests.trainer.e2e.runs import CliRuns
 
 # a `searchrl train cpu` that stops at its flag check, before anything starts: a second or two of start-up
 REFUSED = ["train", "cpu", "gate", "--rollout", "vllm", "--model", "smollm2-135m"]
@@ -40,7 +40,7 @@ def test_a_cli_run_gets_the_clean_environment_plus_only_its_own_variables(tmp_pa
 
 
 def test_the_learning_runs_get_the_clean_environment_and_their_own_sabotage(monkeypatch):
-    from tests.trainer.proofs.test_learn import _learn_args
+    from tests.trainer.e2e.test_learn_cpu import _learn_args
 
     _left_in_the_shell(monkeypatch)
     _, honest = _learn_args(None, "sync")

@@ -6,7 +6,7 @@ fields verl's AgentLoopWorkerTQ stores (`AgentLoopOutput.as_dict()` + `list_of_d
 replay buffer's `sample` (whose metrics verl adds to the step's, trainer_base.py:567-572) -> verl's `Tracking`
 with its `file` and `console` backends. Here TransferQueue's server is stood in (`tq.kv_batch_get` returns the
 tensordict verl's worker would have stored, verl's own `ReplayBuffer.sample` returns the batch); the CPU run
-(tests/trainer/proofs/test_train_cpu.py) shows the same metrics in a real run's console log.
+(tests/trainer/e2e/test_train_cpu.py) shows the same metrics in a real run's console log.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 synthetic numbers (cases that must fail among them), and the CLI's bad-input errors.
 
 The run itself (SmolLM2-135M through verl's loop on verl's vLLM server, then `searchrl eval`/`compare`; ~20+ minutes
-on 2 cores) is opt-in: `pytest -m learn_search tests/trainer/proofs/test_learn_search.py`.
+on 2 cores) is opt-in: `pytest -m learn_search tests/trainer/e2e/test_learn_search.py`.
 """
 
 from __future__ import annotations
@@ -347,17 +347,6 @@ def test_the_make_target_runs_the_verb_from_the_vllm_venv():
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     assert "learn-search:" in makefile
     assert "$(VLLM_CPU_VENV)/bin/searchrl train learn-search" in makefile
-
-
-@pytest.mark.slow
-@pytest.mark.learn_search  # ~30 minutes on 2 cores
-def test_the_whole_run(tmp_path: Path):  # pragma: no cover
-    from searchrl.trainer.proofs.learn_search import run_learn_search
-
-    run = run_learn_search(tmp_path / "out", REPO / "data" / "models" / "smollm2-135m", corpus=CORPUS)
-    assert run.verdict is not None
-    assert (tmp_path / "out" / "report" / "report.html").is_file()
-    assert (tmp_path / "out" / "reward_curve.png").is_file()
 
 
 def test_a_step_line_glued_to_verls_dump_message_is_still_read():

@@ -1,6 +1,6 @@
 """The pieces the learning run's checks rest on, each shown to catch what it is for (issue 31).
 
-The run itself is tests/trainer/proofs/test_learn.py; these are the parts that can be checked in milliseconds: the
+The run itself is tests/trainer/e2e/test_learn_cpu.py; these are the parts that can be checked in milliseconds: the
 loss-mask span finder, the learning reward, the rollout engine's log-probs and weight updates, the sabotage
 switches, and the step checks on rows a broken run would log.
 """

@@ -1,6 +1,7 @@
-"""verl's real training loop on CPU (`make train-cpu`): steps that search, a resume, a merge, an eval; and a
-reward that raises stops the run. These run verl's own entry point with Ray, TransferQueue, the agent loop,
-FSDP2 on gloo and the `hf` rollout engine (docs/cpu-proofs.md, "First run on CPU"): minutes, not seconds."""
+"""The parts of `make train-cpu` (trainer/proofs/train_cpu.py) in seconds: its step lines read into rows and a table,
+a run stopped at the first step that fails its check, a line per phase of verl's start-up, the scripted first turn
+verl's hermes parser reads, the sampler stopping at a failed group. The run itself, as a user runs it, is
+tests/trainer/e2e/test_train_cpu.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from searchrl.trainer.cpu.scripted_agent_loop import question_of, scripted_tool_
 from searchrl.trainer.overrides import merge_overrides
 from searchrl.trainer.proofs.train_cpu import first_error
 from searchrl.trainer.step_checks import StepRow, check_steps, parse_steps, step_table
-from tests.trainer.conftest import TRAIN_CPU_TIMEOUT_S
 
 # One step line as verl's console logger prints it inside the TaskRunner actor (trimmed).
 STEP_LINE = (
@@ -60,10 +60,10 @@ def test_a_cpu_run_stops_at_the_first_step_that_fails_its_check(tmp_path, caplog
     import time
 
     from searchrl.errors import SmokeCheckError
-    from searchrl.trainer.proofs.train_cpu import run_main_ppo
+    from searchrl.trainer.proofs.harness import run_main_ppo
     from searchrl.trainer.step_checks import sync_and_mask_problems
 
-    caplog.set_level("INFO", logger="searchrl.trainer.proofs.train_cpu")
+    caplog.set_level("INFO", logger="searchrl.trainer.proofs.harness")  # where run_main_ppo logs
     ok, stale = STEP_LINE.replace("step:2", "step:1"), STEP_LINE.replace("1.2e-09", "0.0028")
     started = time.monotonic()
     with pytest.raises(SmokeCheckError) as info:
@@ -100,9 +100,9 @@ STARTUP_LINES = [
 def test_a_cpu_run_shows_a_line_per_phase_of_verls_start_up_before_its_first_step(tmp_path, caplog):
     """`make train-cpu-real` printed nothing for 6 minutes before its first step (issue 39): each start-up phase
     verl logs gets one line as it arrives, once, and a rollout batch only when it is slow."""
-    from searchrl.trainer.proofs.train_cpu import run_main_ppo
+    from searchrl.trainer.proofs.harness import run_main_ppo
 
-    caplog.set_level("INFO", logger="searchrl.trainer.proofs.train_cpu")
+    caplog.set_level("INFO", logger="searchrl.trainer.proofs.harness")  # where run_main_ppo logs
     ok = STEP_LINE.replace("step:2", "step:1")
     code, _ = run_main_ppo(
         _printing(*STARTUP_LINES, ok, then_sleep_s=0), tmp_path / "train.log", 60, None, "1"
@@ -180,75 +180,3 @@ def test_the_sampler_stops_at_the_first_failed_group(monkeypatch):
     tags["u2"] = {"is_prompt": True, "status": "failure", "global_steps": 1}
     with pytest.raises(RolloutFailedError, match=r"rollout groups failed \(1 in train\)"):
         buffer._sync_metadata_from_transfer_queue()
-
-
-@pytest.mark.slow
-@pytest.mark.live
-@pytest.mark.cli_run("train-cpu sync")
-def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(train_cpu_runs):
-    """What `make train-cpu` runs, as a user runs it: the CLI, its exit code and its printed table (the run goes
-    on beside the colocate_async one, tests/trainer/conftest.py's plan_train_cpu_runs, started with the session)."""
-    from tests.trainer.test_checks_line import checks_figures  # it reads this module's STEP_LINE
-
-    out = train_cpu_runs.out("sync")
-    proc = train_cpu_runs.result("sync", TRAIN_CPU_TIMEOUT_S)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3"]
-    assert [r.split(" | ")[1] for r in rows] == ["1", "1", "2 (resumed)"]
-    for row in rows:
-        cells = [c.strip() for c in row.strip("| ").split(" | ")]
-        trajectories, scripted, failures = float(cells[2]), float(cells[4]), float(cells[5])
-        assert trajectories == 4 and scripted == 4 and failures == 0, row
-        assert all(math.isfinite(float(c)) for c in cells[6:]), row
-        sync, in_loss = float(cells[-3]), float(cells[-2])
-        assert sync < 1e-4 and in_loss == 0, row  # fp32 everywhere: the rollout ran the trained weights
-    assert "merged step 3:" in proc.stdout
-    assert "search failures 0, LLM errors 0" in proc.stdout
-    # the run ends with what its checks read: a sync when each invocation starts and after each step (3 + 2), the
-    # fp32 bound over every step, tool responses seen and none trained on, the mask invariant
-    assert proc.stdout.strip().splitlines()[-1].startswith("checks: ")
-    checks = checks_figures(proc.stdout)
-    assert checks["syncs"] == 5 and checks["diff"] < 1e-4 and checks["covered"] == 3, checks
-    assert checks["in_loss"] == 0 and checks["seen"] > 0, checks
-    assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
-    # the resumed invocation loaded step 2's checkpoint, and search metrics are in verl's console log
-    second = (out / "train-2.log").read_text(errors="replace")
-    assert "global_step_2" in second and "search/calls:" in second
-    assert (out / "checkpoints" / "cpu-smoke" / "merged" / "global_step_3" / "config.json").is_file()
-
-
-@pytest.mark.slow
-@pytest.mark.live
-def test_a_reward_that_raises_stops_the_run(tmp_path):
-    """The bug this replaced: verl 0.9.1 catches the reward's SearchFailureRateError in the agent-loop worker
-    and, without our sampler, keeps asking for prompts forever. Against a dead service, the run must end with
-    the reward's own message, well before its last step."""
-    from searchrl.trainer.cpu.tiny_model import write_tiny_model
-    from searchrl.trainer.data import prepare_data
-    from searchrl.trainer.overrides import render_overrides, verl_command
-    from searchrl.trainer.proofs.train_cpu import (
-        DEV_QA,
-        cpu_overrides,
-        cpu_settings,
-        run_main_ppo,
-        tokenizer_texts,
-        write_qa,
-    )
-    from searchrl.trainer.toolconfig import write_tool_config
-    from tests.conftest import free_port
-
-    qa = write_qa(tmp_path, DEV_QA, 12)
-    model = write_tiny_model(tmp_path / "model", tokenizer_texts(qa))
-    dead = f"http://127.0.0.1:{free_port()}"  # nobody listens: every search fails with "connect"
-    settings = cpu_settings(tmp_path, model, dead, steps=5).model_copy(
-        update={"search_failure_window": 10, "retrieval_max_retries": 0}
-    )
-    data = prepare_data(settings)
-    write_tool_config(settings)
-    overrides = merge_overrides(render_overrides(settings, data.train_rows), cpu_overrides())
-    code, text = run_main_ppo(verl_command(overrides, sys.executable), tmp_path / "train.log", timeout_s=900)
-    assert code != 0
-    assert first_error(text).startswith("SearchFailureRateError: 100.0% of the last 10 searches failed")
-    assert "RolloutFailedError: rollout groups failed" in text
-    assert len(parse_steps(text, "1")) < 5

@@ -3,7 +3,7 @@
 The stand-in copies vLLM 0.24.0 (the GPU lock's version): `v1/engine/async_llm.py`'s `collective_rpc`,
 `model_executor/models/qwen2.py`'s layout, `model_executor/layers/linear.py`'s QKVParallelLinear. It keeps these
 tests fast and in `make test`; the real vLLM 0.24.0 (its CPU build, `make test-vllm`) runs the same classes in
-verl's loop (tests/trainer/proofs/test_train_cpu_vllm.py), and the stand-in's fusion table is checked against the real Qwen2's
+verl's loop (tests/trainer/e2e/test_train_cpu_vllm.py), and the stand-in's fusion table is checked against the real Qwen2's
 below. The stand-in plays vLLM's parts with the interfaces verl 0.9.1 uses: a server handle
 whose `collective_rpc.remote(method, timeout=, args=, kwargs=)` reaches the server's `collective_rpc`, an engine
 whose `collective_rpc(method, timeout, args, kwargs)` runs the worker-extension method on every tensor-parallel
@@ -280,7 +280,7 @@ def test_the_stand_in_fuses_what_the_real_vllm_0_24_0_qwen2_fuses():
     import json
     import subprocess
 
-    from tests.trainer.conftest import VLLM_PYTHON
+    from tests.trainer.e2e.runs import VLLM_PYTHON
 
     python = VLLM_PYTHON
     probe = (

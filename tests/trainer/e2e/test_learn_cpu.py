@@ -10,7 +10,7 @@ engine in `make test-sabotage` (all four). The hf twin of the learning run and o
 engine, trainer/cpu/hf_rollout.py) left `make test` to make room for the vLLM runs: `make test-learn-hf`.
 
 The learning run and the two that stop early are three separate runs of the CLI, started with the session beside the
-unit tests (`plan_sync_runs`, tests/trainer/conftest.py's CliRuns and pytest_collection_finish say why); each test
+unit tests (`plan_sync_runs`, tests/trainer/e2e/conftest.py's CliRuns and pytest_collection_finish say why); each test
 reads its own run's output.
 """
 
@@ -27,7 +27,7 @@ from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.learn import MIN_RISE, MIN_VARYING, STEPS
 from searchrl.trainer.proofs.record import PASSED, read_record
 from tests.conftest import REPO, clean_environ
-from tests.trainer.conftest import VLLM_PYTHON, CliRuns, PlannedRun, plans_runs, selected
+from tests.trainer.e2e.runs import VLLM_PYTHON, CliRuns, PlannedRun, plans_runs, selected
 from tests.trainer.test_checks_line import checks_figures
 
 # what the fingerprint check prints for stale_sync: on the hf engine the first push after step 1 is refused (in
@@ -89,7 +89,7 @@ def _key(engine: str, sabotaged: str | None) -> str:
 @plans_runs
 def plan_sync_runs(session: pytest.Session) -> list[PlannedRun]:
     """The learning run and the early-stopping sabotages this session selected, keyed by engine and sabotage
-    (`_key`), started with the session (tests/trainer/conftest.py's pytest_collection_finish), two at a time: the
+    (`_key`), started with the session (tests/trainer/e2e/conftest.py's pytest_collection_finish), two at a time: the
     learning run first (the longest), each early stop after a run on our hf engine (ranks 0, 2, 4...; the train-cpu
     runs take 1 and 3), so two runs on verl's vLLM server meet only while the learning run goes on."""
     keys = [(item.callspec.params["engine"], None) for item in selected(session, LEARNS)]

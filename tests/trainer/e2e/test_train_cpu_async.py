@@ -15,7 +15,7 @@ import pytest
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.proofs.train_cpu import ASYNC_STEPS
 from tests.conftest import REPO
-from tests.trainer.conftest import TRAIN_CPU_TIMEOUT_S
+from tests.trainer.e2e.runs import TRAIN_CPU_TIMEOUT_S
 from tests.trainer.test_checks_line import checks_figures
 
 # make test-separate-async (-m separate_async): the separate_async CPU runs cost 3.5-7 min each here, over the default
@@ -53,7 +53,7 @@ def _assert_async_checks(stdout: str) -> None:
 def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(train_cpu_runs):
     """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
     step ASYNC_STEPS, merge and eval; step_checks' async checks passed (exit 0), and the log shows why they could.
-    The run started beside test_train_cpu.py's (tests/trainer/conftest.py's plan_train_cpu_runs, started with the session)."""
+    The run started beside test_train_cpu.py's (tests/trainer/e2e/conftest.py's plan_train_cpu_runs, started with the session)."""
     out = train_cpu_runs.out("colocate_async")
     proc = train_cpu_runs.result("colocate_async", TRAIN_CPU_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
