@@ -127,11 +127,9 @@ class WebBackend(Backend):
         self.blocklist = [d.lower().lstrip(".") for d in (blocklist or [])]
         self.page_mode = page_mode
         self.page_words = page_words
-        self.page_timeout_s = page_timeout_s
-        self.page_max_bytes = page_max_bytes
-        self.page_allow_private = page_allow_private
         # page fetching ends within this many seconds of the request's start (the service's request deadline)
         self.request_timeout_s = request_timeout_s
+        # the page limits live in the fetcher only, which applies them
         self._pages = PageFetcher(
             timeout_s=page_timeout_s,
             max_bytes=page_max_bytes,
