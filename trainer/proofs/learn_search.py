@@ -33,14 +33,15 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.proofs.harness import fresh_out_dir
+from searchrl.trainer.proofs.record import write_record
 from searchrl.trainer.proofs.search_eval import Rules
-from searchrl.trainer.proofs.search_verdict import Arm, Verdict, judge, table
+from searchrl.trainer.proofs.search_verdict import Arm, Paired, Verdict, judge, table
 
 if TYPE_CHECKING:
     from searchrl.trainer.proofs.search_questions import QuestionSet
@@ -105,6 +106,42 @@ class LearnSearchRun:
 
     def line(self) -> str:
         return self.verdict.line() if self.verdict is not None else "did NOT learn to search: no verdict"
+
+    def figures(self) -> dict[str, Any]:
+        """What `<out>/run.json` holds (trainer/proofs/record.py): per arm n, EM, answer retrieval and searches per
+        episode; the paired differences; each step's mean reward; the format term's share; the phase times."""
+
+        def arms(group: dict[str, Arm]) -> dict[str, dict[str, float]]:
+            return {
+                key: {"n": a.n, "em": a.mean(), "retrieved": a.found_share(), "searches": a.searches_mean()}
+                for key, a in group.items()
+            }
+
+        def pair(p: Paired | None) -> dict[str, float] | None:
+            return None if p is None else asdict(p)
+
+        verdict = self.verdict
+        return {
+            "held_out": arms(self.arms),
+            "dev": arms(self.dev),
+            "paired": None
+            if verdict is None
+            else {
+                "em": pair(verdict.em),
+                "retrieved": pair(verdict.found),
+                "on_vs_off": pair(verdict.on_vs_off),
+                "null": pair(verdict.null),
+                "gain_on": verdict.gain_on,
+                "gain_off": verdict.gain_off,
+            },
+            "step_reward": [row.get("reward") for row in self.rows],
+            "null_step_reward": [row.get("reward") for row in self.null_rows],
+            "format_term": self.format_term,
+            "format_weight": self.format_weight,
+            "format_share": self.format_share,
+            "close_answer": self.close_answer,
+            "phases_s": self.phases,
+        }
 
     def report(self) -> str:
         steps = [
@@ -328,6 +365,8 @@ def run_learn_search(
     finally:
         leftovers.clean()
         (out_dir / "summary.md").write_text(run.report() + "\n", encoding="utf-8")
+        learned = run.verdict is not None and run.verdict.learned
+        write_record(out_dir, "learn-search", None if learned else run.line(), run.figures())
     return run
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from searchrl.trainer.proofs.record import read_record
 from tests.conftest import REPO
 from tests.trainer.proofs.test_learn_search import CORPUS
 
@@ -19,5 +20,7 @@ def test_the_whole_run(tmp_path: Path):  # pragma: no cover
 
     run = run_learn_search(tmp_path / "out", REPO / "data" / "models" / "smollm2-135m", corpus=CORPUS)
     assert run.verdict is not None
+    record = read_record(tmp_path / "out")
+    assert record["passed"] is run.verdict.learned and set(record["figures"]["held_out"]) == set(run.arms)
     assert (tmp_path / "out" / "report" / "report.html").is_file()
     assert (tmp_path / "out" / "reward_curve.png").is_file()

@@ -248,6 +248,39 @@ def test_a_gain_that_depends_on_search_is_learned_to_search():
     assert v.em.low > 0 and v.found.low > 0
 
 
+def test_the_run_record_holds_the_held_out_table_and_the_verdict(tmp_path):
+    """`<out>/run.json`: each arm's n, EM, answer retrieval and searches per episode, the paired differences, the
+    steps' reward, and the verdict line as it failed (or "passed"), strict JSON (a NaN share is null)."""
+    from searchrl.trainer.proofs.learn_search import LearnSearchRun
+    from searchrl.trainer.proofs.record import read_record, write_record
+    from searchrl.trainer.step_checks import COLUMNS, StepRow
+
+    run = LearnSearchRun(out_dir=tmp_path, model_dir=tmp_path, format_term="retrieved+f1")
+    run.arms = {
+        "base, held, search on": arm("base on", ones(2), ones(30), searches=0.25),
+        "trained, held, search on": arm("trained on", ones(2), ones(40)),
+        "base, held, search off": arm("base off", ones(0)),
+        "trained, held, search off": arm("trained off", ones(0)),
+    }
+    run.verdict = judge(*run.arms.values())
+    run.rows = [StepRow(step, "1", {COLUMNS["reward"][1]: 0.1 * step}) for step in (1, 2)]
+    write_record(tmp_path, "learn-search", None if run.verdict.learned else run.line(), run.figures())
+    record = read_record(tmp_path)
+    assert record["passed"] is False and record["verdict"].startswith("did NOT learn to search")
+    figures = record["figures"]
+    trained = figures["held_out"]["trained, held, search on"]
+    assert trained == {
+        "n": N,
+        "em": pytest.approx(2 / N),
+        "retrieved": pytest.approx(40 / N),
+        "searches": 1.0,
+    }
+    assert figures["held_out"]["base, held, search on"]["searches"] == 0.25
+    assert figures["paired"]["retrieved"]["gained"] == 10 and figures["paired"]["em"]["diff"] == 0
+    assert figures["paired"]["null"] is None and figures["format_share"] is None  # not run, not measured
+    assert figures["step_reward"] == pytest.approx([0.1, 0.2]) and figures["format_term"] == "retrieved+f1"
+
+
 def test_a_gain_that_survives_switching_search_off_is_not_search():
     v = judge(
         arm("base on", ones(2), ones(30)),
