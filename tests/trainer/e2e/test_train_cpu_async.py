@@ -47,21 +47,29 @@ def _assert_async_checks(stdout: str) -> None:
     assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
 
 
-@pytest.mark.slow
-@pytest.mark.live
-@pytest.mark.cli_run("train-cpu colocate_async")
-def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(train_cpu_runs):
-    """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
-    step ASYNC_STEPS, merge and eval; step_checks' async checks passed (exit 0), and the log shows why they could.
-    The run started beside test_train_cpu.py's (tests/trainer/e2e/conftest.py's plan_train_cpu_runs, started with the session)."""
-    out = train_cpu_runs.out("colocate_async")
-    proc = train_cpu_runs.result("colocate_async", TRAIN_CPU_TIMEOUT_S)
+def _passed_async_run(proc: subprocess.CompletedProcess[str], out: Path) -> tuple[list[str], list[str]]:
+    """What every async run that passed shows: exit 0, the merge and eval, its checks line, and ASYNC_STEPS step
+    lines over its two invocations, none with a missing version; the two logs and the step lines."""
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert f"merged step {ASYNC_STEPS}:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
     _assert_async_checks(proc.stdout)
     logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
     steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
     assert len(steps) == ASYNC_STEPS and all("versions/missing:0.0" in line for line in steps)
+    return logs, steps
+
+
+@pytest.mark.slow
+@pytest.mark.live
+@pytest.mark.cli_run("train-cpu colocate_async")
+def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(train_cpu_runs):
+    """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
+    step ASYNC_STEPS, merge and eval; step_checks' async checks passed (exit 0), and the log shows why they could.
+    The run started beside test_train_cpu.py's
+    (tests/trainer/e2e/conftest.py's plan_train_cpu_runs, started with the session)."""
+    out = train_cpu_runs.out("colocate_async")
+    proc = train_cpu_runs.result("colocate_async", TRAIN_CPU_TIMEOUT_S)
+    logs, steps = _passed_async_run(proc, out)
     # a turn cut by an update and resumed is timing here (reported, not required: trainer/proofs/train_cpu.py); its path
     # is proven with verl's own async client in tests/trainer/cpu/test_hf_async.py
     assert all(re.search(r"versions/spanning:[\d.]+", line) for line in steps)
@@ -100,12 +108,7 @@ def test_separate_async_pushes_weights_to_a_standalone_replica_every_step_and_re
     they could: a timed push and a ledger-verified version on every step but the resumed one's first."""
     out = tmp_path / "run"
     proc = _train_cpu_async(out, mode="separate_async")
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert f"merged step {ASYNC_STEPS}:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
-    _assert_async_checks(proc.stdout)
-    logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
-    steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
-    assert len(steps) == ASYNC_STEPS and all("versions/missing:0.0" in line for line in steps)
+    logs, steps = _passed_async_run(proc, out)
     assert len(_step_values(steps, "timing_s/update_weights")) == ASYNC_STEPS
     assert all(v > 0 for v in _step_values(steps, "checkpoint_engine/gloo_bytes"))
     assert sum(v >= 1 for v in _step_values(steps, "versions/verified")) >= ASYNC_STEPS - 1
