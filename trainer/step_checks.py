@@ -19,11 +19,9 @@ What each check catches (docs/cpu-proofs.md, "The loop learns"):
 - **async modes** (`searchrl train cpu --trainer-mode colocate_async`): rollout log-probs of a trajectory sampled
   before an update come from older weights, so the probability-difference bound applies only to steps whose worst
   staleness (verl's `training/off_policy/trajectory_staleness_worst/max`) is 0. In its place: every step's
-  `versions/*` (trainer/plugins/versions.py: stamped, within the staleness bound, each used version verified by the hf
-  servers' ledgers), and over the run at least one trajectory that spans two versions, every version a step may
-  have used named by an update line of its invocation (or, for a resumed run's restored trajectories, of the
-  first), the resumed invocation restoring the in-flight prompt groups from the checkpoint's `transfer_queue/`,
-  and its first weights equal to the first invocation's at the checkpoint step.
+  `versions/*` (trainer/plugins/versions.py: stamped, within the staleness bound, each used version verified where
+  the rollout servers keep a ledger). What the CPU run checks over its whole log (the engine's update lines, the
+  resume) is its own: trainer/proofs/train_cpu.py `async_run_problems`.
 
 A passing run says what its checks read (`checks_line`): the weight syncs whose fingerprint matched (one
 `SYNC_MATCH_LINE` each in the run's log), the largest rollout/actor difference over the steps the sync bound
@@ -44,7 +42,6 @@ from typing import Any
 from searchrl.errors import SearchRLError, StepCheckError
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
-from searchrl.trainer.verl_progress import UPDATE_PATTERN
 from searchrl.trainer.weight_sync.match_line import (
     SYNC_MATCH_LINE,
     SYNC_MATCH_PATTERN,
@@ -98,10 +95,6 @@ PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
 ENTROPY = "actor/entropy"  # verl's per-step mean entropy of the policy over the trained tokens
 STALENESS_WORST_MAX = "training/off_policy/trajectory_staleness_worst/max"  # verl's, async modes only
 UPDATE_WEIGHTS_S = "timing_s/update_weights"  # verl times the weight push each step in separate_async
-# verl's resume of an async run from the checkpoint's transfer_queue/ (trainer_base.py, _load_checkpoint)
-_RESTORED = re.compile(r"Restored (\d+) training prompt groups from TransferQueue")
-# the hf engine's update line with its fingerprint (trainer/verl_progress.py UPDATE_LINE)
-_UPDATE_DIGEST = re.compile(UPDATE_PATTERN + r": \d+ tensors, fingerprint (\S+)")
 # The line a matched sync prints, and its reader, live beside the printers (trainer/weight_sync/match_line.py);
 # imported here under their old names.
 
@@ -233,52 +226,6 @@ def async_step_problems(
         )
     if weight_push and not row.metrics.get(UPDATE_WEIGHTS_S, math.nan) >= 0:
         problems.append(_missing(row, UPDATE_WEIGHTS_S, "the weight push to the rollout replicas"))
-    return problems
-
-
-def update_digests(log_text: str) -> list[tuple[int, int, str]]:
-    """(update number, step, fingerprint digest) of each hf-engine weight update in a log, in order."""
-    return [(int(n), int(step), digest) for n, step, digest in _UPDATE_DIGEST.findall(log_text)]
-
-
-def async_run_problems(
-    rows: Sequence[StepRow], logs: Sequence[str], resume_step: int, *, require_spanning: bool = True
-) -> list[str]:
-    """The run-level checks of an async CPU run: `logs` are its invocations' logs in order (the first stops at
-    `resume_step`, the second resumes from its checkpoint). `require_spanning`: at least one trained trajectory
-    spans two versions (colocate_async; see train_cpu.ASYNC_STEPS)."""
-    problems = []
-    if require_spanning and not sum(row.metrics.get(versions.SPANNING, 0) for row in rows) >= 1:
-        problems.append(
-            "no trained trajectory spans two weights versions (no turn was cut by an update and resumed)"
-        )
-    updates = [update_digests(text) for text in logs]
-    loaded = [{step for _, step, _ in found} for found in updates]
-    for row in rows:
-        worst = row.metrics.get(versions.STALENESS_WORST_MAX, math.nan)
-        if math.isnan(worst):
-            continue  # async_step_problems names it
-        invocation = 0 if row.run == "1" else len(logs) - 1
-        for version in range(row.step - 1 - int(worst), row.step):
-            if version not in loaded[invocation] and not (invocation and version in loaded[0]):
-                problems.append(
-                    f"step {row.step}: weights version {version} is in no update line (no sync loaded it)"
-                )
-    if len(logs) > 1 and not any(int(n) > 0 for n in _RESTORED.findall(logs[1])):
-        problems.append(
-            "the resumed invocation restored no prompt group from the checkpoint's transfer_queue/ "
-            "(verl logs 'Restored N training prompt groups from TransferQueue')"
-        )
-    if len(updates) > 1:
-        first = {step: digest for _, step, digest in updates[0]}
-        if not updates[1]:
-            problems.append("the resumed invocation logged no weight update")
-        elif updates[1][0][1] != resume_step or updates[1][0][2] != first.get(resume_step):
-            problems.append(
-                f"the resumed invocation's first weights (step {updates[1][0][1]}, {updates[1][0][2]}) are not the "
-                f"first invocation's at step {resume_step} ({first.get(resume_step)}): the checkpoint did not "
-                "restore the policy"
-            )
     return problems
 
 
@@ -559,9 +506,7 @@ __all__ = [
     "checks_made",
     "sync_match_line",
     "sync_matches",
-    "async_run_problems",
     "async_step_problems",
-    "update_digests",
     "ENTROPY",
     "PROB_DIFF_MEAN",
     "PROB_DIFF_MEAN_CEILING",

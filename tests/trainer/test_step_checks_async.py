@@ -1,4 +1,5 @@
-"""The async CPU run's checks (trainer/step_checks.py) and its verl keys (trainer/proofs/train_cpu.py), without a run."""
+"""The async CPU run's checks (trainer/step_checks.py per step, trainer/proofs/train_cpu.py over the run) and its
+verl keys (trainer/proofs/train_cpu.py), without a run."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import ConfigError
+from searchrl.trainer.cpu.hf_log import update_digests
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
-from searchrl.trainer.proofs.train_cpu import ASYNC_THRESHOLD, async_cpu_overrides, check_mode, cpu_settings
+from searchrl.trainer.proofs.train_cpu import (
+    ASYNC_THRESHOLD,
+    async_cpu_overrides,
+    async_run_problems,
+    check_mode,
+    cpu_settings,
+)
 from searchrl.trainer.step_checks import (
     STALENESS_WORST_MAX,
     UPDATE_WEIGHTS_S,
     StepRow,
-    async_run_problems,
     async_step_problems,
-    update_digests,
 )
 from searchrl.trainer.verl_progress import UPDATE_LINE
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from searchrl.devset import dev_qa_path
 from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.cpu.hf_log import update_digests
 from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.settings import TrainerMode, TrainSettings
 from searchrl.trainer.step_checks import (
@@ -38,7 +39,6 @@ from searchrl.trainer.step_checks import (
     step_summary,
     sync_and_mask_problems,
     sync_matches,
-    update_digests,
 )
 
 log = logging.getLogger(__name__)

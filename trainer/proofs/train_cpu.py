@@ -35,13 +35,16 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.cpu.hf_log import update_digests
 from searchrl.trainer.overrides import merge_overrides
 from searchrl.trainer.plugins import versions
 
@@ -77,7 +80,6 @@ from searchrl.trainer.settings import TrainerMode
 from searchrl.trainer.step_checks import (
     StepCheck,
     StepRow,
-    async_run_problems,
     async_step_problems,
     check_steps,
     step_table,
@@ -123,6 +125,53 @@ class CpuRun:
 def _phase(run: CpuRun, name: str, started: float) -> None:
     run.phases[name] = time.monotonic() - started
     log.info("%s done in %.0f s", name, run.phases[name])
+
+
+# verl's resume of an async run from the checkpoint's transfer_queue/ (trainer_base.py, _load_checkpoint)
+_RESTORED = re.compile(r"Restored (\d+) training prompt groups from TransferQueue")
+
+
+def async_run_problems(
+    rows: Sequence[StepRow], logs: Sequence[str], resume_step: int, *, require_spanning: bool = True
+) -> list[str]:
+    """The run-level checks of an async CPU run (docs/cpu-proofs.md): `logs` are its invocations' logs in order (the
+    first stops at `resume_step`, the second resumes from its checkpoint). Every version a step may have used is
+    named by an hf update line (of its invocation, or the first's for a resumed run's restored trajectories), the
+    resumed invocation restored prompt groups and started from the first's weights at `resume_step`.
+    `require_spanning`: at least one trained trajectory spans two versions (colocate_async; see ASYNC_STEPS)."""
+    problems = []
+    if require_spanning and not sum(row.metrics.get(versions.SPANNING, 0) for row in rows) >= 1:
+        problems.append(
+            "no trained trajectory spans two weights versions (no turn was cut by an update and resumed)"
+        )
+    updates = [update_digests(text) for text in logs]
+    loaded = [{step for _, step, _ in found} for found in updates]
+    for row in rows:
+        worst = row.metrics.get(versions.STALENESS_WORST_MAX, math.nan)
+        if math.isnan(worst):
+            continue  # async_step_problems names it
+        invocation = 0 if row.run == "1" else len(logs) - 1
+        for version in range(row.step - 1 - int(worst), row.step):
+            if version not in loaded[invocation] and not (invocation and version in loaded[0]):
+                problems.append(
+                    f"step {row.step}: weights version {version} is in no update line (no sync loaded it)"
+                )
+    if len(logs) > 1 and not any(int(n) > 0 for n in _RESTORED.findall(logs[1])):
+        problems.append(
+            "the resumed invocation restored no prompt group from the checkpoint's transfer_queue/ "
+            "(verl logs 'Restored N training prompt groups from TransferQueue')"
+        )
+    if len(updates) > 1:
+        first = {step: digest for _, step, digest in updates[0]}
+        if not updates[1]:
+            problems.append("the resumed invocation logged no weight update")
+        elif updates[1][0][1] != resume_step or updates[1][0][2] != first.get(resume_step):
+            problems.append(
+                f"the resumed invocation's first weights (step {updates[1][0][1]}, {updates[1][0][2]}) are not the "
+                f"first invocation's at step {resume_step} ({first.get(resume_step)}): the checkpoint did not "
+                "restore the policy"
+            )
+    return problems
 
 
 def run_cpu_smoke(
@@ -241,6 +290,7 @@ def _write_test_split(test_parquet: Path, path: Path) -> None:
 
 __all__ = [
     "CpuRun",
+    "async_run_problems",
     "run_cpu_smoke",
     "ASYNC_POLL_S",
     "ASYNC_STEPS",
