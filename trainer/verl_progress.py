@@ -7,24 +7,17 @@ warnings, which the CPU runs send to the log only. `StartupProgress` turns the f
 one line each, with the seconds since the launch, so a reader sees where the run is. A step of a real model can
 itself take minutes; a rollout batch that took `slow_batch_s` or more gets its own line too.
 
-The markers are verl 0.9.1's (`trainer/ppo/v1/trainer_base.py`, `utils/model.py`, Ray's start-up line) and our hf rollout's
-(trainer/cpu/hf_rollout.py); a marker a later verl drops only makes the run quieter, never wrong. The hf rollout's
-lines are defined here, the format it prints beside the pattern that reads it back, because the readers (this
-module, trainer/step_checks.py and the CPU proofs) run in the CLI process and must not import the CPU engine.
+The markers are verl 0.9.1's (`trainer/ppo/v1/trainer_base.py`, `utils/model.py`, Ray's start-up line); a marker a
+later verl drops only makes the run quieter, never wrong. A run whose rollout engine prints lines of its own passes
+their markers in (`extra_phases`, and `batch_pattern` for its per-batch line): the CPU runs pass the hf engine's
+(trainer/cpu/hf_log.py), so this reader, which runs in the CLI process of any run, names no engine.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
-
-# One line per weight update, in the run's log (Ray forwards the hf rollout actor's stdout): the CPU runs count them.
-UPDATE_LINE = "searchrl-hf-rollout: weight update {n} for step {step}: {tensors} tensors, fingerprint {fingerprint}{note}"
-UPDATE_PATTERN = r"searchrl-hf-rollout: weight update (\d+) for step (-?\d+)"
-# One line per generate batch: how well the turns batched, and the model's own tokens/s (the CPU runs sum them).
-BATCH_LINE = "searchrl-hf-rollout: batch of {n} sequences, {tokens} new tokens in {seconds:.2f} s"
-BATCH_PATTERN = r"searchrl-hf-rollout: batch of (\d+) sequences, (\d+) new tokens in ([\d.]+) s"
+from collections.abc import Callable, Sequence
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -39,22 +32,34 @@ PHASES: list[tuple[str, str]] = [
     (r"actor and ref model engine initialized", "actor and reference model loaded"),
     (r"Resuming from (\S+), setting global step", "resuming from {1}"),
     (r"all initialize finished, ready to fit", "workers ready, first rollout starting"),
-    (UPDATE_PATTERN.replace(r"(\d+)", "(1)", 1), "rollout server holds the weights (update 1)"),
 ]
 
 
 class StartupProgress:
-    """Feed it verl's output line by line; it returns the line to show, or None (each phase shown once)."""
+    """Feed it verl's output line by line; it returns the line to show, or None (each phase shown once).
 
-    def __init__(self, slow_batch_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    `extra_phases`: the engine's own (marker, what the line says) pairs, after verl's. `batch_pattern`: the engine's
+    line per generate batch, its groups the sequences, new tokens and seconds; a batch of `slow_batch_s` or more is
+    shown."""
+
+    def __init__(
+        self,
+        slow_batch_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        extra_phases: Sequence[tuple[str, str]] = (),
+        batch_pattern: str | None = None,
+    ) -> None:
         self.clock = clock
         self.started = clock()
         self.slow_batch_s = slow_batch_s
+        self.phases = [*PHASES, *extra_phases]
+        self.batch = re.compile(batch_pattern) if batch_pattern else None
         self.seen: set[str] = set()
 
     def line(self, text: str) -> str | None:
         text = _ANSI.sub("", text)
-        batch = re.search(BATCH_PATTERN, text)
+        batch = self.batch.search(text) if self.batch else None
         if batch:
             n, tokens, seconds = int(batch.group(1)), int(batch.group(2)), float(batch.group(3))
             if seconds < self.slow_batch_s:
@@ -63,7 +68,7 @@ class StartupProgress:
                 f"rollout batch: {n} sequences, {tokens} new tokens in {seconds:.0f} s "
                 f"({tokens / seconds:.1f} tokens/s)"
             )
-        for marker, says in PHASES:
+        for marker, says in self.phases:
             match = re.search(marker, text)
             if match and says not in self.seen:
                 self.seen.add(says)
@@ -74,4 +79,4 @@ class StartupProgress:
         return f"verl +{self.clock() - self.started:.0f} s: {says}"
 
 
-__all__ = ["BATCH_LINE", "BATCH_PATTERN", "PHASES", "UPDATE_LINE", "UPDATE_PATTERN", "StartupProgress"]
+__all__ = ["PHASES", "StartupProgress"]

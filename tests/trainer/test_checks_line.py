@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from searchrl.errors import SmokeCheckError, StepCheckError
+from searchrl.trainer.cpu.hf_log import UPDATE_LINE
 from searchrl.trainer.proofs.train_cpu import hf_sync_problems, run_checks_line
 from searchrl.trainer.step_checks import (
     PROB_DIFF_MEAN,
@@ -22,7 +23,6 @@ from searchrl.trainer.step_checks import (
     sync_match_line,
     sync_matches,
 )
-from searchrl.trainer.verl_progress import UPDATE_LINE
 from tests.trainer.proofs.test_train_cpu import STEP_LINE
 
 WORKER = "\x1b[36m(WorkerDict pid=9599)\x1b[0m "

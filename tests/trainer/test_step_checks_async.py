@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.errors import ConfigError
-from searchrl.trainer.cpu.hf_log import update_digests
+from searchrl.trainer.cpu.hf_log import UPDATE_LINE, update_digests
 from searchrl.trainer.overrides import render_overrides
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.generated_spans import MISSING, OUTSIDE, UNRECORDED
@@ -25,7 +25,6 @@ from searchrl.trainer.step_checks import (
     StepRow,
     async_step_problems,
 )
-from searchrl.trainer.verl_progress import UPDATE_LINE
 
 CLEAN = {
     "loss/observation_tokens_in_loss": 0,

@@ -23,7 +23,7 @@ matching verl's (DESIGN.md section 3b):
 - `HFServerAdapter` (verl's `BaseRollout`, in the training worker): after every actor update verl's naive
   checkpoint engine hands it the new weights tensor by tensor (workers/engine_workers.py:727-827); it sends them to
   the server. The server refuses an update that misses any of its weights (only a tied `lm_head` may be absent),
-  prints one `UPDATE_LINE` (trainer/verl_progress.py) per update, which the CPU runs count, and returns the exact
+  prints one `UPDATE_LINE` (trainer/cpu/hf_log.py) per update, which the CPU runs count, and returns the exact
   fingerprint of the weights it now holds (trainer/weight_sync/fingerprint.py). The adapter compares it with the
   fingerprint of what it sent, cast to the server's dtype, and a mismatch raises StepCheckError naming the step:
   verl's `ray.get` on the update re-raises it in the trainer and the run stops before sampling from stale weights.
@@ -57,9 +57,9 @@ from verl.workers.rollout.utils import ensure_async_iterator
 
 from searchrl.batches import run_batch
 from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.cpu.hf_log import BATCH_LINE, UPDATE_LINE
 from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
 from searchrl.trainer.plugins.versions import HF_SERVER_NAME
-from searchrl.trainer.verl_progress import BATCH_LINE, UPDATE_LINE
 from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, digest, fingerprint
 from searchrl.trainer.weight_sync.match_line import sync_match_line
 

@@ -256,11 +256,13 @@ def run_main_ppo(
     stops verl there and raises SmokeCheckError: a broken run costs a start-up and the steps up to the broken one,
     not the whole run.
     """
+    from searchrl.trainer.cpu import hf_log
     from searchrl.trainer.cpu.plugin import ENV
     from searchrl.trainer.supervisor import supervise
     from searchrl.trainer.verl_progress import StartupProgress
 
-    progress = StartupProgress()
+    # the hf engine's lines mark a phase too (a vLLM run prints none of them)
+    progress = StartupProgress(extra_phases=hf_log.PHASES, batch_pattern=hf_log.BATCH_PATTERN)
 
     def show_phase(line: str) -> None:
         phase = progress.line(line)
@@ -299,7 +301,7 @@ def first_error(log_text: str) -> str:
 
 def hf_sync_problems(logs: Sequence[str]) -> list[str]:
     """The hf engine's syncs, invocation by invocation (`logs` in order): every weight update its server logged
-    (verl_progress.UPDATE_LINE, printed before the comparison) has the trainer adapter's match line with the same
+    (hf_log.UPDATE_LINE, printed before the comparison) has the trainer adapter's match line with the same
     digest (step_checks.SYNC_MATCH_LINE). An update without one was never compared, and the checks line would
     count fewer syncs than ran."""
     problems = []

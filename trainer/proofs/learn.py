@@ -17,7 +17,7 @@ and fails with one line unless all of these hold:
    `--rollout vllm`, the run is one invocation: one engine start, `run_learn` says why):
    `training/rollout_probs_diff_max` <= SYNC_MAX_PROB_DIFF (trainer/step_checks.py), and the rollout server
    received one weight update when each invocation started (after the checkpoint load on the resume) and one
-   after every step (`verl_progress.UPDATE_LINE`).
+   after every step (`hf_log.UPDATE_LINE`, trainer/cpu/hf_log.py).
 3. **Observations stayed out of the loss**: `loss/observation_tokens_in_loss` is 0 on every step.
 4. **Advantages and updates are real**: `critic/advantages/max` > 0 on at least half the steps (a step whose
    groups each scored alike has none, legitimately), `actor/grad_norm` > 0 on every step with an advantage (not
@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.cpu.hf_log import UPDATE_PATTERN
 from searchrl.trainer.data import held_out, read_split, train_questions
 from searchrl.trainer.overrides import hydra_value, merge_overrides
 from searchrl.trainer.proofs.harness import (
@@ -96,7 +97,6 @@ from searchrl.trainer.step_checks import (
     sync_and_mask_problems,
     sync_matches,
 )
-from searchrl.trainer.verl_progress import UPDATE_PATTERN
 
 if TYPE_CHECKING:
     from searchrl.trainer.proofs.train_cpu_vllm import Leftovers

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.cpu.hf_log import BATCH_PATTERN
 from searchrl.trainer.cpu.precision import choose_cpu_dtype
 from searchrl.trainer.overrides import hydra_value
 from searchrl.trainer.proofs.harness import (
@@ -45,7 +46,6 @@ from searchrl.trainer.step_checks import (
     step_table,
     sync_and_mask_problems,
 )
-from searchrl.trainer.verl_progress import BATCH_PATTERN
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ import torch
 
 from searchrl.errors import ConfigError
 from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.cpu.hf_log import BATCH_PATTERN, UPDATE_LINE
 from searchrl.trainer.cpu.hf_rollout import (
     HFGenerateServer,
     first_stop,
@@ -44,7 +45,6 @@ from searchrl.trainer.step_checks import (
     gpu_step_problems,
     sync_and_mask_problems,
 )
-from searchrl.trainer.verl_progress import BATCH_PATTERN, UPDATE_LINE
 from searchrl.trainer.weight_sync.fingerprint import fingerprint
 
 # ---- loss-mask spans -----------------------------------------------------------------------------------------
