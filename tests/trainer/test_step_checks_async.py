@@ -101,10 +101,10 @@ def test_the_async_mode_renders_verls_keys_and_a_bad_mode_is_one_clear_error(tmp
     settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1", mode="colocate_async")
     keys = dict(o.split("=", 1) for o in [*render_overrides(settings), *async_cpu_overrides(settings)])
     assert keys["trainer.v1.trainer_mode"] == "colocate_async"
-    assert keys["trainer.v1.sampler.custom_sampler.name"] == "SearchReplayBufferAsync"
+    assert keys["trainer.v1.sampler.custom_sampler.path"] == "pkg://searchrl.trainer.cpu.ledger_sampler"
+    assert keys["trainer.v1.sampler.custom_sampler.name"] == "HFLedgerReplayBufferAsync"
     assert keys["trainer.v1.sampler.max_off_policy_threshold"] == str(ASYNC_THRESHOLD)
     assert float(keys["trainer.v1.colocate_async.num_warmup_batches"]) == 1
-    assert keys["+trainer.v1.sampler.sampler_kwargs.version_ledger"] == "hf"
     sync = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:1")
     assert async_cpu_overrides(sync) == []
     with pytest.raises(
@@ -173,6 +173,5 @@ def test_the_separate_async_cpu_run_is_a_trainer_and_a_rollout_pool_of_one_fake_
         GLOO_BUCKET_MB
     )
     assert keys["actor_rollout_ref.rollout.engine_kwargs.hf.threads"] == "1"
-    assert keys["trainer.v1.sampler.custom_sampler.name"] == "SearchReplayBufferAsync"
-    assert keys["trainer.v1.sampler.sampler_kwargs.version_ledger"] == "hf"
+    assert keys["trainer.v1.sampler.custom_sampler.name"] == "HFLedgerReplayBufferAsync"
     check_mode("separate_async")

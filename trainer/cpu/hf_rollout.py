@@ -59,11 +59,14 @@ from searchrl.batches import run_batch
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.cpu.hf_log import BATCH_LINE, UPDATE_LINE
 from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
-from searchrl.trainer.plugins.versions import HF_SERVER_NAME
 from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, digest, fingerprint
 from searchrl.trainer.weight_sync.match_line import sync_match_line
 
 log = logging.getLogger(__name__)
+
+# The Ray actor name of the server of each replica rank: the adapter finds its server by it, and the CPU runs' async
+# replay buffer the servers' ledgers (trainer/cpu/ledger_sampler.py)
+HF_SERVER_NAME = "searchrl_hf_rollout_{rank}"
 
 
 def missing_weights(own: set[str], received: set[str], tied_embeddings: bool) -> list[str]:
@@ -495,6 +498,7 @@ def sent_fingerprint(state: dict[str, torch.Tensor], held: dict[str, TensorPrint
 
 
 __all__ = [
+    "HF_SERVER_NAME",
     "HFGenerateServer",
     "HFRolloutReplica",
     "HFServerAdapter",

@@ -36,21 +36,21 @@ tokens), `loss/mask_missing_in_generated` (mask 0 on sampled tokens) and `loss/u
 need no tokenizer, so they are logged on every step.
 
 **Weights versions (async modes).** Outside `sync` each step also logs `versions/*` from the trajectories' tags
-and stops on a missing stamp or staleness beyond the threshold (trainer/plugins/versions.py); with
-`sampler_kwargs.version_ledger=hf` every version the step's trajectories used must have been verified by the hf
-rollout servers' ledgers (trainer/cpu/hf_rollout.py).
+and stops on a missing stamp or staleness beyond the threshold (trainer/plugins/versions.py). verl's servers keep
+no ledger of the weights they loaded, so `ledger_check` checks nothing here; a buffer for an engine that keeps one
+overrides it (the CPU runs' subclass, trainer/cpu/ledger_sampler.py).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
-from searchrl.errors import ConfigError, RolloutFailedError
+from searchrl.errors import RolloutFailedError
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.generated_spans import (
     flat_span_metrics,
@@ -64,7 +64,6 @@ from searchrl.trainer.plugins.metrics import search_step_metrics
 log = logging.getLogger(__name__)
 
 TRAIN_PARTITION = "train"
-HF_LEDGER = "hf"  # sampler_kwargs.version_ledger: check versions against the hf rollout servers' ledgers
 
 
 class SearchBufferMixin:
@@ -115,15 +114,16 @@ class SearchBufferMixin:
         used = versions.trajectory_versions(batch.tags)
         metrics = versions.version_step_metrics(used, global_steps)
         problems = versions.version_problems(metrics, self.max_off_policy_threshold)
-        ledger = (self.sampler_kwargs or {}).get("version_ledger")
-        if ledger == HF_LEDGER:
-            counts, ledger_problems = versions.ledger_check(versions.used_versions(used), hf_ledgers())
-            metrics.update(counts)
-            problems += ledger_problems
-        elif ledger is not None:
-            raise ConfigError(f"sampler_kwargs.version_ledger={ledger!r}: only {HF_LEDGER!r} keeps a ledger")
-        versions.raise_on(problems, global_steps)
+        counts, ledger_problems = self.ledger_check(versions.used_versions(used))
+        metrics.update(counts)
+        versions.raise_on(problems + ledger_problems, global_steps)
         return metrics
+
+    def ledger_check(self, used: set[int]) -> tuple[dict[str, int], list[str]]:
+        """(`versions/*` counts, problems) of the versions `used` against the rollout servers' ledgers of the weights
+        they loaded (versions.ledger_check). Nothing here: verl's vLLM and sglang servers keep no ledger, and the
+        fingerprint check of every sync (trainer/weight_sync/) is what a GPU run has instead."""
+        return {}, []
 
     def _token_strings(self) -> TokenStrings | None:
         """The tokenizer's strings table (trainer/plugins/masks.py), read once; None without a tokenizer."""
@@ -144,20 +144,6 @@ class SearchReplayBufferAsync(SearchBufferMixin, ReplayBufferAsync):
     per-step weights-version checks (colocate_async, separate_async)."""
 
     checks_versions: ClassVar[bool] = True
-
-
-def hf_ledgers() -> dict[str, versions.Ledger]:
-    """Every hf rollout server's version ledger, by actor name (servers 0, 1, ... until one is not found)."""
-    import ray
-
-    ledgers: dict[str, versions.Ledger] = {}
-    while True:
-        name = versions.HF_SERVER_NAME.format(rank=len(ledgers))
-        try:
-            actor = ray.get_actor(name)
-        except ValueError:
-            return ledgers
-        ledgers[name] = cast(versions.Ledger, ray.get(actor.ledger.remote()))
 
 
 def search_extra_fields(batch: Any) -> list[Any]:
@@ -228,11 +214,9 @@ def loss_step_metrics(
 
 
 __all__ = [
-    "HF_LEDGER",
     "SearchBufferMixin",
     "SearchReplayBuffer",
     "SearchReplayBufferAsync",
-    "hf_ledgers",
     "loss_step_metrics",
     "response_masks",
     "response_rows",

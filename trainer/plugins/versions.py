@@ -17,9 +17,9 @@ sync run means nothing off-policy. So the async replay buffer (trainer/plugins/s
 
 and stops the run (StepCheckError) on a missing stamp, on staleness beyond what the replay buffer's drop rule
 allows (a group submitted at step p is trained by step p + threshold - 1 and generated on weights >= p - 1, so the
-worst staleness is threshold - 1), and, with the hf engine's ledger, on a version no server verified: a ledger
-entry is the digest of the weights the server held after an update beside that of what it was sent
-(trainer/cpu/hf_rollout.py `HFGenerateServer.ledger`).
+worst staleness is threshold - 1), and, where the rollout servers keep a ledger (the buffer's `ledger_check`), on a
+version no server verified: a ledger entry is the digest of the weights the server held after an update beside
+that of what it was sent (the CPU runs' engine keeps one; verl's servers do not).
 """
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ VERIFIED = "versions/verified"
 BEFORE_LEDGER = "versions/before_ledger"
 
 Ledger = Mapping[int, Mapping[str, str]]
-# The Ray actor name of the hf rollout server of each replica rank, which keeps a Ledger: the hf engine names its
-# actors with it (trainer/cpu/hf_rollout.py) and the async replay buffer finds the ledgers by it
-# (trainer/plugins/sampler.py `hf_ledgers`).
-HF_SERVER_NAME = "searchrl_hf_rollout_{rank}"
 
 
 def trajectory_versions(tags: Iterable[Mapping[str, Any]]) -> list[tuple[int | None, int | None]]:
@@ -128,7 +124,6 @@ def raise_on(problems: list[str], global_steps: int) -> None:
 
 __all__ = [
     "BEFORE_LEDGER",
-    "HF_SERVER_NAME",
     "MISSING",
     "SPANNING",
     "STALENESS_WORST_MAX",

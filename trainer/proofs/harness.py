@@ -110,6 +110,9 @@ GLOO_ENGINE = "gloo"
 GLOO_ENGINE_MODULE = "searchrl.trainer.cpu.gloo_engine"
 # separate_async's gloo bucket (MB): verl's default 2048 would be allocated on every sync for a <1 MB model
 GLOO_BUCKET_MB = 64
+# the async run's replay buffer: ours, checking each used weights version against the hf servers' ledgers
+LEDGER_SAMPLER_PATH = "pkg://searchrl.trainer.cpu.ledger_sampler"
+LEDGER_SAMPLER_NAME = "HFLedgerReplayBufferAsync"
 # how often the async run's replay buffer polls for finished groups (trainer/plugins/sampler.py: verl polls every 2 s)
 ASYNC_POLL_S = 0.1
 
@@ -123,13 +126,12 @@ def check_mode(mode: str) -> None:
 def async_cpu_overrides(settings: TrainSettings) -> list[str]:
     """The CPU run's own keys in an async mode (verl's mode keys come from the settings, trainer/overrides.py).
 
-    Every version a step's trajectories used must be verified by the hf servers' ledgers; one step's sequences
+    Every version a step's trajectories used must be verified by the hf servers' ledgers (verl loads our buffer's
+    subclass that reads them, trainer/cpu/ledger_sampler.py); one step's sequences
     per generate, so the next step's run in a batch of their own, which the update after this step aborts and
     verl's async client resumes on the new weights (a spanning trajectory; in one batch of both steps they would
     all finish before the update); and the buffer polls for finished groups every ASYNC_POLL_S, not verl's 2 s.
     """
-    from searchrl.trainer.plugins.sampler import HF_LEDGER
-
     if settings.trainer_mode == "sync":
         return []
     pairs: list[tuple[str, object]] = []
@@ -143,7 +145,8 @@ def async_cpu_overrides(settings: TrainSettings) -> list[str]:
             ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", GLOO_BUCKET_MB),
         ]
     pairs += [
-        ("+trainer.v1.sampler.sampler_kwargs.version_ledger", HF_LEDGER),
+        ("trainer.v1.sampler.custom_sampler.path", LEDGER_SAMPLER_PATH),
+        ("trainer.v1.sampler.custom_sampler.name", LEDGER_SAMPLER_NAME),
         (
             "+actor_rollout_ref.rollout.engine_kwargs.hf.max_batch",
             settings.train_batch_size * settings.rollout_n,

@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from searchrl.trainer.cpu.hf_rollout import HFGenerateServer
-from searchrl.trainer.plugins.versions import HF_SERVER_NAME
+from searchrl.trainer.cpu.hf_rollout import HF_SERVER_NAME, HFGenerateServer
 from tests.conftest import free_port
 from tests.trainer.conftest import compose_verl
 
