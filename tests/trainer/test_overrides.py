@@ -424,6 +424,36 @@ def test_the_rehearsal_on_four_gpus_is_the_engine_config_the_gloo_hsdp_test_runs
 
 
 @pytest.mark.parametrize("rollout_name", ["vllm", "sglang"])
+def test_our_agent_loop_keys_compose_in_their_own_engine_kwargs_block(compose, tmp_path, rollout_name):
+    """verl's `rollout.engine_kwargs` is a free dict with one block per engine: our agent loop's turn cap goes into a
+    block of its own (`+...engine_kwargs.searchrl.turn_max_tokens`, trainer/plugins/engine_kwargs.py), which composes
+    onto a GPU run's overrides, survives verl's RolloutConfig, leaves the engine's block as it was and reads back.
+    The GPU run's own overrides set no cap (verl's default: a turn may use the whole response budget)."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from searchrl.trainer.plugins.agent_loop import turn_max_tokens
+    from searchrl.trainer.plugins.engine_kwargs import SEARCHRL_KWARGS
+
+    settings = TrainSettings(
+        data_dir=tmp_path,
+        rollout_name=rollout_name,
+        model_name="meta-llama/Llama-3.2-3B-Instruct"
+        if rollout_name == "sglang"
+        else "Qwen/Qwen2.5-3B-Instruct",
+    )
+    gpu = render_overrides(settings)
+    assert not [o for o in gpu if "engine_kwargs" in o]
+    cfg = compose([*gpu, f"+{SEARCHRL_KWARGS}.turn_max_tokens=96"])
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # verl's RolloutConfig
+    assert turn_max_tokens(cfg.actor_rollout_ref.rollout) == turn_max_tokens(rollout) == 96
+    assert (
+        rollout.engine_kwargs[rollout_name]
+        == compose(gpu).actor_rollout_ref.rollout.engine_kwargs[rollout_name]
+    )
+    assert turn_max_tokens(compose(gpu).actor_rollout_ref.rollout) is None
+
+
+@pytest.mark.parametrize("rollout_name", ["vllm", "sglang"])
 def test_every_ray_process_of_a_gpu_run_registers_our_agent_loop(tmp_path, rollout_name):
     """The rows and default_agent_loop name `searchrl_tool_agent`; verl's agent-loop workers find it only if the
     module registering it was imported there. The run's VERL_USE_EXTERNAL_MODULES, given to a fresh Python that

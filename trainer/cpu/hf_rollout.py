@@ -58,7 +58,7 @@ from verl.workers.rollout.utils import ensure_async_iterator
 from searchrl.batches import run_batch
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.cpu.hf_log import BATCH_LINE, UPDATE_LINE
-from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
+from searchrl.trainer.plugins.engine_kwargs import engine_kwargs_block
 from searchrl.trainer.weight_sync.fingerprint import TensorPrint, check_sync, digest, fingerprint
 from searchrl.trainer.weight_sync.match_line import sync_match_line
 
@@ -67,6 +67,12 @@ log = logging.getLogger(__name__)
 # The Ray actor name of the server of each replica rank: the adapter finds its server by it, and the CPU runs' async
 # replay buffer the servers' ledgers (trainer/cpu/ledger_sampler.py)
 HF_SERVER_NAME = "searchrl_hf_rollout_{rank}"
+
+
+def hf_engine_kwargs(rollout_config: Any) -> dict[str, Any]:
+    """This engine's own keys, `engine_kwargs.hf` (dtype, max_batch, threads), {} when the run sets none; the agent
+    loops' keys are `engine_kwargs.searchrl` (trainer/plugins/engine_kwargs.py)."""
+    return engine_kwargs_block(rollout_config, "hf")
 
 
 def missing_weights(own: set[str], received: set[str], tied_embeddings: bool) -> list[str]:
@@ -503,6 +509,7 @@ __all__ = [
     "HFRolloutReplica",
     "HFServerAdapter",
     "first_stop",
+    "hf_engine_kwargs",
     "missing_weights",
     "sampled_log_probs",
     "sent_fingerprint",

@@ -9,7 +9,7 @@ loss mask 0 like any observation: the policy is trained only on what it sampled,
 consistency metrics (computed over mask-1 tokens) see only sampled tokens. `make learn-cpu-real --stage query`
 scripts an opening instead (`scripted_opening`): the start of the call, which the model continues.
 
-The switches are the CPU runs' `engine_kwargs.hf.scripted_first_turn` and `.scripted_opening`
+The switches are the CPU runs' `engine_kwargs.searchrl.scripted_first_turn` and `.scripted_opening`
 (trainer/plugins/engine_kwargs.py). The trajectory's `extra_fields` count the calls the loop scripted; the sampler
 logs them as `search/scripted_calls`, and `search/model_calls` (executed calls less scripted ones) as the calls the
 model wrote itself (trainer/plugins/metrics.py). Everything else, the record of what the server generated and the
@@ -34,7 +34,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState
 
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.plugins.agent_loop import SearchToolAgentLoop
-from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
+from searchrl.trainer.plugins.engine_kwargs import searchrl_engine_kwargs
 from searchrl.trainer.plugins.metrics import SCRIPTED_CALLS
 
 SCRIPTED_AGENT_NAME = "searchrl_scripted_tool_agent"
@@ -75,10 +75,10 @@ OPENINGS = {"search_call": search_call_opening}
 
 
 def scripted_opening(rollout_config: Any) -> str:
-    """The text `actor_rollout_ref.rollout.engine_kwargs.hf.scripted_opening` names (a key of OPENINGS): the loop
-    writes it, as environment, where the model's first turn opens, and the model continues it (`make
+    """The text `actor_rollout_ref.rollout.engine_kwargs.searchrl.scripted_opening` names (a key of OPENINGS): the
+    loop writes it, as environment, where the model's first turn opens, and the model continues it (`make
     learn-cpu-real --stage query`); "" for none."""
-    name = str(hf_engine_kwargs(rollout_config).get("scripted_opening") or "")
+    name = str(searchrl_engine_kwargs(rollout_config).get("scripted_opening") or "")
     if not name:
         return ""
     if name not in OPENINGS:
@@ -95,7 +95,7 @@ class ScriptedToolAgentLoop(SearchToolAgentLoop):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.scripted_first_turn = bool(
-            hf_engine_kwargs(self.rollout_config).get("scripted_first_turn", False)
+            searchrl_engine_kwargs(self.rollout_config).get("scripted_first_turn", False)
         )
         self.scripted_opening = scripted_opening(self.rollout_config)
         self._opened = False

@@ -18,9 +18,9 @@ trajectory's extra_fields into it), so a reward can score the model's own last t
 **The CPU runs' scripted turns are a subclass.** A random tiny model almost never writes a well-formed
 `<tool_call>`, so the CPU runs script the first assistant turn as environment (loss mask 0): that is
 trainer/cpu/scripted_agent_loop.py, registered under its own name, which only the CPU runs select and import. This
-loop scripts nothing; it refuses the scripting keys of `engine_kwargs.hf` rather than silently ignore them, so a
-CPU run that selected it by mistake stops at once. The `search/scripted_calls` metric (trainer/plugins/metrics.py)
-counts what the subclass scripted; on a GPU run it is 0 and `search/model_calls` is every executed call.
+loop scripts nothing; it refuses the scripting keys of `engine_kwargs.searchrl` rather than silently ignore them,
+so a CPU run that selected it by mistake stops at once. The `search/scripted_calls` metric
+(trainer/plugins/metrics.py) counts what the subclass scripted; on a GPU run it is 0 and `search/model_calls` is every executed call.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
-from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
+from searchrl.trainer.plugins.engine_kwargs import SEARCHRL_BLOCK, searchrl_engine_kwargs
 from searchrl.trainer.plugins.generated_spans import (
     LAST_TURN,
     SPANS,
@@ -45,22 +45,22 @@ from searchrl.trainer.plugins.generated_spans import (
 log = logging.getLogger(__name__)
 
 AGENT_NAME = "searchrl_tool_agent"
-# `engine_kwargs.hf` keys that ask for scripted turns: only the CPU runs' subclass (trainer/cpu/scripted_agent_loop.py)
-# reads them, so this loop refuses them instead of running unscripted
+# `engine_kwargs.searchrl` keys that ask for scripted turns: only the CPU runs' subclass
+# (trainer/cpu/scripted_agent_loop.py) reads them, so this loop refuses them instead of running unscripted
 SCRIPTING_KEYS = ("scripted_first_turn", "scripted_opening")
 
 
 def turn_max_tokens(rollout_config: Any) -> int | None:
-    """`actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens`: new tokens one model turn may generate.
+    """`actor_rollout_ref.rollout.engine_kwargs.searchrl.turn_max_tokens`: new tokens one model turn may generate.
 
     verl's agent loop passes the server no `max_tokens`, so a turn may run to the whole response budget (a
     135M model rambles there: issue 39 item 10). The loop puts this cap into every request's sampling params,
-    where the hf server (trainer/cpu/hf_rollout.py `turn_budget`) and verl's vLLM and sglang servers read it."""
-    value = hf_engine_kwargs(rollout_config).get("turn_max_tokens")
+    where verl's vLLM and sglang servers (and the CPU runs' engine) read it."""
+    value = searchrl_engine_kwargs(rollout_config).get("turn_max_tokens")
     if value is None:
         return None
     if int(value) < 1:
-        raise ValueError(f"engine_kwargs.hf.turn_max_tokens={value!r}: must be at least 1")
+        raise ValueError(f"engine_kwargs.{SEARCHRL_BLOCK}.turn_max_tokens={value!r}: must be at least 1")
     return int(value)
 
 
@@ -92,11 +92,11 @@ class SearchToolAgentLoop(ToolAgentLoop):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        asked = [key for key in SCRIPTING_KEYS if hf_engine_kwargs(self.rollout_config).get(key)]
+        asked = [key for key in SCRIPTING_KEYS if searchrl_engine_kwargs(self.rollout_config).get(key)]
         if asked and not self.scripts_turns:
             raise ValueError(
-                f"engine_kwargs.hf.{asked[0]} is set, but agent loop {AGENT_NAME} scripts no turn: a CPU run "
-                "selects the scripted loop (TrainSettings.agent_loop, trainer/cpu/scripted_agent_loop.py)"
+                f"engine_kwargs.{SEARCHRL_BLOCK}.{asked[0]} is set, but agent loop {AGENT_NAME} scripts no turn: "
+                "a CPU run selects the scripted loop (TrainSettings.agent_loop, trainer/cpu/scripted_agent_loop.py)"
             )
         self.turn_max_tokens = turn_max_tokens(self.rollout_config)
         self.server_manager = _LastOutput(self.server_manager)

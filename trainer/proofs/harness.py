@@ -29,6 +29,7 @@ from searchrl.devset import dev_qa_path
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu.hf_log import update_digests
 from searchrl.trainer.overrides import hydra_value
+from searchrl.trainer.plugins.engine_kwargs import SEARCHRL_KWARGS
 from searchrl.trainer.settings import TrainerMode, TrainSettings
 from searchrl.trainer.step_checks import (
     Checks,
@@ -68,7 +69,7 @@ def cpu_overrides(*, scripted_first_turn: bool = True) -> list[str]:
         (VLLM_SYNC_KEY, ENV["VERL_USE_EXTERNAL_MODULES"]),
         # the hf engine (trainer/cpu/hf_rollout.py) instead of vLLM/sglang; one replica on the one "GPU"
         ("actor_rollout_ref.rollout.name", ROLLOUT_NAME),
-        ("+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn", scripted_first_turn),
+        (f"+{SEARCHRL_KWARGS}.scripted_first_turn", scripted_first_turn),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", 1),  # default 2 gives 0 replicas on 1 "GPU"
         ("actor_rollout_ref.rollout.agent.num_workers", 1),
         ("reward.num_workers", 1),

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.plugins.engine_kwargs import SEARCHRL_KWARGS
 from searchrl.trainer.proofs.harness import fresh_out_dir
 from searchrl.trainer.proofs.record import write_record
 from searchrl.trainer.proofs.search_eval import Rules
@@ -261,13 +262,13 @@ def search_overrides(
         ("actor_rollout_ref.rollout.max_num_seqs", settings.train_batch_size * SAMPLES),
         ("actor_rollout_ref.rollout.max_num_batched_tokens", 8192),
         ("actor_rollout_ref.rollout.seed", seed),
-        ("+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens", TURN_TOKENS),
+        (f"+{SEARCHRL_KWARGS}.turn_max_tokens", TURN_TOKENS),
         ("trainer.rollout_data_dir", str(rollout_dir)),
         ("reward.custom_reward_function.path", REWARD_PATH),
         ("reward.custom_reward_function.name", "compute_score"),
         ("+reward.custom_reward_function.reward_kwargs.format_weight", format_weight),
         ("+reward.custom_reward_function.reward_kwargs.format_term", format_term),
-        (f"+actor_rollout_ref.rollout.engine_kwargs.hf.{CLOSE_ANSWER_KEY}", close_answer),
+        (f"+{SEARCHRL_KWARGS}.{CLOSE_ANSWER_KEY}", close_answer),
     ]
     base = merge_overrides(cpu_overrides(scripted_first_turn=False), precision_overrides(dtype))
     base = merge_overrides(base, vllm_cpu_overrides(settings, ray_temp, KV_CACHE_BYTES))

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from searchrl.errors import ConfigError, SmokeCheckError
+from searchrl.trainer.plugins.engine_kwargs import SEARCHRL_KWARGS
 from searchrl.trainer.plugins.masks import MODEL_TOOL_RESPONSE_TOKENS
 from searchrl.trainer.proofs.harness import fresh_out_dir
 from searchrl.trainer.proofs.real_gate import GateResult
@@ -280,7 +281,7 @@ def learn_overrides(
         ("reward.custom_reward_function.path", QUERY_REWARD_FN_PATH if query else REWARD_FN_PATH),
         ("reward.custom_reward_function.name", QUERY_REWARD_FN_NAME if query else REWARD_FN_NAME),
         ("actor_rollout_ref.rollout.seed", seed),
-        ("+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens", turn_tokens),
+        (f"+{SEARCHRL_KWARGS}.turn_max_tokens", turn_tokens),
     ]
     if random_reward is not None:
         if query:
@@ -288,7 +289,7 @@ def learn_overrides(
         pairs.append(("+reward.custom_reward_function.reward_kwargs.random_rate", random_reward))
     if query:
         pairs += [
-            ("+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_opening", OPENING_NAME),
+            (f"+{SEARCHRL_KWARGS}.scripted_opening", OPENING_NAME),
             # the model's one turn ends the trajectory: a second call it might write is not executed
             ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", 1),
             ("+reward.custom_reward_function.reward_kwargs.retrieval_url", retrieval_url),

@@ -19,7 +19,7 @@ from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState
 
 from searchrl.trainer.cpu.scripted_agent_loop import ScriptedToolAgentLoop
-from searchrl.trainer.plugins.engine_kwargs import hf_engine_kwargs
+from searchrl.trainer.plugins.engine_kwargs import searchrl_engine_kwargs
 from searchrl.trainer.proofs.search_env import (
     ANSWER_CLOSING,
     ANSWER_OPENING,
@@ -81,7 +81,7 @@ class SearchOpeningsAgentLoop(ScriptedToolAgentLoop):
         if await self._merge_as_environment(agent_data, ids):
             return AgentState.TERMINATED
         closing = opening == ANSWER_OPENING and bool(
-            hf_engine_kwargs(self.rollout_config).get(CLOSE_ANSWER_KEY)
+            searchrl_engine_kwargs(self.rollout_config).get(CLOSE_ANSWER_KEY)
         )
         if closing:
             stops = set(sampling_params.get("stop_token_ids") or []) | set(answer_stop_ids(self.tokenizer))

@@ -35,7 +35,7 @@ ANSWER_CLOSING = "</answer>"
 # With `close_answer` (the run's `--close-answer`), the answer turn ends at the first newline or `<` the model writes
 # and the environment closes the answer: what the model wrote before it is the answer.
 ANSWER_STOPS = ("\n", "<")
-CLOSE_ANSWER_KEY = "close_answer"  # its engine_kwargs.hf key (training) and proxy flag (eval)
+CLOSE_ANSWER_KEY = "close_answer"  # its engine_kwargs.searchrl key (training) and proxy flag (eval)
 # the search tool's schema name as the chat template renders it in the system turn (searchrl/chat_template.py)
 _TOOLS_MARK = '"name": "search"'
 

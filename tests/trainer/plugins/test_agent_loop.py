@@ -264,7 +264,7 @@ def _scripted_cfg(
     cfg = compose(
         [
             *render_overrides(settings),
-            "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True",
+            "+actor_rollout_ref.rollout.engine_kwargs.searchrl.scripted_first_turn=True",
             *extra,
         ]
     )
@@ -307,7 +307,7 @@ def test_the_scripted_first_turn_is_environment_and_the_mask_check_sees_observat
     calls: list[dict] = []
     reply = f"{THINK_ANSWER}\n{RIGHT}"
     # every run's loop scripts nothing: given the CPU runs' switch it refuses to start rather than run unscripted
-    with pytest.raises(ValueError, match="engine_kwargs.hf.scripted_first_turn is set, but agent loop"):
+    with pytest.raises(ValueError, match="engine_kwargs.searchrl.scripted_first_turn is set, but agent loop"):
         asyncio.run(_run_loop(cfg, tok, row, [reply], calls, SearchToolAgentLoop))
     assert calls == []
     output, server = asyncio.run(_run_loop(cfg, tok, row, [reply], calls, ScriptedToolAgentLoop))
@@ -371,7 +371,7 @@ def test_the_learning_reward_scores_the_recorded_own_turn_through_verls_reward_p
     learn = [
         f"reward.custom_reward_function.path={REWARD_FN_PATH}",
         f"reward.custom_reward_function.name={REWARD_FN_NAME}",
-        "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=True",
+        "+actor_rollout_ref.rollout.engine_kwargs.searchrl.scripted_first_turn=True",
     ]
     cfg = compose(merge_overrides(render_overrides(settings), learn))
     short = compose(merge_overrides(render_overrides(settings), [*learn, "data.max_response_length=64"]))
@@ -431,7 +431,7 @@ def test_the_real_learning_run_caps_the_turn_and_its_reward_scores_the_own_turn_
         live_bm25_url,
         compose,
         extra=[
-            "+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens=96",
+            "+actor_rollout_ref.rollout.engine_kwargs.searchrl.turn_max_tokens=96",
             f"reward.custom_reward_function.path={REWARD_FN_PATH}",
             f"reward.custom_reward_function.name={REWARD_FN_NAME}",
         ],
@@ -476,7 +476,7 @@ def test_the_query_stage_scripts_the_call_opening_as_environment_and_scores_the_
         if "scripted_opening" in o or "max_assistant_turns" in o or "reward" in o or "turn_max_tokens" in o
     ]
     settings, cfg = _scripted_cfg(tmp_path, qa_sample, live_bm25_url, compose, extra=stage)
-    cfg.actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn = (
+    cfg.actor_rollout_ref.rollout.engine_kwargs.searchrl.scripted_first_turn = (
         False  # as cpu_overrides(False) sets it
     )
     row = _dataset_row(settings, cfg, tok, tmp_path)

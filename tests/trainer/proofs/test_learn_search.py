@@ -465,3 +465,27 @@ def test_the_f1_term_pays_half_for_the_search_and_half_for_the_golden_words_in_t
         if a.dest == "format_term"
     )
     assert tuple(choices) == FORMAT_TERMS
+
+
+def test_the_runs_agent_loop_keys_compose_in_the_searchrl_block(tmp_path, compose):
+    """The turn cap, the declared answer closing and the scripted first turn (off) are our agent loops' keys
+    (trainer/plugins/engine_kwargs.py): the run writes them into `engine_kwargs.searchrl`, verl composes them, and
+    the loops read them back from the composed config."""
+    from searchrl.trainer.overrides import merge_overrides, render_overrides
+    from searchrl.trainer.plugins.agent_loop import turn_max_tokens
+    from searchrl.trainer.plugins.engine_kwargs import searchrl_engine_kwargs
+    from searchrl.trainer.proofs.harness import cpu_settings
+    from searchrl.trainer.proofs.learn_search import TURN_TOKENS, search_overrides
+    from searchrl.trainer.proofs.search_env import CLOSE_ANSWER_KEY
+
+    settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:9")
+    extra = search_overrides(
+        settings, "float32", 0, tmp_path / "dumps", tmp_path / "ray", 0.1, close_answer=True
+    )
+    rollout = compose(merge_overrides(render_overrides(settings), extra)).actor_rollout_ref.rollout
+    assert turn_max_tokens(rollout) == TURN_TOKENS
+    assert searchrl_engine_kwargs(rollout) == {
+        "scripted_first_turn": False,
+        "turn_max_tokens": TURN_TOKENS,
+        CLOSE_ANSWER_KEY: True,
+    }

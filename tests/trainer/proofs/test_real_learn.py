@@ -190,7 +190,7 @@ def test_the_run_overrides_carry_the_reward_the_budget_and_bf16(monkeypatch):
     overrides = learn_overrides("bfloat16", 3, 96)
     assert "reward.custom_reward_function.path=pkg://searchrl.trainer.proofs.rewards" in overrides
     assert "reward.custom_reward_function.name=clean_turn_reward" in overrides
-    assert "+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens=96" in overrides
+    assert "+actor_rollout_ref.rollout.engine_kwargs.searchrl.turn_max_tokens=96" in overrides
     assert "+actor_rollout_ref.rollout.engine_kwargs.hf.dtype=bfloat16" in overrides
     assert "actor_rollout_ref.rollout.seed=3" in overrides
 

@@ -73,11 +73,11 @@ def test_the_opening_is_the_scripted_call_up_to_its_query_and_the_loop_knows_it_
     assert OPENING == '<tool_call>\n{"name": "search", "arguments": {"query_list": ["'
     assert scripted_tool_call("q").startswith(search_call_opening())
     assert OPENINGS["search_call"]() == OPENING
-    config = {"engine_kwargs": {"hf": {"scripted_opening": "search_call"}}}
+    config = {"engine_kwargs": {"searchrl": {"scripted_opening": "search_call"}}}
     assert scripted_opening(type("C", (), config)()) == OPENING
-    assert scripted_opening(type("C", (), {"engine_kwargs": {"hf": {}}})()) == ""
+    assert scripted_opening(type("C", (), {"engine_kwargs": {"searchrl": {}}})()) == ""
     with pytest.raises(ValueError, match="not one of"):
-        scripted_opening(type("C", (), {"engine_kwargs": {"hf": {"scripted_opening": "answer"}}})())
+        scripted_opening(type("C", (), {"engine_kwargs": {"searchrl": {"scripted_opening": "answer"}}})())
 
 
 @pytest.mark.parametrize(
@@ -132,11 +132,13 @@ def test_the_query_stage_overrides_script_the_opening_not_the_call() -> None:
     own = learn_overrides("float32", 0, 96)
     query = learn_overrides("float32", 0, 48, stage="query", retrieval_url="http://127.0.0.1:1")
     assert f"reward.custom_reward_function.path={REWARD_FN_PATH}" in own
-    assert "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=true" in [o.lower() for o in own]
+    assert "+actor_rollout_ref.rollout.engine_kwargs.searchrl.scripted_first_turn=true" in [
+        o.lower() for o in own
+    ]
     assert not any("scripted_opening" in o for o in own)
     assert f"reward.custom_reward_function.path={QUERY_REWARD_FN_PATH}" in query
-    assert "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_opening=search_call" in query
-    assert "+actor_rollout_ref.rollout.engine_kwargs.hf.scripted_first_turn=false" in [
+    assert "+actor_rollout_ref.rollout.engine_kwargs.searchrl.scripted_opening=search_call" in query
+    assert "+actor_rollout_ref.rollout.engine_kwargs.searchrl.scripted_first_turn=false" in [
         o.lower() for o in query
     ]
     assert "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=1" in query
