@@ -1,5 +1,6 @@
 """trainer/'s rooms hold (issue 47 item 2): production code never imports the CPU-only rooms, node scripts import
-only the standard library, and a GPU run reaches no CPU module.
+only the standard library, and a GPU run reaches no CPU module; nor does production code name the CPU engine
+beyond the engine table (issue 54 item 3).
 
 The rooms `searchrl.trainer.cpu` (what only a CPU run plugs into verl) and `searchrl.trainer.proofs` (the CPU proof
 runs) may be imported by each other and by the CLI verbs that start them, nothing else: every import of every
@@ -87,10 +88,8 @@ def imports_of(source: str, module: str, is_package: bool = False, at_import: bo
     return found
 
 
-def dotted_names(source: str) -> set[str]:
-    """`searchrl.x.y` names in the string constants of `source`, as verl's plugin lists, `pkg://` reward paths and
-    registries name modules (docstrings left out: prose, not code)."""
-    tree = ast.parse(source)
+def code_strings(tree: ast.AST) -> list[str]:
+    """The string constants of `tree` but its docstrings (prose, not code)."""
     docstrings = {
         id(node.body[0].value)
         for node in ast.walk(tree)
@@ -99,12 +98,17 @@ def dotted_names(source: str) -> set[str]:
         and isinstance(node.body[0], ast.Expr)
         and isinstance(node.body[0].value, ast.Constant)
     }
-    return {
-        match.group(0)
+    return [
+        node.value
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-        for match in _DOTTED.finditer(node.value)
-    }
+    ]
+
+
+def dotted_names(source: str) -> set[str]:
+    """`searchrl.x.y` names in the string constants of `source`, as verl's plugin lists, `pkg://` reward paths and
+    registries name modules (docstrings left out: prose, not code)."""
+    return {match.group(0) for text in code_strings(ast.parse(source)) for match in _DOTTED.finditer(text)}
 
 
 def in_cpu_rooms(name: str) -> bool:
@@ -329,3 +333,86 @@ def test_the_rules_catch_what_they_forbid():
     )
     source = "from searchrl.trainer.toolconfig import SearchToolConfig\n"
     assert "searchrl.trainer.toolconfig" in imports_of(source, "searchrl.trainer.plugins.tool")
+
+
+# --- a GPU run knows nothing of the CPU engine (issue 54 item 3) --------------------------------------------------
+# The production rooms (trainer/'s top level, plugins/, weight_sync/, patches/, node/) name our CPU-only `hf` rollout
+# engine (trainer/cpu/hf_rollout.py) in the engine table only, which the settings read to refuse it on a GPU. Its
+# log lines, its server actors' name, its `engine_kwargs.hf` block and its version ledger live in trainer/cpu/; our
+# own agent-loop keys are `engine_kwargs.searchrl.*` (trainer/plugins/engine_kwargs.py).
+HF_ENGINE = "hf"
+HF_MARKS = ("searchrl-hf-rollout", "searchrl_hf_rollout", "engine_kwargs.hf", "version_ledger")
+# production modules that may name the engine, each with why
+NAMES_HF = {
+    "searchrl.trainer.engines": "the engine table: `hf` runs on CPU only, and the settings refuse it on GPU"
+}
+
+
+def production_modules() -> dict[str, Path]:
+    """trainer/'s modules outside the CPU rooms: what a GPU run may import."""
+    return {
+        name: path
+        for name, path in product_modules().items()
+        if name.startswith("searchrl.trainer") and not in_cpu_rooms(name)
+    }
+
+
+def _identifier(node: ast.AST) -> str | None:
+    """The name an attribute, a variable or a keyword argument spells; None for any other node."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.keyword):
+        return node.arg
+    return None
+
+
+def hf_mentions(source: str) -> list[str]:
+    """Where `source` names the hf engine in code: a string constant `"hf"` or one holding an HF_MARKS mark (the
+    engine's log prefix, its actor name, its engine_kwargs block, the ledger switch), or an identifier `hf` or
+    `version_ledger` (`config.engine_kwargs.hf`, `get(version_ledger=...)`); docstrings and comments are prose."""
+    tree = ast.parse(source)
+    strings = code_strings(tree)
+    found = [
+        f"the string {text[:60]!r}"
+        for text in strings
+        if text == HF_ENGINE or any(m in text for m in HF_MARKS)
+    ]
+    names = [_identifier(node) for node in ast.walk(tree)]
+    found += [
+        f"the name {name!r}" for name in names if name == HF_ENGINE or (name and "version_ledger" in name)
+    ]
+    return found
+
+
+def test_no_production_module_names_the_cpu_engine():
+    modules = production_modules()
+    assert "searchrl.trainer.verl_progress" in modules and "searchrl.trainer.cpu.hf_rollout" not in modules
+    named = {name: found for name, path in modules.items() if (found := hf_mentions(path.read_text()))}
+    breaches = {name: found for name, found in named.items() if name not in NAMES_HF}
+    assert not breaches, (
+        f"{breaches}: a GPU run's modules may not carry the hf engine's lines, names or keys; move them to "
+        "trainer/cpu/ (our agent-loop keys are engine_kwargs.searchrl.*)"
+    )
+    assert set(NAMES_HF) <= set(named), "a stale NAMES_HF entry would let a later mention through unnoticed"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "LINE = 'searchrl-hf-rollout: batch of {n} sequences'\n",
+        "NAME = 'searchrl_hf_rollout_{rank}'\n",
+        "KEY = '+actor_rollout_ref.rollout.engine_kwargs.hf.turn_max_tokens'\n",
+        "def f(c):\n    return c.engine_kwargs.get('hf')\n",
+        "def f(c):\n    return c.engine_kwargs.hf.dtype\n",
+        "def f(kw):\n    return kw.get('version_ledger') == LEDGER\n",
+        "f(version_ledger=1)\n",
+    ],
+    ids=["log-line", "actor-name", "key", "get-hf", "attribute", "ledger-key", "ledger-keyword"],
+)
+def test_the_reader_catches_each_way_of_naming_the_cpu_engine(source):
+    assert hf_mentions(source)
+    assert not hf_mentions(
+        '"""The hf engine prints searchrl-hf-rollout lines (engine_kwargs.hf)."""\nHF_CONFIG = 1\n'
+    )
