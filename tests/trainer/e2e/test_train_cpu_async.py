@@ -73,6 +73,9 @@ def test_colocate_async_trains_across_updates_with_every_version_checked_and_res
     # a turn cut by an update and resumed is timing here (reported, not required: trainer/proofs/train_cpu.py); its path
     # is proven with verl's own async client in tests/trainer/cpu/test_hf_async.py
     assert all(re.search(r"versions/spanning:[\d.]+", line) for line in steps)
+    # verl loaded the CPU runs' buffer (trainer/cpu/ledger_sampler.py): each step's versions read against the hf
+    # servers' ledgers, which the production buffer never reads
+    assert all(re.search(r"versions/verified:[\d.]+", line) for line in steps)
     assert (out / "checkpoints" / "cpu-smoke" / "global_step_2" / "transfer_queue").is_dir()
     assert "training prompt groups from TransferQueue" in logs[1]
 
