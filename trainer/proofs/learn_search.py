@@ -104,9 +104,12 @@ class LearnSearchRun:
     phases: dict[str, float] = field(default_factory=dict)
     checks: str = ""
     compare_table: str = ""
+    stopped: str = ""  # the error that stopped the run before its verdict
 
     def line(self) -> str:
-        return self.verdict.line() if self.verdict is not None else "did NOT learn to search: no verdict"
+        if self.verdict is not None:
+            return self.verdict.line()
+        return f"did NOT learn to search: no verdict: {self.stopped or 'the run never judged'}"
 
     def figures(self) -> dict[str, Any]:
         """What `<out>/run.json` holds (trainer/proofs/record.py): per arm n, EM, answer retrieval and searches per
@@ -363,6 +366,9 @@ def run_learn_search(
             null,
             timeout_s,
         )
+    except Exception as exc:  # the record says why the run stopped; the CLI prints the same line
+        run.stopped = str(exc)
+        raise
     finally:
         leftovers.clean()
         (out_dir / "summary.md").write_text(run.report() + "\n", encoding="utf-8")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.cli import main
-from searchrl.errors import ConfigError
+from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.proofs.search_env import ANSWER_OPENING, SEARCH_OPENING, closed_answer, opening_for
 from searchrl.trainer.proofs.search_questions import (
     MASK,
@@ -279,6 +279,28 @@ def test_the_run_record_holds_the_held_out_table_and_the_verdict(tmp_path):
     assert figures["paired"]["retrieved"]["gained"] == 10 and figures["paired"]["em"]["diff"] == 0
     assert figures["paired"]["null"] is None and figures["format_share"] is None  # not run, not measured
     assert figures["step_reward"] == pytest.approx([0.1, 0.2]) and figures["format_term"] == "retrieved+f1"
+
+
+def test_a_run_stopped_before_its_verdict_records_why(tmp_path, monkeypatch):
+    """Run 4 stopped at its step check (`step 5: no search call`); its record must name that, not only "no
+    verdict", and keep the phases it finished."""
+    from searchrl.trainer.proofs import learn_search
+    from searchrl.trainer.proofs.record import read_record
+
+    def stop(run, *args):
+        run.phases["base eval"] = 1.0
+        raise SmokeCheckError("learn-search missed what training must show: step 5: no search call")
+
+    monkeypatch.setattr(learn_search, "check_args", lambda *a, **k: None)
+    monkeypatch.setattr(learn_search, "_run", stop)
+    with pytest.raises(SmokeCheckError):
+        learn_search.run_learn_search(tmp_path / "out", tmp_path, corpus=tmp_path / "c.jsonl")
+    record = read_record(tmp_path / "out")
+    assert record["passed"] is False
+    assert record["verdict"] == (
+        "did NOT learn to search: no verdict: learn-search missed what training must show: step 5: no search call"
+    )
+    assert record["figures"]["phases_s"] == {"base eval": 1.0}
 
 
 def test_a_gain_that_survives_switching_search_off_is_not_search():
