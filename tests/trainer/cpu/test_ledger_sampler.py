@@ -14,7 +14,7 @@ from searchrl.trainer.cpu.ledger_sampler import HFLedgerReplayBufferAsync
 from searchrl.trainer.plugins import versions
 from searchrl.trainer.plugins.sampler import SearchReplayBufferAsync
 from searchrl.trainer.proofs.harness import LEDGER_SAMPLER_NAME, LEDGER_SAMPLER_PATH
-from tests.trainer.plugins.test_sampler_async import _batch, _buffer
+from tests.trainer.plugins.test_sampler_async import SPANNING_METRICS, SPANNING_TAGS, _batch, _buffer
 
 
 def _ledgers(monkeypatch: pytest.MonkeyPatch, states: dict[int, str]) -> None:
@@ -33,16 +33,9 @@ def test_verl_loads_the_subclass_the_cpu_overrides_name():
 def test_version_metrics_count_the_versions_the_ledgers_verified(monkeypatch):
     _ledgers(monkeypatch, {2: "ok", 3: "ok", 4: "ok"})
     buffer: Any = _buffer(HFLedgerReplayBufferAsync)
-    batch = _batch(
-        {"min_global_steps": 3, "max_global_steps": 4},
-        {"min_global_steps": 4, "max_global_steps": 4},
-        {"min_global_steps": None, "max_global_steps": None, "is_padding": True},  # verl's filler: left out
-    )
-    assert buffer._version_metrics(batch, global_steps=5) == {
-        versions.MISSING: 0,
-        versions.SPANNING: 1,
-        versions.STALENESS_WORST_MAX: 1,
-        versions.VERIFIED: 2,
+    assert buffer._version_metrics(_batch(*SPANNING_TAGS), global_steps=5) == {
+        **SPANNING_METRICS,
+        versions.VERIFIED: 2,  # versions 3 and 4, each in the ledger with the weights it was sent
         versions.BEFORE_LEDGER: 0,
     }
 

@@ -76,20 +76,20 @@ def _batch(*tags: dict[str, Any]) -> Any:
     return SimpleNamespace(tags=list(tags))
 
 
+# a step-5 batch: one trajectory spans the update to version 4, one is all version 4, and verl's padding filler
+SPANNING_TAGS = (
+    {"min_global_steps": 3, "max_global_steps": 4},
+    {"min_global_steps": 4, "max_global_steps": 4},
+    {"min_global_steps": None, "max_global_steps": None, "is_padding": True},  # verl's filler: left out
+)
+SPANNING_METRICS = {versions.MISSING: 0, versions.SPANNING: 1, versions.STALENESS_WORST_MAX: 1}
+
+
 def test_version_metrics_count_spanning_trajectories_and_the_worst_staleness():
     """verl's servers keep no ledger: the production buffer checks stamps and staleness, and counts no verified
     version (the CPU runs' subclass does: tests/trainer/cpu/test_ledger_sampler.py)."""
     buffer = _buffer(SearchReplayBufferAsync)
-    batch = _batch(
-        {"min_global_steps": 3, "max_global_steps": 4},
-        {"min_global_steps": 4, "max_global_steps": 4},
-        {"min_global_steps": None, "max_global_steps": None, "is_padding": True},  # verl's filler: left out
-    )
-    assert buffer._version_metrics(batch, global_steps=5) == {
-        versions.MISSING: 0,
-        versions.SPANNING: 1,
-        versions.STALENESS_WORST_MAX: 1,
-    }
+    assert buffer._version_metrics(_batch(*SPANNING_TAGS), global_steps=5) == SPANNING_METRICS
 
 
 @pytest.mark.parametrize(
