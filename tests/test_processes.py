@@ -19,6 +19,7 @@ CHILD = """
 import signal, subprocess, sys, time
 ON_TERM, GRANDCHILD = sys.argv[1], sys.argv[2] == "1"
 signal.signal(signal.SIGTERM, (lambda *_: sys.exit(7)) if ON_TERM == "exit" else signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, even if the test runs as a background job
 pid = 0
 if GRANDCHILD:
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(600)"

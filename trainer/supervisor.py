@@ -39,6 +39,14 @@ TIMEOUT_GRACE_S = 5.0
 TIMED_OUT = 124  # the exit code of a run stopped at its time limit, as timeout(1) reports one
 
 
+def _interruptible() -> None:
+    """Run in verl's process before it starts: SIGINT back to its default action. A shell starts a background job
+    (`nohup ... &`, a CI runner's) with SIGINT ignored, children inherit an ignored signal, and Python then installs
+    no KeyboardInterrupt handler: verl ignored the SIGINT that stops it, ran on for the whole grace and was killed
+    past its atexit, Ray left running (found when a CI run started as a background job, tests/test_processes.py)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def supervise(
     command: Sequence[str],
     *,
@@ -71,6 +79,7 @@ def supervise(
         text=True,
         errors="replace",
         start_new_session=True,  # its own process group: stopping verl stops every process it started
+        preexec_fn=_interruptible,
     )
     assert proc.stdout is not None
     timed_out = threading.Event()

@@ -173,3 +173,21 @@ def test_an_exception_in_a_hook_stops_verl_too(tmp_path: Path, monkeypatch) -> N
     with pytest.raises(RuntimeError, match="a hook failed"):
         supervise(_verl(_step(1)), on_line=line_then_fail)
     assert _gone(*seen.pids())
+
+
+def test_verl_stops_on_sigint_even_when_this_process_ignores_it(monkeypatch) -> None:
+    """A CLI started as a background job inherits SIGINT ignored; verl must not (supervisor._interruptible): a
+    verl that keeps Python's own SIGINT handling ends at the timeout's SIGINT, well within the grace."""
+    import signal
+
+    monkeypatch.setattr(supervisor, "TIMEOUT_GRACE_S", 20.0)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        started = time.monotonic()
+        code = supervise(
+            [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"], timeout_s=2.0
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == TIMED_OUT
+    assert time.monotonic() - started < 15  # the SIGINT ended it, not SIGKILL after the 20 s grace
