@@ -313,6 +313,10 @@ def run_node(
         "2026/11/23 11:59:59 INFO  : vfs cache: cleaned: objects 40 (was 40) in use 0, to upload 3, uploading 2"
     )
     (home / ".sky/rclone_log/5f1c.log").write_text("\n".join(lines) + "\n")
+    # The run sections end with `trap 'kill $(jobs -p) ...' EXIT`; every stub here exits at once, so the fake node
+    # waits for its background jobs instead (the interactive shell reads this): on a loaded machine the trap killed
+    # infer.yaml's backgrounded `searchrl serve ... &` before its stub had logged the call.
+    (home / ".bashrc").write_text("kill() { wait; }\n")
     script = home / "run.sh"
     script.write_text(built["script"])
     proc = subprocess.run(
