@@ -76,16 +76,15 @@ QUIET_WAIT_S = 3600
 # every benchmark test measures the machine (time, memory, throughput under load); the client's tests time hedges,
 # breakers and deadlines in tens of milliseconds (one counted 7 hedge denials against 3 beside the runs)
 QUIET_FOLDERS = ("tests/bench/", "tests/retrieval/client/")
-# verl driven through the CLI as a user runs it, and the session's CLI runs (its conftest.py, runs.py)
-E2E_FOLDER = "tests/trainer/e2e/"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the opt-in tests -m does not name (OPT_IN); run the end-to-end tests (E2E_FOLDER) after the unit tests, so
-    the runs the session started have the unit tests' time to go on beside them before a test waits on one; run the
-    `quiet` ones last, once the session's CLI runs have ended (`pytest_runtest_setup`): beside two verl runs, a drain
-    test lost 3 of 3,487 requests, a memory bound read 325 MB against 100 and an eval recorded 7 of 10 questions
-    (measured, issue 52: the runs start with the session)."""
+    """Skip the opt-in tests -m does not name (OPT_IN); run the tests that read the session's CLI runs (`cli_run`,
+    tests/trainer/e2e/) after the others, so the runs have the unit tests' time to go on beside them before a test
+    waits on one (an e2e test that runs verl itself keeps its place: run just before the quiet ones, its Ray
+    slowed a health probe to 412 ms in a quiet test); run the `quiet` ones last, once the session's CLI runs have
+    ended (`pytest_runtest_setup`): beside two verl runs, a drain test lost 3 of 3,487 requests, a memory bound read
+    325 MB against 100 and an eval recorded 7 of 10 questions (measured, issue 52: the runs start with the session)."""
     named = set(re.findall(r"\w+", config.option.markexpr or ""))
     for item in items:
         for mark, target in OPT_IN.items():
@@ -94,9 +93,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.nodeid.startswith(QUIET_FOLDERS):
             item.add_marker(pytest.mark.quiet)
     quiet = [item for item in items if item.get_closest_marker("quiet") is not None]
-    e2e = [item for item in items if item.nodeid.startswith(E2E_FOLDER) and item not in quiet]
-    rest = [item for item in items if item not in quiet and item not in e2e]
-    items[:] = rest + e2e + quiet
+    readers = [item for item in items if item.get_closest_marker("cli_run") is not None and item not in quiet]
+    rest = [item for item in items if item not in quiet and item not in readers]
+    items[:] = rest + readers + quiet
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,7 +1,7 @@
 """The end-to-end runs: verl's loop driven through the CLI as a user runs it (`make train-cpu`, `make learn-cpu`,
 `make learn-search` and their sabotages). The session starts every run its selected tests read as soon as it has
-collected, niced, two at a time (`pytest_collection_finish`); the tests here run after every other test but the quiet
-ones (tests/conftest.py), so the runs go on beside the unit tests."""
+collected, niced, two at a time (`pytest_collection_finish`); the tests that read them run after every other test but
+the quiet ones (tests/conftest.py), so the runs go on beside the unit tests."""
 
 from __future__ import annotations
 
