@@ -148,6 +148,10 @@ def test_ready_reports_a_dead_worker_and_health_stays_up() -> None:
             time.sleep(0.05)
 
 
+# Once in a make test run (2026-12-07; it had passed in every run before) TestClient's exit never returned after every request had:
+# the main thread joined anyio's portal thread, whose loop sat idle in select (py-spy); not traced yet. A hang fails
+# here in 2 min, not at the suite's 15-min limit.
+@pytest.mark.timeout(120)
 def test_ready_reports_a_stalled_batch_and_a_saturated_queue() -> None:
     fn = HashedFlatSearch(TINY_CORPUS)
     fn.gate.clear()  # the worker blocks inside its first batch
