@@ -51,10 +51,12 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "searched",
             "retrieved",
             "retrieved+f1",
+            "query+f1",
         ),  # search_reward.FORMAT_TERMS (a test holds them equal)
         default="searched",
         help="what the format term pays for: searched (its own search call ran), retrieved (a passage its own "
-        "search returned holds a golden answer) or retrieved+f1 (half that, half the answer's token F1) "
+        "search returned holds a golden answer), retrieved+f1 (half that, half the answer's token F1) or query+f1 "
+        "(half the share of the question's content words in its first query, half the answer's token F1) "
         "(default %(default)s)",
     )
     p.add_argument(
@@ -63,6 +65,13 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         action="store_true",
         help="declared environment: the answer turn ends at the first newline or `<` and the environment closes "
         "the answer (training and eval alike)",
+    )
+    p.add_argument(
+        "--adam-beta1",
+        dest="adam_beta1",
+        type=float,
+        help="Adam's first-moment decay (default 0: a step whose groups all scored alike moves nothing; 0.9 is "
+        "verl's default, runs 1 to 5)",
     )
     p.add_argument("--precision", default="auto", help="auto | fp32 | bf16 (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="rollout seed (default %(default)s)")
@@ -91,7 +100,7 @@ def _learn_search(args: argparse.Namespace) -> int:
     setup_logging()
     kwargs = {
         key: getattr(args, key)
-        for key in ("steps", "prompts", "lr", "train_questions", "held_out", "format_weight")
+        for key in ("steps", "prompts", "lr", "train_questions", "held_out", "format_weight", "adam_beta1")
         if getattr(args, key, None) is not None
     }
     run = ls.run_learn_search(

@@ -75,7 +75,14 @@ TERM_TEXT = {
     "searched": "its own search call ran",
     "retrieved": "its own search retrieved a golden answer",
     "retrieved+f1": "half: its own search retrieved a golden answer; half: the answer's token F1",
+    "query+f1": "half: the share of the question's content words in its first query; half: the answer's token F1",
 }
+# Adam's first-moment decay. verl's default 0.9 keeps stepping after a gradient: on a step where every GRPO group
+# scored alike (no advantage, gradient exactly 0) the update is still 0.9^k x an earlier one (bias-corrected: about
+# 0.67, 0.52, 0.42 of the first step's size on the next three), so runs 4 and 5, where most steps had no rewarded
+# trajectory, kept moving the policy on steps without signal (docs/cpu-proofs.md). With 0, and no weight decay, a
+# step without signal is a no-op; verl's config takes betas and weight_decay as they are (optim.betas, .weight_decay).
+ADAM_BETA1 = 0.0
 REWARD_PATH = "pkg://searchrl.trainer.proofs.search_reward"
 AGENT_MODULE = "searchrl.trainer.proofs.search_agent_loop"
 ROLLOUTS = "rollouts"
@@ -93,6 +100,7 @@ class LearnSearchRun:
     format_weight: float = FORMAT_WEIGHT
     format_term: str = "searched"  # search_reward.FORMAT_TERMS: what the format term pays for
     close_answer: bool = False  # the environment ends the answer turn at a newline or `<` and closes it
+    adam_beta1: float = ADAM_BETA1  # 0.9 is verl's default (runs 1 to 5)
     format_share: float = math.nan  # the format term's share of the run's summed reward (rollout dumps)
     questions: QuestionSet | None = None
     rows: list[StepRow] = field(default_factory=list)
@@ -144,6 +152,7 @@ class LearnSearchRun:
             "format_weight": self.format_weight,
             "format_share": self.format_share,
             "close_answer": self.close_answer,
+            "adam_beta1": self.adam_beta1,
             "phases_s": self.phases,
         }
 
@@ -180,7 +189,7 @@ class LearnSearchRun:
                 f"reward: Search-R1 EM + {self.format_weight:g} x [{TERM_TEXT[self.format_term]}] (declared format "
                 "term); "
                 f"the format term's share of the run's summed reward: {self.format_share:.3f}; environment closes the "
-                f"answer: {self.close_answer}",
+                f"answer: {self.close_answer}; Adam beta1 {self.adam_beta1:g}",
                 self.questions.line() if self.questions else "questions: not built",
                 "",
                 "held-out questions (never trained on):",
@@ -250,6 +259,7 @@ def search_overrides(
     format_weight: float,
     close_answer: bool = False,
     format_term: str = "searched",
+    adam_beta1: float = ADAM_BETA1,
 ) -> list[str]:
     """The CPU overrides, the vLLM server's (with the run's precision and batch), the agent loop's plugin, a
     seeded rollout, the per-turn budget and verl's per-step trajectory dumps."""
@@ -272,6 +282,8 @@ def search_overrides(
         ("+reward.custom_reward_function.reward_kwargs.format_weight", format_weight),
         ("+reward.custom_reward_function.reward_kwargs.format_term", format_term),
         (f"+{SEARCHRL_KWARGS}.{CLOSE_ANSWER_KEY}", close_answer),
+        ("actor_rollout_ref.actor.optim.betas", [adam_beta1, 0.999]),
+        ("actor_rollout_ref.actor.optim.weight_decay", 0.0 if adam_beta1 == 0 else 0.01),
     ]
     base = merge_overrides(cpu_overrides(scripted_first_turn=False), precision_overrides(dtype))
     base = merge_overrides(base, vllm_cpu_overrides(settings, ray_temp, KV_CACHE_BYTES))
@@ -332,6 +344,7 @@ def run_learn_search(
     format_weight: float = FORMAT_WEIGHT,
     close_answer: bool = False,
     format_term: str = "searched",
+    adam_beta1: float = ADAM_BETA1,
 ) -> LearnSearchRun:
     """The whole run (module docstring); the verdict is on the returned run."""
     from searchrl.trainer.proofs.train_cpu_vllm import Leftovers
@@ -347,8 +360,15 @@ def run_learn_search(
 
     if format_term not in FORMAT_TERMS:
         raise ConfigError(f"--format-term {format_term!r}: one of {', '.join(FORMAT_TERMS)}")
+    if not 0 <= adam_beta1 < 1:
+        raise ConfigError(f"--adam-beta1 {adam_beta1}: at least 0 and below 1 (verl's default is 0.9)")
     run = LearnSearchRun(
-        out_dir, model_dir, format_weight=format_weight, close_answer=close_answer, format_term=format_term
+        out_dir,
+        model_dir,
+        format_weight=format_weight,
+        close_answer=close_answer,
+        format_term=format_term,
+        adam_beta1=adam_beta1,
     )
     leftovers = Leftovers.start()
     try:
@@ -491,6 +511,7 @@ def _train(
         run.format_weight,
         run.close_answer,
         run.format_term,
+        run.adam_beta1,
     )
     env = vllm_cpu_env(leftovers.scratch)
     if sabotage is not None:

@@ -12,6 +12,12 @@
   reward's own `f1`, SQuAD's definition). Run 3 learned `retrieved` (held-out answer retrieval 0.067 -> 0.367) but
   its answer turn never saw a reward (EM 0 in every sample): F1 pays an answer for every golden word it holds, a
   gradient from "Beijing" towards the title in the passage that EM alone does not give at this model size.
+- `query+f1`: half x the share of the question's content words its first search call's queries hold
+  (`query_overlap`), half x the answer's token F1. Runs 4 and 5 stopped because `retrieved` paid one trajectory in
+  32 (the base model's queries are the prompt's `your query` or names it makes up), so most steps had no gradient;
+  a query that shares some words with the question is common at the start (`Catfish` for a question about a catfish
+  family) and is graded, and a query that copies the question retrieves its passage (BM25 top-3 0.984 on the
+  training questions), so the term pays the steps towards the search that finds the answer.
 
 With `format_weight` 0 the reward is EM alone. The term's share of the reward is logged per trajectory (`format_share`)
 and the run reports it, so a rise driven by the format term is never read as a rise in EM.
@@ -21,13 +27,43 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
+from searchrl.prompt import parse_tool_calls, queries_from_arguments
 from searchrl.scoring import normalize_answer
 from searchrl.trainer.plugins import reward
 
-FORMAT_TERMS = ("searched", "retrieved", "retrieved+f1")
+FORMAT_TERMS = ("searched", "retrieved", "retrieved+f1", "query+f1")
 _TOOL_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
+
+
+@cache
+def _stopwords() -> frozenset[str]:
+    """bm25s's longer English stop-word list, normalized as EM normalizes: it holds the question words (`which`,
+    `who`, `what`) that the index's shorter list keeps, so a query cannot earn the term by copying them."""
+    from bm25s.stopwords import STOPWORDS_EN_PLUS
+
+    return frozenset(normalize_answer(word) for word in STOPWORDS_EN_PLUS)
+
+
+def content_words(text: str) -> set[str]:
+    """The words of `text` normalized as EM normalizes, English stop words out."""
+    return set(normalize_answer(text).split()) - _stopwords()
+
+
+def query_overlap(solution_str: str, question: str) -> float:
+    """The share of the question's content words that the episode's first parsed search call's queries hold.
+
+    0 when no call parses or its arguments hold no query (the tool answered an error, nothing was searched)."""
+    wanted = content_words(question)
+    for call in parse_tool_calls(solution_str).calls:
+        try:
+            queries = queries_from_arguments(call.arguments)
+        except ValueError:
+            return 0.0
+        return len(wanted & content_words(" ".join(queries))) / len(wanted) if wanted else 0.0
+    return 0.0
 
 
 def retrieved(solution_str: str, golden: Sequence[str]) -> float:
@@ -54,14 +90,20 @@ def compute_score(
     found = retrieved(solution_str, reward.golden_answers(ground_truth))
     if format_term not in FORMAT_TERMS:
         raise ValueError(f"format_term {format_term!r}: one of {', '.join(FORMAT_TERMS)}")
-    em = float(out["em"])
-    term = {"searched": searched, "retrieved": found, "retrieved+f1": (found + float(out["f1"])) / 2}[
-        format_term
-    ]
+    em, f1 = float(out["em"]), float(out["f1"])
+    if format_term == "query+f1":
+        question = info.get("question")
+        if not isinstance(question, str):
+            raise ValueError(
+                "format_term 'query+f1' needs extra_info['question'] (trainer/data.py writes it)"
+            )
+        term = (query_overlap(solution_str, question) + f1) / 2
+    else:
+        term = {"searched": searched, "retrieved": found, "retrieved+f1": (found + f1) / 2}[format_term]
     bonus = format_weight * term
     total = em + bonus
     share = bonus / total if total else 0.0
     return {**out, "score": total, "searched": searched, "retrieved": found, "format_share": share}
 
 
-__all__ = ["FORMAT_TERMS", "compute_score", "retrieved"]
+__all__ = ["FORMAT_TERMS", "compute_score", "content_words", "query_overlap", "retrieved"]

@@ -504,10 +504,50 @@ def test_the_runs_agent_loop_keys_compose_in_the_searchrl_block(tmp_path, compos
     extra = search_overrides(
         settings, "float32", 0, tmp_path / "dumps", tmp_path / "ray", 0.1, close_answer=True
     )
-    rollout = compose(merge_overrides(render_overrides(settings), extra)).actor_rollout_ref.rollout
+    config = compose(merge_overrides(render_overrides(settings), extra))
+    rollout = config.actor_rollout_ref.rollout
     assert turn_max_tokens(rollout) == TURN_TOKENS
+    # Adam without momentum and without decay (ADAM_BETA1): a step with no gradient moves nothing
+    assert list(config.actor_rollout_ref.actor.optim.betas) == [0.0, 0.999]
+    assert config.actor_rollout_ref.actor.optim.weight_decay == 0.0
+    verl_default = search_overrides(
+        settings, "float32", 0, tmp_path / "d", tmp_path / "r", 0.1, adam_beta1=0.9
+    )
+    optim = compose(merge_overrides(render_overrides(settings), verl_default)).actor_rollout_ref.actor.optim
+    assert list(optim.betas) == [0.9, 0.999] and optim.weight_decay == 0.01
     assert searchrl_engine_kwargs(rollout) == {
         "scripted_first_turn": False,
         "turn_max_tokens": TURN_TOKENS,
         CLOSE_ANSWER_KEY: True,
     }
+
+
+def test_the_query_term_pays_the_share_of_the_questions_words_its_first_query_holds():
+    """`query+f1` (run 6): half the share of the question's content words (stop words and question words out) in
+    the first parsed call's queries, half the answer's F1; a call that does not parse, or the prompt's `your
+    query`, earns no query half; the term needs the question from extra_info."""
+    from searchrl.trainer.proofs.search_reward import compute_score, content_words, query_overlap
+
+    question = "Which subject is described as: '___ was a Scottish economist and philosopher.'?"
+    assert content_words(question) == {"subject", "described", "scottish", "economist", "philosopher"}
+
+    def call(*queries: str) -> str:
+        args = json.dumps({"name": "search", "arguments": {"query_list": list(queries)}})
+        return f"<tool_call>\n{args}\n</tool_call>"
+
+    assert query_overlap(call("Scottish economist"), question) == pytest.approx(2 / 5)
+    assert query_overlap(call("scottish", "PHILOSOPHER economist!"), question) == pytest.approx(3 / 5)
+    assert query_overlap(call("your query"), question) == 0.0
+    assert query_overlap(call("Scottish economist")[:-5], question) == 0.0  # unclosed: no call parsed
+    assert query_overlap('<tool_call>{"name": "search", "arguments": ["x"]}</tool_call>', question) == 0.0
+    # the first call counts, not a later one that copies the question
+    assert query_overlap(call("your query") + call(question), question) == 0.0
+    truth = {"target": ["Adam Smith"]}
+    info = {"question": question, "search_calls": 1, "search_failures": 0}
+    text = call("Scottish economist") + "<answer>Adam</answer>"
+    scored = compute_score("x", text, truth, info, format_weight=0.2, format_term="query+f1")
+    assert scored["score"] == pytest.approx(0.2 * (2 / 5 + 2 / 3) / 2) and scored["format_share"] == 1.0
+    right = compute_score("x", call(question) + "<answer>Adam Smith</answer>", truth, info, 0.2, "query+f1")
+    assert right["score"] == pytest.approx(1.2) and right["em"] == 1.0
+    with pytest.raises(ValueError, match="question"):
+        compute_score("x", text, truth, {"search_calls": 1}, format_weight=0.2, format_term="query+f1")
