@@ -105,6 +105,13 @@ log = logging.getLogger(__name__)
 
 EXPERIMENT = "cpu-learn"
 STEPS = 20
+# On verl's vLLM server (`--rollout vllm`) the run trains 30 steps in its one invocation (~3.3 s a step on 2 cores,
+# Intel Xeon with AMX: +33 s). Its sampling is not reproducible run to run (no per-sample seeds), and at 20 steps
+# seed 0's probe rose -0.046, +0.175 and +0.229 in three runs of the same code (seeds 1 and 2: +0.216, +0.174;
+# paired rise +0.080 to +0.138): one run in five under PROBE_MIN_RISE, though every run's reward rose on 9 or 10 of
+# 10 questions. The entropy at step 20 was still 2.8-3.9 (7.05 at the start; hf's 5 seeds 0.98-4.29), so the policy
+# was still moving; 10 more steps move it further past the bars (docs/cpu-proofs.md has the runs at 30).
+VLLM_STEPS = 30
 RESUME_STEP = 10  # the first invocation stops here (a checkpoint), the second resumes from it to STEPS
 PROMPTS_PER_STEP = 2  # x rollout_n 8 samples: GRPO groups of 8
 # the default epoch: 12 questions -> 10 train rows / 2 prompts a step (learn_epoch computes it per run)
@@ -207,6 +214,7 @@ class LearnRun:
     out_dir: Path
     mode: str = "sync"  # verl's trainer mode (train_cpu.MODES)
     epoch: int = WINDOW  # steps per epoch: the windows compared at each end
+    steps: int = STEPS  # the steps the run trains (VLLM_STEPS on verl's vLLM server)
     rows: list[StepRow] = field(default_factory=list)
     trajectories: list[Trajectory] = field(default_factory=list)  # from verl's rollout dumps
     updates: dict[str, list[int]] = field(default_factory=dict)  # invocation label -> steps of updates
@@ -260,11 +268,11 @@ class LearnRun:
     def model_searches(self) -> float:
         return sum(row.get("search_calls") for row in self.rows)
 
-    def problems(self, steps: int = STEPS) -> list[str]:
+    def problems(self) -> list[str]:
         """Every check of the module docstring that failed, as short phrases (empty: it learned). An async run's
         stale trajectories are not bound by the fp32 sync diff: run_learn checked each step's versions instead
         (step_checks.async_step_problems)."""
-        return self.run_problems(steps) + self.learning_problems()
+        return self.run_problems() + self.learning_problems()
 
     def learning_problems(self) -> list[str]:
         """The two checks that measure learning on this seed's samples (1 and 5): the paired rise and the probe."""
@@ -284,8 +292,9 @@ class LearnRun:
             )
         return problems
 
-    def run_problems(self, steps: int = STEPS) -> list[str]:
+    def run_problems(self) -> list[str]:
         """The checks that hold on every honest run whatever its sampling drew (2, 3, 4, and no collapse)."""
+        steps = self.steps
         problems = (
             check_steps(self.rows, steps) if self.mode == "sync" else check_steps(self.rows, steps, math.inf)
         )
@@ -496,7 +505,7 @@ def run_learn(
     seed: int = 0,
     qa_source: Path = DEV_QA,
     questions: int = 12,
-    steps: int = STEPS,
+    steps: int | None = None,
     lr: float = LR,
     timeout_s: float = 1200.0,
     mode: TrainerMode = "sync",
@@ -511,6 +520,7 @@ def run_learn(
 
     check_mode(mode)
     check_rollout(rollout, mode)
+    steps = steps or (VLLM_STEPS if rollout == "vllm" else STEPS)
     epoch = learn_epoch(qa_source, questions, steps)
     with engine_scratch(rollout) as vllm:
         return _run_learn(out_dir, seed, qa_source, questions, steps, lr, timeout_s, mode, epoch, vllm)
@@ -536,7 +546,7 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
     from searchrl.trainer.proofs.train_cpu_vllm import engine_overrides
 
     out_dir = fresh_out_dir(out_dir)
-    run = LearnRun(seed=seed, out_dir=out_dir, mode=mode, epoch=epoch)
+    run = LearnRun(seed=seed, out_dir=out_dir, mode=mode, epoch=epoch, steps=steps)
     started = time.monotonic()
     qa = write_qa(out_dir, qa_source, questions)
     model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa), seed=seed)
@@ -895,6 +905,7 @@ __all__ = [
     "MIN_RISE",
     "PROBE_MIN_RISE",
     "STEPS",
+    "VLLM_STEPS",
     "WINDOW",
     "LearnRun",
     "count_updates",

@@ -479,23 +479,23 @@ def test_the_learning_checks_pass_a_rising_run_and_name_each_failure(monkeypatch
 
     monkeypatch.setattr(learn, "check_steps", lambda rows, steps: [])  # columns are check_steps' own test
     rising = [0.3] * WINDOW + [0.4] * 10 + [0.6] * WINDOW
-    assert _learn_run(rising).problems(steps=20) == []
-    flat = _learn_run([0.3] * 20).problems(steps=20)
+    assert _learn_run(rising).problems() == []
+    flat = _learn_run([0.3] * 20).problems()
     assert flat == [
         "reward did not rise: per question (first epoch -> last, paired): 0.300 -> 0.300 (+0.000), 0 of 10 rose "
         "(needs +0.05)"
     ]
-    no_adv = _learn_run(rising, critic__advantages__max=0.0, actor__pg_loss=0.0).problems(steps=20)
+    no_adv = _learn_run(rising, critic__advantages__max=0.0, actor__pg_loss=0.0).problems()
     assert no_adv == ["only 0 of 20 steps had a positive advantage"]
     # an honest step can log a loss of exactly 0 (equal-length responses: the advantages' mean); only a gradient of
     # 0 with advantages present means they never reached the update
-    assert _learn_run(rising, actor__pg_loss=0.0).problems(steps=20) == []
-    no_grad = _learn_run(rising, actor__grad_norm=0.0).problems(steps=20)
+    assert _learn_run(rising, actor__pg_loss=0.0).problems() == []
+    no_grad = _learn_run(rising, actor__grad_norm=0.0).problems()
     assert any(p.startswith("step 1: advantages up to 1.5 but grad norm 0 ") for p in no_grad), no_grad
     run = _learn_run(rising)
     run.updates["2 (resumed)"] = run.updates["2 (resumed)"][:-1]
     run.probe_merged, run.weight_change = 0.31, 0.0
-    problems = "; ".join(run.problems(steps=20))
+    problems = "; ".join(run.problems())
     assert "run 2 (resumed): the rollout server received weight updates for steps [10, 11" in problems
     assert "the merged weights equal the initial weights" in problems
     assert "probe did not move: 0.300 -> 0.310" in problems
@@ -520,11 +520,11 @@ def test_an_async_learning_run_is_not_held_to_the_sync_bound_its_stale_steps_can
         "response_length__mean": 190.0,
         "timing_s__step": 3.0,
     }
-    sync = _learn_run(rising, **stale).problems(steps=20)
+    sync = _learn_run(rising, **stale).problems()
     assert any("sync max prob diff 0.05 above 1e-04" in p for p in sync), sync
     run = _learn_run(rising, **stale)
     run.mode = "separate_async"
-    assert run.problems(steps=20) == []
+    assert run.problems() == []
 
 
 def test_an_async_mode_judges_the_rise_and_probe_on_the_seeds_mean_and_every_other_check_per_seed(
@@ -607,7 +607,7 @@ def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_colla
         Trajectory(t.step, t.question, t.group, 0.6) if t.step in late else t for t in collapsed.trajectories
     ]
     assert collapsed.last_epoch_varying() == 0.0
-    assert collapsed.problems(steps=20) == [
+    assert collapsed.problems() == [
         f"the policy collapsed: 0.00 of the last epoch's groups scored differently (needs {MIN_VARYING:.2f}; a group "
         "that scores alike has no advantage and no gradient)"
     ]
