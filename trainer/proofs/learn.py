@@ -545,7 +545,7 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
         settings = learn_settings(out_dir, model_dir, url, seed=seed, steps=steps, lr=lr, mode=mode)
         rollout_dir = out_dir / ROLLOUTS
         resume = min(RESUME_STEP, steps - 1)
-        overrides, extra_env = engine_overrides(learn_overrides(seed, rollout_dir, settings), settings, vllm)
+        overrides, extra_env = engine_overrides(learn_overrides(seed, rollout_dir, settings), vllm)
         on_step: StepCheck = (
             sync_and_mask_problems
             if mode == "sync"
