@@ -131,26 +131,18 @@ REWARD_FN_NAME = "answer_chars_reward"
 
 @dataclass(frozen=True)
 class SeedFiles:
-    """One seed's folder (`<out>/seed-N`) and what the run writes in it, named here once. Besides these, the
+    """One seed's folder (`<out>/seed-N`) and what the run writes in it, named once (`under`). Besides these, the
     harness writes `qa.jsonl` (`write_qa`) and verl the `data/` and `checkpoints/` folders `cpu_settings` names."""
 
     root: Path
+    model: Path  # the tiny random model the run starts from
+    serve_log: Path  # the run's retrieval service
+    rollouts: Path  # verl's per-step trajectory dumps
+    steps: Path  # the step table and the seed's checks line
 
-    @property
-    def model(self) -> Path:
-        return self.root / "model"  # the tiny random model the run starts from
-
-    @property
-    def serve_log(self) -> Path:
-        return self.root / "serve.log"  # the run's retrieval service
-
-    @property
-    def rollouts(self) -> Path:
-        return self.root / ROLLOUTS
-
-    @property
-    def steps(self) -> Path:
-        return self.root / "steps.md"  # the step table and the seed's checks line
+    @classmethod
+    def under(cls, root: Path) -> SeedFiles:
+        return cls(root, root / "model", root / "serve.log", root / ROLLOUTS, root / "steps.md")
 
     def train_log(self, label: str) -> Path:
         """verl's log of the invocation `label` ("1", "2 (resumed)"): train-1.log, train-2.log."""
@@ -159,38 +151,28 @@ class SeedFiles:
 
 @dataclass(frozen=True)
 class LearnFiles:
-    """Every file `make learn-cpu` writes, named once from its `--out` folder: the seeds' table and reward curve,
-    the record (`run.json`, trainer/proofs/record.py), the modes' table and curve (`--beside-sync`), and a
-    `SeedFiles` folder per seed. With `--beside-sync` each mode's seeds live in a `LearnFiles` of their own under
-    `<out>/<mode>` (`mode`)."""
+    """Every file `make learn-cpu` writes, named once from its `--out` folder (`under`): the seeds' table and reward
+    curve, the record (`run.json`, trainer/proofs/record.py), the modes' table and curve (`--beside-sync`), and a
+    `SeedFiles` folder per seed (`seed`). With `--beside-sync` each mode's seeds have `LearnFiles` of their own
+    under `<out>/<mode>` (`mode`)."""
 
     root: Path
+    seeds_table: Path
+    reward_curve: Path
+    record: Path
+    modes_table: Path
+    modes_curve: Path
 
-    @property
-    def seeds_table(self) -> Path:
-        return self.root / "seeds.md"
-
-    @property
-    def reward_curve(self) -> Path:
-        return self.root / "reward_curve.png"
-
-    @property
-    def record(self) -> Path:
-        return self.root / RECORD
-
-    @property
-    def modes_table(self) -> Path:
-        return self.root / "modes.md"
-
-    @property
-    def modes_curve(self) -> Path:
-        return self.root / "modes_curve.png"
+    @classmethod
+    def under(cls, root: Path) -> LearnFiles:
+        names = ("seeds.md", "reward_curve.png", RECORD, "modes.md", "modes_curve.png")
+        return cls(root, *(root / name for name in names))
 
     def mode(self, mode: str) -> LearnFiles:
-        return LearnFiles(self.root / mode)
+        return LearnFiles.under(self.root / mode)
 
     def seed(self, seed: int) -> SeedFiles:
-        return SeedFiles(self.root / f"seed-{seed}")
+        return SeedFiles.under(self.root / f"seed-{seed}")
 
 
 def learn_settings(
@@ -883,8 +865,8 @@ def learned_figures(runs: Sequence[LearnRun]) -> dict[str, Any]:
 def learn(out: Path, seeds: Sequence[int], *, mode: str, beside_sync: bool, **common: Any) -> list[LearnRun]:
     """`searchrl train cpu learn`: the seeds' runs (and sync's beside them), their tables and curve printed, the
     record written (`<out>/run.json`, trainer/proofs/record.py) and the verdict: SmokeCheckError with the failing
-    line, or the runs that learned. Every file lands where `LearnFiles(out)` names it."""
-    files = LearnFiles(out.expanduser().resolve())
+    line, or the runs that learned. Every file lands where `LearnFiles.under(out)` names it."""
+    files = LearnFiles.under(out.expanduser().resolve())
     mode_files = files.mode(mode) if beside_sync else files
     by_mode = {"sync": run_seeds(files.mode("sync"), seeds, mode="sync", **common)} if beside_sync else {}
     runs = run_seeds(mode_files, seeds, mode=mode, **common)

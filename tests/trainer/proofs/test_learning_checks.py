@@ -616,7 +616,7 @@ def test_every_file_of_learn_cpu_lands_where_learn_files_names_it(monkeypatch, t
     monkeypatch.setattr(learn, "run_learn", run_learn)
     out = tmp_path / "learn"
     learn.learn(out, [0], mode="sync", beside_sync=False)
-    assert given == [learn.SeedFiles(out / "seed-0")]
+    assert given == [learn.SeedFiles.under(out / "seed-0")]
     assert (
         given[0].steps == out / "seed-0" / "steps.md"
         and given[0].train_log("2 (resumed)").name == "train-2.log"
