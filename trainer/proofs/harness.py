@@ -51,6 +51,8 @@ RESUME_STEP = 2
 STEPS = 3
 # The 30-question dev set over the bundled corpus (the repo's copy of ../shared/qa); `--qa` picks another file.
 DEV_QA = dev_qa_path()
+# A run's slice of it, in the run's folder: `write_qa` writes it, `cpu_settings` points data prep at it
+QA_FILE = "qa.jsonl"
 
 
 # FSDP's mixed-precision policy defaults to bf16 parameters whatever the load dtype (verl/workers/engine/fsdp/
@@ -174,7 +176,7 @@ def cpu_settings(
     return TrainSettings(  # type: ignore[call-arg]
         _env_file=None,
         model_name=str(model_dir),
-        qa_source=str(out_dir / "qa.jsonl"),
+        qa_source=str(out_dir / QA_FILE),
         dataset_size="small",
         data_dir=out_dir / "data",
         checkpoint_dir=out_dir / "checkpoints",
@@ -226,7 +228,7 @@ def fresh_out_dir(out_dir: Path) -> Path:
 def write_qa(out_dir: Path, source: Path, n: int) -> Path:
     """The first `n` questions of the dev QA set as a QA file data prep reads (it names no data_source)."""
     rows = [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines() if line.strip()][:n]
-    path = out_dir / "qa.jsonl"
+    path = out_dir / QA_FILE
     path.write_text(
         "".join(json.dumps({**row, "data_source": "dev"}, ensure_ascii=False) + "\n" for row in rows),
         encoding="utf-8",

@@ -53,7 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu.hf_log import UPDATE_PATTERN
@@ -81,7 +81,7 @@ from searchrl.trainer.proofs.learn_epochs import (
     paired_rise,
     read_dumps,
 )
-from searchrl.trainer.proofs.record import write_record
+from searchrl.trainer.proofs.record import RECORD, record_text
 from searchrl.trainer.settings import TrainerMode, TrainSettings
 from searchrl.trainer.step_checks import (
     ENTROPY,
@@ -97,9 +97,6 @@ from searchrl.trainer.step_checks import (
     sync_and_mask_problems,
     sync_matches,
 )
-
-if TYPE_CHECKING:
-    from searchrl.trainer.proofs.train_cpu_vllm import Leftovers
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +134,52 @@ ASYNC_SEEDS = (0, 1, 2)
 ROLLOUTS = "rollouts"  # verl's per-step trajectory dumps, under each seed's folder
 REWARD_FN_PATH = "pkg://searchrl.trainer.proofs.rewards"
 REWARD_FN_NAME = "answer_chars_reward"
+
+
+@dataclass(frozen=True)
+class SeedFiles:
+    """One seed's folder (`<out>/seed-N`) and what the run writes in it, named once (`under`). Besides these, the
+    harness writes `qa.jsonl` (`write_qa`) and verl the `data/` and `checkpoints/` folders `cpu_settings` names."""
+
+    root: Path
+    model: Path  # the tiny random model the run starts from
+    serve_log: Path  # the run's retrieval service
+    rollouts: Path  # verl's per-step trajectory dumps
+    steps: Path  # the step table and the seed's checks line
+
+    @classmethod
+    def under(cls, root: Path) -> SeedFiles:
+        return cls(root, root / "model", root / "serve.log", root / ROLLOUTS, root / "steps.md")
+
+    def train_log(self, label: str) -> Path:
+        """verl's log of the invocation `label` ("1", "2 (resumed)"): train-1.log, train-2.log."""
+        return self.root / f"train-{label[0]}.log"
+
+
+@dataclass(frozen=True)
+class LearnFiles:
+    """Every file `make learn-cpu` writes, named once from its `--out` folder (`under`): the seeds' table and reward
+    curve, the record (`run.json`, trainer/proofs/record.py), the modes' table and curve (`--beside-sync`), and a
+    `SeedFiles` folder per seed (`seed`). With `--beside-sync` each mode's seeds have `LearnFiles` of their own
+    under `<out>/<mode>` (`mode`)."""
+
+    root: Path
+    seeds_table: Path
+    reward_curve: Path
+    record: Path
+    modes_table: Path
+    modes_curve: Path
+
+    @classmethod
+    def under(cls, root: Path) -> LearnFiles:
+        names = ("seeds.md", "reward_curve.png", RECORD, "modes.md", "modes_curve.png")
+        return cls(root, *(root / name for name in names))
+
+    def mode(self, mode: str) -> LearnFiles:
+        return LearnFiles.under(self.root / mode)
+
+    def seed(self, seed: int) -> SeedFiles:
+        return SeedFiles.under(self.root / f"seed-{seed}")
 
 
 def learn_settings(
@@ -500,7 +543,7 @@ def weight_change(initial: Path, merged: Path) -> float:
 
 
 def run_learn(
-    out_dir: Path,
+    files: SeedFiles,
     *,
     seed: int = 0,
     qa_source: Path = DEV_QA,
@@ -511,51 +554,34 @@ def run_learn(
     mode: TrainerMode = "sync",
     rollout: str = "hf",
 ) -> LearnRun:
-    """One seed's learning run (module docstring) in verl's trainer `mode`; the checks are LearnRun.problems().
+    """One seed's learning run (module docstring) in verl's trainer `mode`, into `files` (emptied first); the
+    checks are LearnRun.problems().
 
     `rollout="vllm"`: verl's own vLLM server (hybrid engine, the GPU run's fingerprint check) instead of the hf
     engine, from the CPU vLLM venv, as `make train-cpu ROLLOUT=vllm` (trainer/proofs/train_cpu_vllm.py); what it
     leaves in /dev/shm, /tmp and its scratch folder is removed however the run ends."""
-    from searchrl.trainer.proofs.train_cpu_vllm import check_rollout, engine_scratch
-
-    check_mode(mode)
-    check_rollout(rollout, mode)
-    steps = steps or (VLLM_STEPS if rollout == "vllm" else STEPS)
-    epoch = learn_epoch(qa_source, questions, steps)
-    with engine_scratch(rollout) as vllm:
-        return _run_learn(out_dir, seed, qa_source, questions, steps, lr, timeout_s, mode, epoch, vllm)
-
-
-def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
-    out_dir: Path,
-    seed: int,
-    qa_source: Path,
-    questions: int,
-    steps: int,
-    lr: float,
-    timeout_s: float,
-    mode: TrainerMode,
-    epoch: int,
-    vllm: Leftovers | None = None,  # a vLLM run's scratch and leftovers; None for the hf engine
-) -> LearnRun:
     from transformers import AutoTokenizer
 
     from searchrl.retrieval.process import served
     from searchrl.trainer.cpu.tiny_model import write_tiny_model
     from searchrl.trainer.merge import merge_latest
-    from searchrl.trainer.proofs.train_cpu_vllm import engine_overrides
+    from searchrl.trainer.proofs.train_cpu_vllm import check_rollout, engine_overrides, engine_scratch
 
-    out_dir = fresh_out_dir(out_dir)
+    check_mode(mode)
+    check_rollout(rollout, mode)
+    steps = steps or (VLLM_STEPS if rollout == "vllm" else STEPS)
+    epoch = learn_epoch(qa_source, questions, steps)
+    out_dir = fresh_out_dir(files.root)
     run = LearnRun(seed=seed, out_dir=out_dir, mode=mode, epoch=epoch, steps=steps)
     started = time.monotonic()
     qa = write_qa(out_dir, qa_source, questions)
-    model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa), seed=seed)
+    model_dir = write_tiny_model(files.model, tokenizer_texts(qa), seed=seed)
     run.phases["model"] = time.monotonic() - started
-    with served(["--backend", "bm25"], out_dir / "serve.log") as url:
+    # vllm: a vLLM run's scratch and leftovers, None for the hf engine
+    with engine_scratch(rollout) as vllm, served(["--backend", "bm25"], files.serve_log) as url:
         settings = learn_settings(out_dir, model_dir, url, seed=seed, steps=steps, lr=lr, mode=mode)
-        rollout_dir = out_dir / ROLLOUTS
         resume = min(RESUME_STEP, steps - 1)
-        overrides, extra_env = engine_overrides(learn_overrides(seed, rollout_dir, settings), settings, vllm)
+        overrides, extra_env = engine_overrides(learn_overrides(seed, files.rollouts, settings), vllm)
         on_step: StepCheck = (
             sync_and_mask_problems
             if mode == "sync"
@@ -575,7 +601,7 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
             started = time.monotonic()
             try:
                 rows, text = run_training(
-                    settings, extra, out_dir / f"train-{label[0]}.log", label, timeout_s, on_step, extra_env
+                    settings, extra, files.train_log(label), label, timeout_s, on_step, extra_env
                 )
             except SmokeCheckError as exc:  # a step failed its check: verl was stopped there
                 raise SmokeCheckError(f"the learning run (seed {seed}) failed: {exc}") from None
@@ -599,8 +625,8 @@ def _run_learn(  # noqa: PLR0913  (run_learn's keywords, passed through once)
         run.probe_rotated_initial = probe_score(model_dir, rotated)
         run.probe_rotated_merged = probe_score(merged.target_dir, rotated)
         run.phases["merge and probe"] = time.monotonic() - started
-        run.trajectories = read_dumps(rollout_dir, train_questions(settings))
-    (out_dir / "steps.md").write_text(f"{learn_table(run)}\n\n{run.checks}\n", encoding="utf-8")
+        run.trajectories = read_dumps(files.rollouts, train_questions(settings))
+    files.steps.write_text(f"{learn_table(run)}\n\n{run.checks}\n", encoding="utf-8")
     return run
 
 
@@ -625,25 +651,24 @@ def rotate_answers(contexts: Sequence[tuple[list[int], list[str]]]) -> list[tupl
     return [(ids, answers[(i + 1) % len(answers)]) for i, (ids, _) in enumerate(contexts)]
 
 
-def run_seeds(out_dir: Path, seeds: Sequence[int], **kwargs: Any) -> list[LearnRun]:
-    """`run_learn` per seed into <out>/seed-N, then the reward curve (<out>/reward_curve.png) and seeds table."""
-    out_dir = out_dir.expanduser().resolve()
+def run_seeds(files: LearnFiles, seeds: Sequence[int], **kwargs: Any) -> list[LearnRun]:
+    """`run_learn` per seed into its `files.seed(N)`, the reward curve redrawn after each, then the seeds table."""
     if not seeds:
         raise ConfigError("--seeds names no seed: pass e.g. --seeds 0 or --seeds 0,1,2,3,4")
     runs = []
     for seed in seeds:
         log.info("learning run, seed %d of %s", seed, list(seeds))
-        runs.append(run_learn(out_dir / f"seed-{seed}", seed=seed, **kwargs))
-        plot_rewards(runs, out_dir / "reward_curve.png")
-    (out_dir / "seeds.md").write_text(seeds_table(runs) + "\n", encoding="utf-8")
+        runs.append(run_learn(files.seed(seed), seed=seed, **kwargs))
+        files.reward_curve.write_bytes(plot_rewards(runs))
+    files.seeds_table.write_text(seeds_table(runs) + "\n", encoding="utf-8")
     return runs
 
 
-def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
-    """Two panels. Left: each question's paired rise (its mean reward over the last epoch minus the first), the
-    mean over the seeds that trained on it, with the seeds' min-max band. Right: the per-step mean reward of each
-    seed, and the seeds' mean with a min-max band where several ran."""
-    from searchrl.trainer.proofs.plots import pyplot, save
+def plot_rewards(runs: Sequence[LearnRun]) -> bytes:
+    """The reward curve, as PNG. Two panels. Left: each question's paired rise (its mean reward over the last
+    epoch minus the first), the mean over the seeds that trained on it, with the seeds' min-max band. Right: the
+    per-step mean reward of each seed, and the seeds' mean with a min-max band where several ran."""
+    from searchrl.trainer.proofs.plots import png, pyplot
 
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -711,14 +736,14 @@ def plot_rewards(runs: Sequence[LearnRun], path: Path) -> Path:
     ax.set_title("per step (each step holds other questions)", fontsize=9)
     ax.legend(fontsize=7)
     fig.suptitle("make learn-cpu: answer-character reward, tiny random Qwen2, 2 CPU cores", fontsize=10)
-    return save(fig, path)
+    return png(fig)
 
 
-def plot_modes(by_mode: Mapping[str, Sequence[LearnRun]], path: Path) -> Path:
-    """The modes side by side on the same seeds (`--beside-sync`). Left: per step, each mode's mean reward over its
-    seeds with their min-max band. Right: each mode's paired rise per seed (its first group or epoch of each
-    question against its last), the seeds' mean as a bar: the figure the verdict judges."""
-    from searchrl.trainer.proofs.plots import pyplot, save
+def plot_modes(by_mode: Mapping[str, Sequence[LearnRun]]) -> bytes:
+    """The modes side by side on the same seeds (`--beside-sync`), as PNG. Left: per step, each mode's mean reward
+    over its seeds with their min-max band. Right: each mode's paired rise per seed (its first group or epoch of
+    each question against its last), the seeds' mean as a bar: the figure the verdict judges."""
+    from searchrl.trainer.proofs.plots import png, pyplot
 
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -759,7 +784,7 @@ def plot_modes(by_mode: Mapping[str, Sequence[LearnRun]], path: Path) -> Path:
     fig.suptitle(
         "make learn-cpu: the trainer modes on the same seeds, tiny random Qwen2, 2 CPU cores", fontsize=10
     )
-    return save(fig, path)
+    return png(fig)
 
 
 def modes_table(by_mode: Mapping[str, Sequence[LearnRun]]) -> str:
@@ -850,22 +875,24 @@ def learned_figures(runs: Sequence[LearnRun]) -> dict[str, Any]:
 def learn(out: Path, seeds: Sequence[int], *, mode: str, beside_sync: bool, **common: Any) -> list[LearnRun]:
     """`searchrl train cpu learn`: the seeds' runs (and sync's beside them), their tables and curve printed, the
     record written (`<out>/run.json`, trainer/proofs/record.py) and the verdict: SmokeCheckError with the failing
-    line, or the runs that learned."""
-    by_mode = {"sync": run_seeds(out / "sync", seeds, mode="sync", **common)} if beside_sync else {}
-    runs = run_seeds(out / mode if beside_sync else out, seeds, mode=mode, **common)
+    line, or the runs that learned. Every file lands where `LearnFiles.under(out)` names it."""
+    files = LearnFiles.under(out.expanduser().resolve())
+    mode_files = files.mode(mode) if beside_sync else files
+    by_mode = {"sync": run_seeds(files.mode("sync"), seeds, mode="sync", **common)} if beside_sync else {}
+    runs = run_seeds(mode_files, seeds, mode=mode, **common)
     by_mode[mode] = runs
     for run in runs:
-        print(f"\nseed {run.seed} ({run.out_dir / 'steps.md'}):\n{learn_table(run)}")  # noqa: T201
-    print(f"\n{seeds_table(runs)}\nreward curve: {runs[0].out_dir.parent / 'reward_curve.png'}")  # noqa: T201
+        print(f"\nseed {run.seed} ({mode_files.seed(run.seed).steps}):\n{learn_table(run)}")  # noqa: T201
+    print(f"\n{seeds_table(runs)}\nreward curve: {mode_files.reward_curve}")  # noqa: T201
     verdicts = {name: seeds_verdict(mode_runs) for name, mode_runs in by_mode.items()}
     if beside_sync:
-        (out / "modes.md").write_text(modes_table(by_mode) + "\n", encoding="utf-8")
-        plot_modes(by_mode, out / "modes_curve.png")
-        print(f"\n{modes_table(by_mode)}\nmodes curve: {out / 'modes_curve.png'}")  # noqa: T201
+        files.modes_table.write_text(modes_table(by_mode) + "\n", encoding="utf-8")
+        files.modes_curve.write_bytes(plot_modes(by_mode))
+        print(f"\n{modes_table(by_mode)}\nmodes curve: {files.modes_curve}")  # noqa: T201
         print(f"sync beside it: {verdicts['sync'] or learned_line(by_mode['sync'])}")  # noqa: T201
     print(learned_line(runs))  # noqa: T201
     failed = verdicts[mode] or (f"sync beside it: {verdicts['sync']}" if verdicts.get("sync") else None)
-    write_record(out, "learn-cpu", failed, learned_figures(runs))
+    files.record.write_text(record_text("learn-cpu", failed, learned_figures(runs)), encoding="utf-8")
     if failed:
         raise SmokeCheckError(failed)
     return runs
@@ -907,7 +934,9 @@ __all__ = [
     "STEPS",
     "VLLM_STEPS",
     "WINDOW",
+    "LearnFiles",
     "LearnRun",
+    "SeedFiles",
     "count_updates",
     "learn",
     "learned_figures",

@@ -24,15 +24,25 @@ def pyplot() -> Any:
     return plt
 
 
-def save(fig: Any, path: Path) -> Path:
-    """Lay `fig` out, write it to `path` (PNG; its folder made if missing) and free it; returns `path`."""
+def png(fig: Any) -> bytes:
+    """Lay `fig` out, render it as PNG and free it: the bytes a run writes into its own file (the run names its
+    files; this module never sees a path)."""
+    import io
+
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
     plt.close(fig)
+    return buffer.getvalue()
+
+
+def save(fig: Any, path: Path) -> Path:
+    """`png(fig)` written to `path` (its folder made if missing); returns `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png(fig))
     return path
 
 
-__all__ = ["DPI", "pyplot", "save"]
+__all__ = ["DPI", "png", "pyplot", "save"]

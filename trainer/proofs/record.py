@@ -29,11 +29,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def write_record(out_dir: Path, run: str, verdict: str | None, figures: Mapping[str, Any]) -> Path:
-    """Write `<out_dir>/run.json`; `verdict` None when the run passed, else its failing line."""
+def record_text(run: str, verdict: str | None, figures: Mapping[str, Any]) -> str:
+    """The text of a run's `run.json`; `verdict` None when the run passed, else its failing line. The run writes
+    it into its own folder (its file named RECORD there)."""
     record = {"run": run, "passed": verdict is None, "verdict": verdict or PASSED, "figures": _plain(figures)}
+    return json.dumps(record, indent=2, allow_nan=False) + "\n"
+
+
+def write_record(out_dir: Path, run: str, verdict: str | None, figures: Mapping[str, Any]) -> Path:
+    """Write `<out_dir>/run.json` (`record_text`)."""
     path = out_dir / RECORD
-    path.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    path.write_text(record_text(run, verdict, figures), encoding="utf-8")
     return path
 
 
@@ -43,4 +49,4 @@ def read_record(out_dir: Path) -> dict[str, Any]:
     return record
 
 
-__all__ = ["PASSED", "RECORD", "read_record", "write_record"]
+__all__ = ["PASSED", "RECORD", "read_record", "record_text", "write_record"]

@@ -223,7 +223,7 @@ def _run_cpu_smoke(
         settings = cpu_settings(out_dir, model_dir, url, steps=steps, mode=mode)
         started = time.monotonic()
         overrides, extra_env = engine_overrides(
-            merge_overrides(cpu_overrides(), async_cpu_overrides(settings)), settings, vllm
+            merge_overrides(cpu_overrides(), async_cpu_overrides(settings)), vllm
         )
         on_step: StepCheck = (
             sync_and_mask_problems

@@ -96,11 +96,10 @@ def check_rollout(rollout: str, mode: str) -> None:
             raise ConfigError(f"--rollout vllm runs trainer mode sync only (got {mode!r})")
 
 
-def vllm_cpu_overrides(
-    settings: TrainSettings, ray_temp_dir: Path, kv_cache_bytes: int = KV_CACHE_BYTES
-) -> list[str]:
+def vllm_overrides(ray_temp_dir: Path, kv_cache_bytes: int = KV_CACHE_BYTES) -> list[str]:
     """The CPU vLLM run's keys on top of `cpu_overrides()` (module docstring gives each reason); `kv_cache_bytes`:
-    the engine's KV cache in host RAM, sized to the model and batch."""
+    the engine's KV cache in host RAM, sized to the model and batch. No run setting enters them: the run's
+    folders stay out (Ray's temp folder is the engine's scratch, `Leftovers`)."""
     pairs: list[tuple[str, object]] = [
         ("actor_rollout_ref.rollout.name", "vllm"),
         (VLLM_SYNC_KEY, ",".join(PLUGINS)),
@@ -114,6 +113,13 @@ def vllm_cpu_overrides(
         ("+ray_kwargs.ray_init._temp_dir", str(ray_temp_dir)),
     ]
     return [f"{key}={hydra_value(value)}" for key, value in pairs]
+
+
+def vllm_cpu_overrides(
+    settings: TrainSettings | None, ray_temp_dir: Path, kv_cache_bytes: int = KV_CACHE_BYTES
+) -> list[str]:
+    """`vllm_overrides`, kept for one release under its old name and arguments: `settings` was never read."""
+    return vllm_overrides(ray_temp_dir, kv_cache_bytes)
 
 
 @contextmanager
@@ -130,14 +136,13 @@ def engine_scratch(rollout: str) -> Iterator[Leftovers | None]:
         leftovers.clean()
 
 
-def engine_overrides(
-    overrides: list[str], settings: TrainSettings, vllm: Leftovers | None
-) -> tuple[list[str], dict[str, str] | None]:
+def engine_overrides(overrides: list[str], vllm: Leftovers | None) -> tuple[list[str], dict[str, str] | None]:
     """A CPU run's overrides and its verl invocations' environment for its engine: unchanged and None for the hf
-    engine; with the vLLM run's keys and environment on top otherwise (module docstring)."""
+    engine; with the vLLM run's keys and environment on top otherwise (module docstring), both from the engine's
+    scratch (`vllm`), none from the run's settings or folder."""
     if vllm is None:
         return overrides, None
-    merged = merge_overrides(overrides, vllm_cpu_overrides(settings, vllm.ray_temp_dir))
+    merged = merge_overrides(overrides, vllm_overrides(vllm.ray_temp_dir))
     return merged, vllm_cpu_env(vllm.scratch)
 
 
@@ -261,4 +266,5 @@ __all__ = [
     "engine_scratch",
     "vllm_cpu_env",
     "vllm_cpu_overrides",
+    "vllm_overrides",
 ]

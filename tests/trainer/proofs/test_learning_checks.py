@@ -569,7 +569,7 @@ def test_an_async_mode_judges_the_rise_and_probe_on_the_seeds_mean_and_every_oth
     )
 
 
-def test_the_modes_beside_each_other_are_one_table_and_one_plot(tmp_path):
+def test_the_modes_beside_each_other_are_one_table_and_one_plot():
     """`--beside-sync`: each mode's seeds' mean rise and each seed's, the probe, how many steps trained on stale
     samples (verl's worst staleness above 0), drawn with the per-step curves."""
     from searchrl.trainer.proofs.learn import modes_table, plot_modes
@@ -591,7 +591,52 @@ def test_the_modes_beside_each_other_are_one_table_and_one_plot(tmp_path):
     assert table[3].startswith(
         "| separate_async | 0, 1, 2 | +0.090 | +0.080, +0.090, +0.100 | +0.300 | 60 of 60 |"
     )
-    assert plot_modes(by_mode, tmp_path / "modes.png").stat().st_size > 10_000
+    png = plot_modes(by_mode)
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_every_file_of_learn_cpu_lands_where_learn_files_names_it(monkeypatch, tmp_path):
+    """`learn` with each seed's run stubbed (no verl): the seeds' runs get the folders `LearnFiles` names, and the
+    tables, curves and record land at its paths, the ones tests/trainer/e2e/test_learn_cpu.py reads after a real
+    run (seed-N/, seeds.md, reward_curve.png, run.json; sync/ and <mode>/, modes.md, modes_curve.png beside sync)."""
+    import searchrl.trainer.proofs.learn as learn
+    from searchrl.trainer.proofs.record import read_record
+
+    monkeypatch.setattr(learn, "check_steps", lambda rows, steps, bound=None: [])
+    monkeypatch.setattr(learn, "seeds_checks", lambda runs: "checks: (the stubbed runs logged none)")
+    given: list[learn.SeedFiles] = []
+
+    def run_learn(files: learn.SeedFiles, *, seed: int, mode: str, **_: object) -> LearnRun:
+        given.append(files)
+        files.root.mkdir(parents=True)  # run_learn empties and makes its folder
+        run = _learn_run([0.3] * WINDOW + [0.35] * 10 + [0.4 + 0.01 * seed] * WINDOW)
+        run.seed, run.mode, run.out_dir = seed, mode, files.root
+        return run
+
+    monkeypatch.setattr(learn, "run_learn", run_learn)
+    out = tmp_path / "learn"
+    learn.learn(out, [0], mode="sync", beside_sync=False)
+    assert given == [learn.SeedFiles.under(out / "seed-0")]
+    assert (
+        given[0].steps == out / "seed-0" / "steps.md"
+        and given[0].train_log("2 (resumed)").name == "train-2.log"
+    )
+    assert (out / "seeds.md").read_text().startswith("| seed |")
+    assert (out / "reward_curve.png").read_bytes().startswith(b"\x89PNG")
+    assert read_record(out)["run"] == "learn-cpu" and read_record(out)["passed"] is True
+
+    given.clear()
+    both = tmp_path / "modes"
+    learn.learn(both, [0, 1, 2], mode="separate_async", beside_sync=True)
+    assert [files.root.relative_to(both).as_posix() for files in given] == [
+        *(f"sync/seed-{seed}" for seed in range(3)),
+        *(f"separate_async/seed-{seed}" for seed in range(3)),
+    ]
+    for folder in (both / "sync", both / "separate_async"):
+        assert (folder / "seeds.md").is_file() and (folder / "reward_curve.png").is_file()
+    assert (both / "modes.md").read_text().startswith("| mode |")
+    assert (both / "modes_curve.png").read_bytes().startswith(b"\x89PNG")
+    assert read_record(both)["passed"] is True
 
 
 def test_a_run_whose_groups_stopped_varying_before_the_last_epoch_fails_as_collapsed(monkeypatch):

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import pytest
 
-from searchrl.trainer.proofs.record import PASSED, RECORD, read_record, write_record
+from searchrl.trainer.proofs.record import PASSED, RECORD, read_record, record_text, write_record
 from searchrl.trainer.step_checks import Checks
 
 
@@ -27,6 +27,10 @@ def test_a_passed_run_and_a_failed_one_are_recorded_as_strict_json(tmp_path):
     write_record(tmp_path, "learn-cpu", "reward did not rise: +0.010", {"rise": 0.01})
     assert read_record(tmp_path)["verdict"] == "reward did not rise: +0.010"
     assert read_record(tmp_path)["passed"] is False
+    # a run that names its own file writes the same text (make learn-cpu: trainer/proofs/learn.py LearnFiles)
+    assert (tmp_path / RECORD).read_text() == record_text(
+        "learn-cpu", "reward did not rise: +0.010", {"rise": 0.01}
+    )
     with pytest.raises(FileNotFoundError):
         read_record(tmp_path / "none")
 

@@ -25,6 +25,7 @@ from searchrl.trainer.proofs.train_cpu_vllm import (
     Leftovers,
     check_rollout,
     vllm_cpu_overrides,
+    vllm_overrides,
 )
 from tests.conftest import REPO
 
@@ -47,7 +48,9 @@ def test_the_shims_are_named_only_by_the_cpu_run():
 def test_cpu_vllm_overrides_compose_and_keep_the_gpu_runs_plugins(tmp_path, compose):
     settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:9")
     gpu = render_overrides(settings)
-    extra = merge_overrides(cpu_overrides(), vllm_cpu_overrides(settings, tmp_path / "ray"))
+    extra = merge_overrides(cpu_overrides(), vllm_overrides(tmp_path / "ray"))
+    # the old name, kept for one release, gives the same keys (its settings were never read)
+    assert vllm_cpu_overrides(settings, tmp_path / "ray") == vllm_overrides(tmp_path / "ray")
     cfg = compose(merge_overrides(gpu, extra))
     rollout = cfg.actor_rollout_ref.rollout
     assert rollout.name == "vllm" and rollout.mode == "async"
