@@ -38,7 +38,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +69,7 @@ from searchrl.trainer.proofs.harness import (
     first_error,
     fresh_out_dir,
     hf_sync_problems,
+    run_checks,
     run_checks_line,
     run_eval,
     run_main_ppo,
@@ -76,8 +77,11 @@ from searchrl.trainer.proofs.harness import (
     tokenizer_texts,
     write_qa,
 )
+from searchrl.trainer.proofs.record import write_record
 from searchrl.trainer.settings import TrainerMode
 from searchrl.trainer.step_checks import (
+    COLUMNS,
+    Checks,
     StepCheck,
     StepRow,
     async_step_problems,
@@ -91,6 +95,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RECORD_NAME = "train-cpu"  # the run's name in its record, `<out>/run.json`
+
 
 @dataclass
 class CpuRun:
@@ -98,12 +104,33 @@ class CpuRun:
     line that says what its checks read."""
 
     out_dir: Path
+    mode: str = "sync"
+    rollout: str = "hf"
     rows: list[StepRow] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     merged_dir: Path | None = None
     merged_step: int | None = None
     eval_summary: dict[str, Any] = field(default_factory=dict)
     checks: str = ""  # step_checks.checks_line, set once the run's checks passed
+    checked: Checks | None = None  # the figures of that line
+
+    def figures(self) -> dict[str, Any]:
+        """What `<out>/run.json` holds (trainer/proofs/record.py): each step's figures under the step table's
+        column names, the checks' figures (None until they passed), the merged step, the eval's counts, the phase
+        times. A run that stopped early has the steps it logged."""
+        eval_keys = ("n", "search_failures", "llm_errors", "em")
+        return {
+            "mode": self.mode,
+            "rollout": self.rollout,
+            "steps": [
+                {"step": row.step, "run": row.run, **{key: row.get(key) for key in COLUMNS}}
+                for row in self.rows
+            ],
+            "checks": None if self.checked is None else asdict(self.checked),
+            "merged_step": self.merged_step,
+            "eval": {key: self.eval_summary[key] for key in eval_keys if key in self.eval_summary},
+            "phases_s": self.phases,
+        }
 
     def report(self) -> str:
         lines = [step_table(self.rows), ""]
@@ -191,30 +218,36 @@ def run_cpu_smoke(
 
     check_mode(mode)
     check_rollout(rollout, mode)
-    with engine_scratch(rollout) as vllm:
-        return _run_cpu_smoke(out_dir, qa_source, questions, timeout_s, mode, vllm)
+    if not qa_source.is_file():
+        raise ConfigError(
+            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
+        )
+    run = CpuRun(fresh_out_dir(out_dir), mode=mode, rollout=rollout)
+    try:
+        with engine_scratch(rollout) as vllm:
+            _run_cpu_smoke(run, qa_source, questions, timeout_s, mode, vllm)
+    except Exception as exc:  # the record names what stopped the run; the CLI prints the same line
+        write_record(run.out_dir, RECORD_NAME, str(exc) or type(exc).__name__, run.figures())
+        raise
+    write_record(run.out_dir, RECORD_NAME, None, run.figures())
+    return run
 
 
 def _run_cpu_smoke(
-    out_dir: Path,
+    run: CpuRun,
     qa_source: Path,
     questions: int,
     timeout_s: float,
     mode: TrainerMode,
     vllm: Leftovers | None = None,  # a vLLM run's scratch and leftovers; None for the hf engine
-) -> CpuRun:
+) -> None:
     from searchrl.retrieval.process import served
     from searchrl.trainer.cpu.tiny_model import write_tiny_model
     from searchrl.trainer.merge import merge_latest
     from searchrl.trainer.proofs.train_cpu_vllm import engine_overrides
 
-    out_dir = fresh_out_dir(out_dir)
-    run = CpuRun(out_dir)
+    out_dir = run.out_dir
     started = time.monotonic()
-    if not qa_source.is_file():
-        raise ConfigError(
-            f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
-        )
     qa = write_qa(out_dir, qa_source, questions)
     model_dir = write_tiny_model(out_dir / "model", tokenizer_texts(qa))
     _phase(run, "model", started)
@@ -259,7 +292,8 @@ def _run_cpu_smoke(
             log.info("trajectories spanning two weights versions over the run: %d", spans)
         if problems:
             raise SmokeCheckError("the CPU run missed what training must show: " + "; ".join(problems))
-        run.checks = run_checks_line(run.rows, [text_1, text_2], hf=vllm is None, async_mode=mode != "sync")
+        run.checked = run_checks(run.rows, [text_1, text_2], hf=vllm is None, async_mode=mode != "sync")
+        run.checks = run.checked.line()
         started = time.monotonic()
         merged = merge_latest(settings.run_dir)
         run.merged_dir, run.merged_step = merged.target_dir, merged.step
@@ -274,7 +308,6 @@ def _run_cpu_smoke(
     s = run.eval_summary
     if s["n"] < 1 or s["search_failures"] or s["llm_errors"]:
         raise SmokeCheckError(f"eval of the merged model: {s}")
-    return run
 
 
 def _write_test_split(test_parquet: Path, path: Path) -> None:

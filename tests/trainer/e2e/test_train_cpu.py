@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from searchrl.trainer.overrides import merge_overrides
+from searchrl.trainer.proofs.record import PASSED, read_record
 from searchrl.trainer.proofs.train_cpu import first_error
 from searchrl.trainer.step_checks import parse_steps
 from tests.trainer.e2e.runs import TRAIN_CPU_TIMEOUT_S
@@ -27,25 +28,34 @@ def test_make_train_cpu_trains_searches_resumes_merges_and_evaluates(train_cpu_r
     out = train_cpu_runs.out("sync")
     proc = train_cpu_runs.result("sync", TRAIN_CPU_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 3"]
-    assert [r.split(" | ")[1] for r in rows] == ["1", "1", "2 (resumed)"]
-    for row in rows:
-        cells = [c.strip() for c in row.strip("| ").split(" | ")]
-        trajectories, scripted, failures = float(cells[2]), float(cells[4]), float(cells[5])
-        assert trajectories == 4 and scripted == 4 and failures == 0, row
-        assert all(math.isfinite(float(c)) for c in cells[6:]), row
-        sync, in_loss = float(cells[-3]), float(cells[-2])
-        assert sync < 1e-4 and in_loss == 0, row  # fp32 everywhere: the rollout ran the trained weights
-    assert "merged step 3:" in proc.stdout
-    assert "search failures 0, LLM errors 0" in proc.stdout
-    # the run ends with what its checks read: a sync when each invocation starts and after each step (3 + 2), the
-    # fp32 bound over every step, tool responses seen and none trained on, the mask invariant
+    # the figures from the run's record (trainer/proofs/record.py), not from its printed table
+    record = read_record(out)
+    assert record["run"] == "train-cpu" and record["passed"] and record["verdict"] == PASSED, record
+    figures = record["figures"]
+    steps = figures["steps"]
+    assert [(s["step"], s["run"]) for s in steps] == [(1, "1"), (2, "1"), (3, "2 (resumed)")], steps
+    for step in steps:
+        assert step["trajectories"] == step["scripted_calls"] == 4 and step["search_failures"] == 0, step
+        assert all(
+            isinstance(v, float) and math.isfinite(v) for k, v in step.items() if k not in ("step", "run")
+        ), step
+        assert step["sync_diff"] < 1e-4 and step["obs_in_loss"] == 0, (
+            step
+        )  # fp32: the rollout ran trained weights
+    assert (
+        figures["merged_step"] == 3
+        and figures["eval"]["search_failures"] == figures["eval"]["llm_errors"] == 0
+    )
+    assert "merged step 3:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
+    # what its checks read: a sync when each invocation starts and after each step (3 + 2), the fp32 bound over
+    # every step, tool responses seen and none trained on, the mask invariant; the line people read says the same
+    checks = figures["checks"]
+    assert checks["syncs"] == 5 and checks["sync_diff"] < 1e-4 and checks["covered"] == 3, checks
+    assert checks["observation_tokens_in_loss"] == 0 and checks["observation_tokens_seen"] > 0, checks
+    assert checks["mask_outside"] == checks["mask_missing"] == checks["unrecorded"] == 0, checks
     assert proc.stdout.strip().splitlines()[-1].startswith("checks: ")
-    checks = checks_figures(proc.stdout)
-    assert checks["syncs"] == 5 and checks["diff"] < 1e-4 and checks["covered"] == 3, checks
-    assert checks["in_loss"] == 0 and checks["seen"] > 0, checks
-    assert checks["outside"] == checks["missing"] == checks["unrecorded"] == 0, checks
+    printed = checks_figures(proc.stdout)
+    assert (printed["syncs"], printed["seen"]) == (checks["syncs"], checks["observation_tokens_seen"])
     # the resumed invocation loaded step 2's checkpoint, and search metrics are in verl's console log
     second = (out / "train-2.log").read_text(errors="replace")
     assert "global_step_2" in second and "search/calls:" in second

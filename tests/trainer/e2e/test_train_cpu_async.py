@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.trainer.cpu import sabotage
+from searchrl.trainer.proofs.record import read_record
 from searchrl.trainer.proofs.train_cpu import ASYNC_STEPS
 from tests.conftest import REPO
 from tests.trainer.e2e.runs import TRAIN_CPU_TIMEOUT_S
@@ -53,6 +54,9 @@ def _passed_async_run(proc: subprocess.CompletedProcess[str], out: Path) -> tupl
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert f"merged step {ASYNC_STEPS}:" in proc.stdout and "search failures 0, LLM errors 0" in proc.stdout
     _assert_async_checks(proc.stdout)
+    record = read_record(out)  # trainer/proofs/record.py: the run's own figures, the same as its printed line
+    assert record["passed"] and record["figures"]["merged_step"] == ASYNC_STEPS, record
+    assert record["figures"]["checks"]["syncs"] == checks_figures(proc.stdout)["syncs"], record
     logs = [(out / f"train-{n}.log").read_text(errors="replace") for n in (1, 2)]
     steps = [line for text in logs for line in text.splitlines() if re.search(r"\bstep:\d+ - ", line)]
     assert len(steps) == ASYNC_STEPS and all("versions/missing:0.0" in line for line in steps)

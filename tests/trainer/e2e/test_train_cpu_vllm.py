@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.trainer.proofs import train_cpu_vllm
+from searchrl.trainer.proofs.record import read_record
 from searchrl.trainer.settings import TrainSettings
 from tests.conftest import REPO
 from tests.trainer.test_checks_line import checks_figures
@@ -60,6 +61,9 @@ def test_train_cpu_on_verls_vllm_server_checks_every_sync_and_resumes(tmp_path):
     checks = checks_figures(proc.stdout)
     assert checks["syncs"] == 5 and checks["diff"] < 1e-4 and checks["covered"] == 3, checks
     assert checks["in_loss"] == 0 and checks["seen"] > 0 and checks["outside"] == 0, checks
+    record = read_record(tmp_path / "run")  # trainer/proofs/record.py: the run's figures, as its line says
+    assert record["passed"] and record["figures"]["rollout"] == "vllm", record
+    assert record["figures"]["checks"]["syncs"] == 5 and len(record["figures"]["steps"]) == 3, record
     mode = TrainSettings(_env_file=None).rollout_logprobs_mode
     for i in (1, 2):
         text = (tmp_path / "run" / f"train-{i}.log").read_text(errors="replace")

@@ -14,7 +14,7 @@ from searchrl.errors import RolloutFailedError
 from searchrl.trainer.cpu.scripted_agent_loop import question_of, scripted_tool_call
 from searchrl.trainer.overrides import merge_overrides
 from searchrl.trainer.proofs.train_cpu import first_error
-from searchrl.trainer.step_checks import StepRow, check_steps, parse_steps, step_table
+from searchrl.trainer.step_checks import COLUMNS, StepRow, check_steps, parse_steps, step_table
 
 # One step line as verl's console logger prints it inside the TaskRunner actor (trimmed).
 STEP_LINE = (
@@ -180,3 +180,51 @@ def test_the_sampler_stops_at_the_first_failed_group(monkeypatch):
     tags["u2"] = {"is_prompt": True, "status": "failure", "global_steps": 1}
     with pytest.raises(RolloutFailedError, match=r"rollout groups failed \(1 in train\)"):
         buffer._sync_metadata_from_transfer_queue()
+
+
+def test_the_run_writes_its_record_whether_it_passes_or_stops(tmp_path, monkeypatch):
+    """`make train-cpu` writes `<out>/run.json` (trainer/proofs/record.py): the steps under the table's column names,
+    the checks' figures, the merged step and the eval's counts when it passed; the failing line and the steps it
+    logged when a check stopped it. The run's body is replaced here; tests/trainer/e2e/test_train_cpu.py reads the
+    record of the real run."""
+    from searchrl.errors import SmokeCheckError
+    from searchrl.trainer.proofs import train_cpu
+    from searchrl.trainer.proofs.record import read_record
+    from searchrl.trainer.step_checks import Checks
+
+    (row,) = parse_steps(STEP_LINE, "1")
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"question": "q", "golden_answers": ["a"]}\n')
+
+    def passes(run, *args):
+        run.rows.append(row)
+        run.checked = Checks(3, 1.2e-9, 3, 3, 0.0, 300.0, 0.0, 0.0, 0.0)
+        run.merged_step, run.eval_summary = (
+            3,
+            {"n": 2, "search_failures": 0, "llm_errors": 0, "em": 0.0, "x": 1},
+        )
+
+    monkeypatch.setattr(train_cpu, "_run_cpu_smoke", passes)
+    run = train_cpu.run_cpu_smoke(tmp_path / "ok", qa_source=qa)
+    record = read_record(run.out_dir)
+    assert record["run"] == "train-cpu" and record["passed"] and record["verdict"] == "passed"
+    figures = record["figures"]
+    assert figures["steps"] == [{"step": 2, "run": "1", **{key: row.get(key) for key in COLUMNS}}]
+    assert (
+        figures["steps"][0]["sync_diff"] == pytest.approx(1.2e-9) and figures["steps"][0]["mask_outside"] == 0
+    )
+    assert figures["checks"]["syncs"] == 3 and figures["merged_step"] == 3
+    assert figures["eval"] == {"n": 2, "search_failures": 0, "llm_errors": 0, "em": 0.0}
+    assert (figures["mode"], figures["rollout"]) == ("sync", "hf")
+
+    def stops(run, *args):
+        run.rows.append(row)
+        raise SmokeCheckError("the CPU run missed what training must show: step 3: no search call")
+
+    monkeypatch.setattr(train_cpu, "_run_cpu_smoke", stops)
+    with pytest.raises(SmokeCheckError):
+        train_cpu.run_cpu_smoke(tmp_path / "stopped", qa_source=qa)
+    record = read_record(tmp_path / "stopped")
+    assert not record["passed"] and record["verdict"].endswith("step 3: no search call")
+    assert len(record["figures"]["steps"]) == 1 and record["figures"]["checks"] is None
+    assert record["figures"]["merged_step"] is None
