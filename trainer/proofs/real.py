@@ -21,8 +21,9 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu.hf_log import BATCH_PATTERN
@@ -33,12 +34,15 @@ from searchrl.trainer.proofs.harness import (
     cpu_overrides,
     cpu_settings,
     fresh_out_dir,
-    run_checks_line,
+    run_checks,
     run_training,
     write_qa,
 )
+from searchrl.trainer.proofs.record import write_record
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.step_checks import (
+    COLUMNS,
+    Checks,
     ProbDiffWatch,
     StepRow,
     check_steps,
@@ -48,6 +52,8 @@ from searchrl.trainer.step_checks import (
 )
 
 log = logging.getLogger(__name__)
+
+RECORD_NAME = "train-cpu-real"  # the run's name in its record, `<out>/run.json`
 
 EXPERIMENT = "cpu-real"
 STEPS = 2
@@ -96,6 +102,37 @@ class RealRun:
     merged_params: int | None = None
     batches: list[tuple[int, int, float]] = field(default_factory=list)  # (sequences, tokens, seconds)
     checks: str = ""  # step_checks.checks_line, set once the run's checks passed
+    checked: Checks | None = None  # the figures of that line
+
+    def figures(self) -> dict[str, Any]:
+        """What `<out>/run.json` holds (trainer/proofs/record.py): the precision and template, each step's figures
+        under the step table's column names and its timings, the checks' figures (None until they passed), the
+        rollout's batching, the merged model's parameter count and the phase times."""
+        seconds = sum(b[2] for b in self.batches)
+        tokens = sum(b[1] for b in self.batches)
+        return {
+            "dtype": self.dtype,
+            "dtype_reason": self.dtype_reason,
+            "chat_template": self.chat_template,
+            "steps": [
+                {
+                    "step": row.step,
+                    "run": row.run,
+                    **{key: row.get(key) for key in COLUMNS},
+                    "timing_s": {key: row.metrics.get(key, math.nan) for key in TIMINGS},
+                }
+                for row in self.rows
+            ],
+            "checks": None if self.checked is None else asdict(self.checked),
+            "rollout": {
+                "generate_batches": len(self.batches),
+                "sequences": sum(b[0] for b in self.batches),
+                "tokens": tokens,
+                "tokens_per_s": tokens / seconds if seconds else math.nan,
+            },
+            "merged_params": self.merged_params,
+            "phases_s": self.phases,
+        }
 
     def batch_line(self) -> str:
         """How the rollout batched: generate calls, mean batch, the model's tokens/s over its generate time."""
@@ -156,13 +193,24 @@ def run_real(
     chat_template: str = "searchrl",
     timeout_s: float = 3600.0,
 ) -> RealRun:
-    """The whole run (module docstring); raises SmokeCheckError with one line on the first miss."""
+    """The whole run (module docstring); raises SmokeCheckError with one line on the first miss. Writes
+    `<out>/run.json` (`RealRun.figures`) either way."""
+    require_inputs(model_dir, qa_source)
+    run = RealRun(fresh_out_dir(out_dir), model_dir.resolve(), chat_template=chat_template)
+    try:
+        _run_real(run, qa_source, questions, precision, timeout_s)
+    except Exception as exc:  # the record names what stopped the run; the CLI prints the same line
+        write_record(run.out_dir, RECORD_NAME, str(exc) or type(exc).__name__, run.figures())
+        raise
+    write_record(run.out_dir, RECORD_NAME, None, run.figures())
+    return run
+
+
+def _run_real(run: RealRun, qa_source: Path, questions: int, precision: str, timeout_s: float) -> None:
     from searchrl.retrieval.process import served
     from searchrl.trainer.merge import merge_latest
 
-    require_inputs(model_dir, qa_source)
-    out_dir = fresh_out_dir(out_dir)
-    run = RealRun(out_dir, model_dir.resolve())
+    out_dir, model_dir, chat_template = run.out_dir, run.model_dir, run.chat_template
     started = time.monotonic()
     # a line per phase before verl's first step (issue 39: this run printed nothing for 6 minutes)
     if precision == "auto":
@@ -186,13 +234,13 @@ def run_real(
         )
         run.batches = [(int(n), int(t), float(s)) for n, t, s in re.findall(BATCH_PATTERN, text)]
         run.phases[f"train {STEPS} steps"] = time.monotonic() - started
-        run.chat_template = chat_template
         problems = check_real_steps(run.rows, run.dtype)
         if problems:
             raise SmokeCheckError(
                 "the real-weights run missed what training must show: " + "; ".join(problems)
             )
-        run.checks = run_checks_line(run.rows, [text], mean_bound=run.dtype != "float32")
+        run.checked = run_checks(run.rows, [text], mean_bound=run.dtype != "float32")
+        run.checks = run.checked.line()
         started = time.monotonic()
         merged = merge_latest(settings.run_dir)
         run.phases["merge and load"] = time.monotonic() - started
@@ -200,7 +248,6 @@ def run_real(
         raise SmokeCheckError(f"merged step {merged.step}, expected the last step {STEPS}")
     run.merged_dir, run.merged_params = merged.target_dir, merged.num_parameters
     (out_dir / "steps.md").write_text(run.report() + "\n", encoding="utf-8")
-    return run
 
 
 def check_real_steps(

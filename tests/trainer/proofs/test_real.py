@@ -111,3 +111,48 @@ def test_a_bf16_run_computes_in_bf16_everywhere_and_is_held_to_the_mean_bound(co
     rows[1].metrics[PROB_DIFF_MEAN] = 0.05  # a stale sync in bf16
     assert any("mean prob diff" in p for p in check_real_steps(rows, "bfloat16"))
     assert math.isfinite(rows[0].get("reward"))
+
+
+def test_the_real_run_writes_its_record_whether_it_passes_or_stops(tmp_path, monkeypatch):
+    """`make train-cpu-real` writes `<out>/run.json` (trainer/proofs/record.py): precision, steps, timings, the
+    checks' figures, the rollout's batching and the merged model when it passed; the failing line and what it had
+    when a check stopped it. The run's body is replaced here; the run itself takes the real model (minutes)."""
+    from searchrl.errors import SmokeCheckError
+    from searchrl.trainer.proofs import real
+    from searchrl.trainer.proofs.record import read_record
+    from searchrl.trainer.step_checks import Checks
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"question": "q", "golden_answers": ["a"]}\n')
+    row = StepRow(1, "real", {COLUMNS["reward"][1]: 0.25, "timing_s/gen": 12.0})
+
+    def passes(run, *args):
+        run.dtype, run.rows, run.batches = "bfloat16", [row], [(8, 400, 10.0), (8, 200, 5.0)]
+        run.checked = Checks(3, 0.004, 2, 2, 0.0, 90.0, 0.0, 0.0, 0.0, mean_bound=True)
+        run.merged_params = 134_515_008
+
+    monkeypatch.setattr(real, "_run_real", passes)
+    run = real.run_real(tmp_path / "ok", model, qa_source=qa)
+    record = read_record(run.out_dir)
+    assert record["run"] == "train-cpu-real" and record["passed"], record
+    figures = record["figures"]
+    assert figures["dtype"] == "bfloat16" and figures["chat_template"] == "searchrl"
+    (step,) = figures["steps"]
+    assert step["reward"] == 0.25 and step["timing_s"]["timing_s/gen"] == 12.0
+    assert step["grad_norm"] is None and step["timing_s"]["timing_s/step"] is None  # not measured: null
+    assert figures["rollout"] == {"generate_batches": 2, "sequences": 16, "tokens": 600, "tokens_per_s": 40.0}
+    assert figures["checks"]["mean_bound"] and figures["merged_params"] == 134_515_008
+
+    def stops(run, *args):
+        run.rows = [row]
+        raise SmokeCheckError("the real-weights run missed what training must show: step 1: no search call")
+
+    monkeypatch.setattr(real, "_run_real", stops)
+    with pytest.raises(SmokeCheckError):
+        real.run_real(tmp_path / "stopped", model, qa_source=qa)
+    record = read_record(tmp_path / "stopped")
+    assert not record["passed"] and record["verdict"].endswith("step 1: no search call")
+    assert len(record["figures"]["steps"]) == 1 and record["figures"]["checks"] is None
