@@ -10,15 +10,47 @@ signals: sglang's scheduler and detokenizer and verl's Ray processes stop with t
 as orphans, and what is left of the group once the leader exits gets SIGKILL. A child in our own group gets them
 alone (signalling that group would signal us).
 
+The other direction, being stopped (`unwinding_on_sigterm`): `searchrl train` keeps its children (verl in a
+session of its own, the retrieval service, vLLM's servers) alive only while it runs. SIGTERM's default action ends
+the CLI at once, so `kill`, a CI runner's timeout or a scheduler's cancel left them running, Ray and a vLLM engine
+holding gigabytes (found on 2026-12-07: `make learn-search` killed with SIGTERM left verl, Ray's raylet and the BM25
+service behind). Inside `unwinding_on_sigterm`, SIGTERM raises `Terminated` instead, so every `with` and `finally`
+on the way out stops what it started, as Ctrl-C's KeyboardInterrupt does.
+
 Bottom layer: standard library only, imports nothing from retrieval/, trainer/, infer/, cli/ or deploy/.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
+from collections.abc import Iterator
 from typing import Any
+
+
+class Terminated(BaseException):  # noqa: N818  (a signal, like KeyboardInterrupt, not an error)
+    """SIGTERM arrived inside `unwinding_on_sigterm`. A BaseException, so `except Exception` does not swallow it."""
+
+
+@contextlib.contextmanager
+def unwinding_on_sigterm() -> Iterator[None]:
+    """While inside, SIGTERM raises `Terminated` in the main thread (module docstring); the previous handler is put
+    back on the way out. Off the main thread (where Python allows no handler) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _leads_group(pid: int) -> bool:

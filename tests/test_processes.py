@@ -114,3 +114,82 @@ def test_a_child_in_our_own_group_is_signalled_alone() -> None:
         assert _alive(grandchild)
     finally:
         os.kill(grandchild, signal.SIGKILL)
+
+
+# `searchrl <verb>` with the parsed handler swapped for one that supervises a stand-in for verl (a session of its own
+# that prints its pid and sleeps), as the CPU runs and the launch do, after printing whether SIGTERM's handler is the
+# one the process started with: SIGTERM to `train` must stop the stand-in, not orphan it.
+VERB_CHILD = """
+import signal, sys
+from searchrl import cli
+from searchrl.trainer.supervisor import supervise
+
+started_with = signal.getsignal(signal.SIGTERM)
+
+def handler(args):
+    print("handler kept", signal.getsignal(signal.SIGTERM) == started_with, flush=True)
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+    supervise([sys.executable, "-c", code], on_line=lambda line: print("verl", line.strip(), flush=True))
+    return 0
+
+build = cli.build_parser
+def build_swapped():
+    parser = build()
+    parse = parser.parse_args
+    def parse_args(argv=None):
+        args = parse(argv)
+        args.handler = handler
+        return args
+    parser.parse_args = parse_args
+    return parser
+cli.build_parser = build_swapped
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _verb(*argv: str) -> tuple[subprocess.Popen[str], bool, int]:
+    """The CLI with `argv`, once its stand-in for verl runs: whether the handler saw SIGTERM's starting handler,
+    and the stand-in's pid."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", VERB_CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    kept, verl = proc.stdout.readline().split(), proc.stdout.readline().split()
+    assert kept[:2] == ["handler", "kept"] and verl[0] == "verl", (kept, verl)
+    return proc, kept[2] == "True", int(verl[1])
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def test_sigterm_to_searchrl_train_stops_what_it_started_and_exits_143() -> None:
+    """The defect (2026-12-07): `searchrl train learn-search` killed with SIGTERM died at once and left verl (its
+    own session), Ray and the BM25 service running. Inside `train` SIGTERM now unwinds like Ctrl-C: the supervisor
+    stops verl's whole group, and the CLI says so and exits 128 + 15."""
+    proc, kept, verl = _verb("train", "cpu")
+    assert not kept and _alive(verl) and os.getpgid(verl) == verl  # its own session: a group signal misses it
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert (
+        proc.stderr is not None
+        and "stopped by SIGTERM; what the run started was stopped" in proc.stderr.read()
+    )
+    assert _gone(verl)
+
+
+def test_outside_train_sigterm_keeps_the_handler_the_process_started_with() -> None:
+    """Only `train` unwinds: another verb (`serve` keeps uvicorn's own drain and its -15 exit status) runs with the
+    SIGTERM handler it started with, so SIGTERM ends it as before (the stand-in then goes with its own session's
+    owner only when someone stops it: here the test does)."""
+    proc, kept, verl = _verb("health", "http://127.0.0.1:9")
+    try:
+        assert kept
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        os.killpg(verl, signal.SIGKILL)
+    assert _gone(verl)

@@ -11,14 +11,17 @@ traceback. Anything else propagates, because it is a bug.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 
 from searchrl import __version__
 from searchrl.errors import SearchRLError
+from searchrl.processes import Terminated, unwinding_on_sigterm
 
 # Area modules, in help order. A module that fails to import (missing extra) still lets the others work.
 AREAS = ["serve", "index", "health", "train", "sky", "eval", "model", "bench", "reliability", "smoke"]
@@ -54,8 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
+    # `train` verbs start verl, Ray, services and vLLM engines: on SIGTERM they unwind like Ctrl-C and stop them
+    # (searchrl/processes.py). `serve` keeps uvicorn's own SIGTERM drain and exit status.
+    unwind = unwinding_on_sigterm() if args.command == "train" else contextlib.nullcontext()
     try:
-        rc = handler(args)
+        with unwind:
+            rc = handler(args)
     except SearchRLError as exc:
         if os.environ.get("SEARCHRL_DEBUG") == "1":
             traceback.print_exc()
@@ -63,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Terminated as exc:
+        print(f"error: {exc}; what the run started was stopped", file=sys.stderr)  # noqa: T201
+        return 128 + signal.SIGTERM
     return int(rc or 0)
 
 
