@@ -76,6 +76,8 @@ TERM_TEXT = {
     "retrieved": "its own search retrieved a golden answer",
     "retrieved+f1": "half: its own search retrieved a golden answer; half: the answer's token F1",
     "query+f1": "half: the share of the question's content words in its first query; half: the answer's token F1",
+    "query+searched+f1": "a third each: the question's content words in the query it wrote; a call that ran; the "
+    "answer's token F1",
 }
 # Adam's first-moment decay. verl's default 0.9 keeps stepping after a gradient: on a step where every GRPO group
 # scored alike (no advantage, gradient exactly 0) the update is still 0.9^k x an earlier one (bias-corrected: about

@@ -17,7 +17,13 @@
   32 (the base model's queries are the prompt's `your query` or names it makes up), so most steps had no gradient;
   a query that shares some words with the question is common at the start (`Catfish` for a question about a catfish
   family) and is graded, and a query that copies the question retrieves its passage (BM25 top-3 0.984 on the
-  training questions), so the term pays the steps towards the search that finds the answer.
+  training questions), so the term pays the steps towards the search that finds the answer. Run 6's first step
+  showed its limit: 28 of 32 calls did not parse (the base model rarely closes the JSON), so 2 of 32 scored;
+- `query+searched+f1`: a third each for the query the model wrote after the environment's call opening, read up to
+  its closing quote whether or not the call then parsed (`written_query_overlap`, the same share of the question's
+  content words), for a call that ran (`searched`: the JSON parsed and the search did not fail; about a quarter of
+  the base model's calls, varying in ~90% of groups, run 2), and for the answer's token F1. Each part is graded or
+  common at the start, and a closed call made of the question's words is what retrieves the passage.
 
 With `format_weight` 0 the reward is EM alone. The term's share of the reward is logged per trajectory (`format_share`)
 and the run reports it, so a rise driven by the format term is never read as a rise in EM.
@@ -34,7 +40,7 @@ from searchrl.prompt import parse_tool_calls, queries_from_arguments
 from searchrl.scoring import normalize_answer
 from searchrl.trainer.plugins import reward
 
-FORMAT_TERMS = ("searched", "retrieved", "retrieved+f1", "query+f1")
+FORMAT_TERMS = ("searched", "retrieved", "retrieved+f1", "query+f1", "query+searched+f1")
 _TOOL_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
 
 
@@ -66,6 +72,20 @@ def query_overlap(solution_str: str, question: str) -> float:
     return 0.0
 
 
+def written_query_overlap(solution_str: str, question: str) -> float:
+    """`query_overlap` of the query the model wrote after the environment's search-call opening (trainer/proofs/
+    search_env.py), read up to its closing quote (or the end of the text) whether or not the call then parsed; 0
+    when the episode has no opening (search off)."""
+    from searchrl.trainer.proofs.search_env import SEARCH_OPENING
+
+    start = solution_str.find(SEARCH_OPENING)
+    if start < 0:
+        return 0.0
+    query = solution_str[start + len(SEARCH_OPENING) :].split('"', 1)[0]
+    wanted = content_words(question)
+    return len(wanted & content_words(query)) / len(wanted) if wanted else 0.0
+
+
 def retrieved(solution_str: str, golden: Sequence[str]) -> float:
     """1.0 when a tool response in the episode's text holds a golden answer (both normalized as EM does), else 0."""
     seen = " ".join(normalize_answer(block) for block in _TOOL_RESPONSE.findall(solution_str))
@@ -91,13 +111,16 @@ def compute_score(
     if format_term not in FORMAT_TERMS:
         raise ValueError(f"format_term {format_term!r}: one of {', '.join(FORMAT_TERMS)}")
     em, f1 = float(out["em"]), float(out["f1"])
-    if format_term == "query+f1":
+    if format_term.startswith("query+"):
         question = info.get("question")
         if not isinstance(question, str):
             raise ValueError(
-                "format_term 'query+f1' needs extra_info['question'] (trainer/data.py writes it)"
+                f"format_term {format_term!r} needs extra_info['question'] (trainer/data.py writes it)"
             )
-        term = (query_overlap(solution_str, question) + f1) / 2
+        if format_term == "query+f1":
+            term = (query_overlap(solution_str, question) + f1) / 2
+        else:
+            term = (written_query_overlap(solution_str, question) + searched + f1) / 3
     else:
         term = {"searched": searched, "retrieved": found, "retrieved+f1": (found + f1) / 2}[format_term]
     bonus = format_weight * term
@@ -106,4 +129,11 @@ def compute_score(
     return {**out, "score": total, "searched": searched, "retrieved": found, "format_share": share}
 
 
-__all__ = ["FORMAT_TERMS", "compute_score", "content_words", "query_overlap", "retrieved"]
+__all__ = [
+    "FORMAT_TERMS",
+    "compute_score",
+    "content_words",
+    "query_overlap",
+    "retrieved",
+    "written_query_overlap",
+]

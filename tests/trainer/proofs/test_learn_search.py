@@ -551,3 +551,28 @@ def test_the_query_term_pays_the_share_of_the_questions_words_its_first_query_ho
     assert right["score"] == pytest.approx(1.2) and right["em"] == 1.0
     with pytest.raises(ValueError, match="question"):
         compute_score("x", text, truth, {"search_calls": 1}, format_weight=0.2, format_term="query+f1")
+
+
+def test_the_written_query_counts_whether_or_not_the_call_then_parsed():
+    """`query+searched+f1` (run 6's second recipe): a third for the query written after the environment's opening,
+    read to its closing quote even when the JSON then breaks (run 6's first step: 28 of 32 calls did not parse), a
+    third for a call that ran, a third for the answer's F1."""
+    from searchrl.trainer.proofs.search_reward import compute_score, written_query_overlap
+
+    question = "Which subject is described as: '___ was a Scottish economist and philosopher.'?"
+    broken = SEARCH_OPENING + "Scottish economist\"]}}}'</tool_call>"
+    assert written_query_overlap(broken, question) == pytest.approx(2 / 5)
+    assert written_query_overlap(
+        SEARCH_OPENING + "scottish philosopher economist", question
+    ) == pytest.approx(3 / 5)
+    assert written_query_overlap(SEARCH_OPENING + 'your query"]}}', question) == 0.0
+    assert written_query_overlap("<answer> Adam Smith", question) == 0.0  # search off: no opening
+    truth = {"target": ["Adam Smith"]}
+    ran = {"question": question, "search_calls": 1, "search_failures": 0}
+    failed = {"question": question, "search_calls": 1, "search_failures": 1}
+    text = broken + "<answer>Adam</answer>"
+    term = "query+searched+f1"
+    assert compute_score("x", text, truth, ran, 0.3, term)["score"] == pytest.approx(
+        0.1 * (2 / 5 + 1 + 2 / 3)
+    )
+    assert compute_score("x", text, truth, failed, 0.3, term)["score"] == pytest.approx(0.1 * (2 / 5 + 2 / 3))
