@@ -53,12 +53,14 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "retrieved+f1",
             "query+f1",
             "query+searched+f1",
+            "written+f1",
         ),  # search_reward.FORMAT_TERMS (a test holds them equal)
         default="searched",
         help="what the format term pays for: searched (its own search call ran), retrieved (a passage its own "
         "search returned holds a golden answer), retrieved+f1 (half that, half the answer's token F1) or query+f1 "
         "(half the share of the question's content words in its first query, half the answer's token F1) or "
-        "query+searched+f1 (a third each: those words in the query it wrote, a call that ran, the answer's F1) "
+        "query+searched+f1 (a third each: those words in the query it wrote, a call that ran, the answer's F1) or "
+        "written+f1 (half those words in the query it wrote, in full if the call ran, half if not; half the F1) "
         "(default %(default)s)",
     )
     p.add_argument(

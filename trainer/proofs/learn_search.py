@@ -78,6 +78,8 @@ TERM_TEXT = {
     "query+f1": "half: the share of the question's content words in its first query; half: the answer's token F1",
     "query+searched+f1": "a third each: the question's content words in the query it wrote; a call that ran; the "
     "answer's token F1",
+    "written+f1": "half: the question's content words in the query it wrote (in full when the call ran, half when "
+    "not); half: the answer's token F1",
 }
 # Adam's first-moment decay. verl's default 0.9 keeps stepping after a gradient: on a step where every GRPO group
 # scored alike (no advantage, gradient exactly 0) the update is still 0.9^k x an earlier one (bias-corrected: about
@@ -388,7 +390,9 @@ def run_learn_search(
             null,
             timeout_s,
         )
-    except Exception as exc:  # the record says why the run stopped; the CLI prints the same line
+    except (
+        BaseException
+    ) as exc:  # the record says why the run stopped (SIGTERM too); the CLI prints the same line
         run.stopped = str(exc)
         raise
     finally:

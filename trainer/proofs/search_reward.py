@@ -23,7 +23,13 @@
   its closing quote whether or not the call then parsed (`written_query_overlap`, the same share of the question's
   content words), for a call that ran (`searched`: the JSON parsed and the search did not fail; about a quarter of
   the base model's calls, varying in ~90% of groups, run 2), and for the answer's token F1. Each part is graded or
-  common at the start, and a closed call made of the question's words is what retrieves the passage.
+  common at the start, and a closed call made of the question's words is what retrieves the passage. Run 7 showed
+  its limit: a call that ran was the easy third, and by step 3 all 32 calls were the prompt's `your query`, closed
+  (every group alike, no gradient), as in run 2;
+- `written+f1`: half x `written_query_overlap` (in full when the call ran, half when it did not), half x the
+  answer's token F1. A call pays only for the question's words in it, so `your query` earns nothing however well it
+  closes; 3 to 6 of 32 base-model samples wrote some of the question's words (runs 6 and 7, step 1; up to 0.91 of
+  them), so most groups vary.
 
 With `format_weight` 0 the reward is EM alone. The term's share of the reward is logged per trajectory (`format_share`)
 and the run reports it, so a rise driven by the format term is never read as a rise in EM.
@@ -40,7 +46,7 @@ from searchrl.prompt import parse_tool_calls, queries_from_arguments
 from searchrl.scoring import normalize_answer
 from searchrl.trainer.plugins import reward
 
-FORMAT_TERMS = ("searched", "retrieved", "retrieved+f1", "query+f1", "query+searched+f1")
+FORMAT_TERMS = ("searched", "retrieved", "retrieved+f1", "query+f1", "query+searched+f1", "written+f1")
 _TOOL_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.DOTALL)
 
 
@@ -111,18 +117,20 @@ def compute_score(
     if format_term not in FORMAT_TERMS:
         raise ValueError(f"format_term {format_term!r}: one of {', '.join(FORMAT_TERMS)}")
     em, f1 = float(out["em"]), float(out["f1"])
-    if format_term.startswith("query+"):
+    if format_term in ("searched", "retrieved", "retrieved+f1"):
+        term = {"searched": searched, "retrieved": found, "retrieved+f1": (found + f1) / 2}[format_term]
+    else:  # the terms that read the question's words
         question = info.get("question")
         if not isinstance(question, str):
             raise ValueError(
                 f"format_term {format_term!r} needs extra_info['question'] (trainer/data.py writes it)"
             )
-        if format_term == "query+f1":
-            term = (query_overlap(solution_str, question) + f1) / 2
-        else:
-            term = (written_query_overlap(solution_str, question) + searched + f1) / 3
-    else:
-        term = {"searched": searched, "retrieved": found, "retrieved+f1": (found + f1) / 2}[format_term]
+        written = written_query_overlap(solution_str, question)
+        term = {
+            "query+f1": (query_overlap(solution_str, question) + f1) / 2,
+            "query+searched+f1": (written + searched + f1) / 3,
+            "written+f1": (written * (1 + searched) / 2 + f1) / 2,
+        }[format_term]
     bonus = format_weight * term
     total = em + bonus
     share = bonus / total if total else 0.0

@@ -576,3 +576,28 @@ def test_the_written_query_counts_whether_or_not_the_call_then_parsed():
         0.1 * (2 / 5 + 1 + 2 / 3)
     )
     assert compute_score("x", text, truth, failed, 0.3, term)["score"] == pytest.approx(0.1 * (2 / 5 + 2 / 3))
+
+
+def test_the_written_term_pays_a_call_only_for_the_questions_words_in_it():
+    """`written+f1` (run 8): run 7's policy closed every call as `your query` by step 3 (a call that ran was a third
+    of its term); here a call earns only the question's words it holds, in full when it ran and half when not."""
+    from searchrl.trainer.proofs.search_reward import compute_score
+
+    question = "Which subject is described as: '___ was a Scottish economist and philosopher.'?"
+    truth = {"target": ["Adam Smith"]}
+    ran = {"question": question, "search_calls": 1, "search_failures": 0}
+    not_ran = {"question": question, "search_calls": 0, "search_failures": 0}
+
+    def score(query: str, info: dict[str, object], answer: str = "") -> float:
+        text = (
+            SEARCH_OPENING + query + '"]}}\n</tool_call>' + (f"<answer>{answer}</answer>" if answer else "")
+        )
+        return compute_score("x", text, truth, info, 0.2, "written+f1")["score"]
+
+    assert score("your query", ran) == 0.0  # closed, ran, and pays nothing
+    assert score("Scottish economist", ran) == pytest.approx(0.2 * (2 / 5) / 2)
+    assert score("Scottish economist", not_ran) == pytest.approx(0.2 * (2 / 5) / 4)
+    assert score("your query", ran, "Adam") == pytest.approx(0.2 * (2 / 3) / 2)
+    assert score("Scottish economist philosopher", ran, "Adam Smith") == pytest.approx(
+        1 + 0.2 * (3 / 5 + 1) / 2
+    )
