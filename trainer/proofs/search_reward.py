@@ -18,7 +18,8 @@
   a query that shares some words with the question is common at the start (`Catfish` for a question about a catfish
   family) and is graded, and a query that copies the question retrieves its passage (BM25 top-3 0.984 on the
   training questions), so the term pays the steps towards the search that finds the answer. Run 6's first step
-  showed its limit: 28 of 32 calls did not parse (the base model rarely closes the JSON), so 2 of 32 scored;
+  showed its limit: 22 of 32 calls did not parse (the base model rarely closes the JSON) and 8 of the 10 that ran
+  held none of the question's words, so 2 of 32 scored;
 - `query+searched+f1`: a third each for the query the model wrote after the environment's call opening, read up to
   its closing quote whether or not the call then parsed (`written_query_overlap`, the same share of the question's
   content words), for a call that ran (`searched`: the JSON parsed and the search did not fail; about a quarter of

@@ -555,7 +555,7 @@ def test_the_query_term_pays_the_share_of_the_questions_words_its_first_query_ho
 
 def test_the_written_query_counts_whether_or_not_the_call_then_parsed():
     """`query+searched+f1` (run 6's second recipe): a third for the query written after the environment's opening,
-    read to its closing quote even when the JSON then breaks (run 6's first step: 28 of 32 calls did not parse), a
+    read to its closing quote even when the JSON then breaks (run 6's first step: 22 of 32 calls did not parse), a
     third for a call that ran, a third for the answer's F1."""
     from searchrl.trainer.proofs.search_reward import compute_score, written_query_overlap
 
