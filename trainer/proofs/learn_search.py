@@ -531,7 +531,7 @@ def _train(
         lambda row: check_real_steps([row], run.dtype, per_step=True),
         env,
     )
-    problems = check_real_steps(rows, run.dtype, steps=settings.total_steps)
+    problems = training_problems(rows, run.dtype, settings.total_steps)
     if problems:
         raise SmokeCheckError(f"{name} missed what training must show: " + "; ".join(problems))
     checks = run_checks_line(rows, [text], hf=False, mean_bound=run.dtype != "float32")
@@ -541,6 +541,24 @@ def _train(
     else:
         run.null_rows = rows
     return merge_latest(settings.run_dir).target_dir
+
+
+def training_problems(rows: Sequence[StepRow], dtype: str, steps: int) -> list[str]:
+    """The CPU runs' step checks (trainer/proofs/real.py `check_real_steps`: every step once, sync bound, loss mask,
+    no failed search), with a search call asked of step 1 only. Step 1 samples the base model, whose calls ran in 9
+    to 10 of 32 trajectories in every run so far: none there means the tool is not wired. After it, a policy that
+    stops searching is a result the run measures (the step table, searches per episode on held-out questions), not
+    a broken run: runs 4 and 5 stopped there and their trained model was never evaluated."""
+    from searchrl.trainer.proofs.real import check_real_steps
+    from searchrl.trainer.step_checks import ALL_CALLS
+
+    problems = check_real_steps(list(rows), dtype, steps=steps, searching=False)
+    first = next((row for row in rows if row.step == 1), None)
+    if first is not None and not first.metrics.get(ALL_CALLS, math.nan) > 0:
+        problems.append(
+            "step 1: no search call (the base model's calls ran in 9-10 of 32 trajectories before)"
+        )
+    return problems
 
 
 def _evaluate(

@@ -601,3 +601,30 @@ def test_the_written_term_pays_a_call_only_for_the_questions_words_in_it():
     assert score("Scottish economist philosopher", ran, "Adam Smith") == pytest.approx(
         1 + 0.2 * (3 / 5 + 1) / 2
     )
+
+
+def test_a_policy_that_stops_searching_is_measured_not_a_broken_run():
+    """Runs 4 and 5 stopped at `step 5: no search call` and were never evaluated; a search call is now asked of step
+    1 only (the base model: the tool is wired), and the other checks (every step once, failed searches, the bound)
+    stay on every step."""
+    from searchrl.trainer.proofs.learn_search import training_problems
+    from searchrl.trainer.step_checks import StepRow, parse_steps
+    from tests.trainer.proofs.test_train_cpu import STEP_LINE  # every figure verl logs, as it logs them
+
+    def row(step: int, calls: float, failures: float = 0.0) -> StepRow:
+        line = STEP_LINE.replace("step:2 ", f"step:{step} ").replace(
+            "search/calls:4.0", f"search/calls:{calls}"
+        )
+        (parsed,) = parse_steps(
+            line.replace("search/failures:0.0", f"search/failures:{failures}"), "learn-search"
+        )
+        return parsed
+
+    assert training_problems([row(1, 9), row(2, 0), row(3, 0)], "float32", 3) == []
+    assert training_problems([row(1, 0), row(2, 4)], "float32", 2) == [
+        "step 1: no search call (the base model's calls ran in 9-10 of 32 trajectories before)"
+    ]
+    assert training_problems([row(1, 9), row(2, 3, failures=1)], "float32", 2) == [
+        "step 2: 1 failed searches"
+    ]
+    assert training_problems([row(1, 9)], "float32", 2) == ["steps logged [1], expected 1..2 once each"]
