@@ -77,6 +77,12 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="Adam's first-moment decay (default 0: a step whose groups all scored alike moves nothing; 0.9 is "
         "verl's default, runs 1 to 5)",
     )
+    p.add_argument(
+        "--turn-tokens",
+        dest="turn_tokens",
+        type=int,
+        help="new tokens a model turn (the query, the answer) may write (default 48; run 8's copied queries all hit 48)",
+    )
     p.add_argument("--precision", default="auto", help="auto | fp32 | bf16 (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="rollout seed (default %(default)s)")
     p.add_argument(
@@ -104,7 +110,16 @@ def _learn_search(args: argparse.Namespace) -> int:
     setup_logging()
     kwargs = {
         key: getattr(args, key)
-        for key in ("steps", "prompts", "lr", "train_questions", "held_out", "format_weight", "adam_beta1")
+        for key in (
+            "steps",
+            "prompts",
+            "lr",
+            "train_questions",
+            "held_out",
+            "format_weight",
+            "adam_beta1",
+            "turn_tokens",
+        )
         if getattr(args, key, None) is not None
     }
     run = ls.run_learn_search(

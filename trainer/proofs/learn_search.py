@@ -65,6 +65,14 @@ TOPK = 3
 PASSAGE_CHARS = 200
 MAX_TURNS = 1  # one search, then the answer (Search-R1 counts tool turns)
 RESPONSE_TOKENS = 512  # both openings, the query, 3 passages (~280 tokens), the answer
+
+
+def response_tokens(turn_tokens: int) -> int:
+    """The trajectory's token budget for a turn cap (`--turn-tokens`): RESPONSE_TOKENS at TURN_TOKENS, and room for
+    both model turns (query and answer) to grow with the cap."""
+    return RESPONSE_TOKENS + 2 * max(0, turn_tokens - TURN_TOKENS)
+
+
 KV_CACHE_BYTES = 2**30  # SmolLM2-135M in bf16: ~23 KB a token (30 layers x K,V x 3 heads x 64), ~46k tokens
 # The declared format term (trainer/proofs/search_reward.py): 0.2 for an episode whose own search call parsed and ran.
 # Why: under EM alone the base policy scores 0 in every sample (measured 2026-12-07, T=1, 12 questions x 8: calls
@@ -104,6 +112,7 @@ class LearnSearchRun:
     format_weight: float = FORMAT_WEIGHT
     format_term: str = "searched"  # search_reward.FORMAT_TERMS: what the format term pays for
     close_answer: bool = False  # the environment ends the answer turn at a newline or `<` and closes it
+    turn_tokens: int = TURN_TOKENS  # new tokens a model turn may write
     adam_beta1: float = ADAM_BETA1  # 0.9 is verl's default (runs 1 to 5)
     format_share: float = math.nan  # the format term's share of the run's summed reward (rollout dumps)
     questions: QuestionSet | None = None
@@ -157,6 +166,7 @@ class LearnSearchRun:
             "format_share": self.format_share,
             "close_answer": self.close_answer,
             "adam_beta1": self.adam_beta1,
+            "turn_tokens": self.turn_tokens,
             "phases_s": self.phases,
         }
 
@@ -193,7 +203,7 @@ class LearnSearchRun:
                 f"reward: Search-R1 EM + {self.format_weight:g} x [{TERM_TEXT[self.format_term]}] (declared format "
                 "term); "
                 f"the format term's share of the run's summed reward: {self.format_share:.3f}; environment closes the "
-                f"answer: {self.close_answer}; Adam beta1 {self.adam_beta1:g}",
+                f"answer: {self.close_answer}; Adam beta1 {self.adam_beta1:g}; turn cap {self.turn_tokens} tokens",
                 self.questions.line() if self.questions else "questions: not built",
                 "",
                 "held-out questions (never trained on):",
@@ -224,6 +234,7 @@ def search_settings(
     lr: float,
     seed: int,
     prompt_tokens: int,
+    turn_tokens: int = TURN_TOKENS,
 ) -> TrainSettings:
     """The CPU runs' settings with the run's model, environment, batch and lengths (module docstring, step 4)."""
     from searchrl.trainer.proofs.harness import cpu_settings
@@ -243,7 +254,7 @@ def search_settings(
             "save_freq": steps,
             "max_turns": MAX_TURNS,
             "max_prompt_length": prompt_tokens,
-            "max_response_length": RESPONSE_TOKENS,
+            "max_response_length": response_tokens(turn_tokens),
             "topk": TOPK,
             "passage_max_chars": PASSAGE_CHARS,
             "lr": lr,
@@ -264,6 +275,7 @@ def search_overrides(
     close_answer: bool = False,
     format_term: str = "searched",
     adam_beta1: float = ADAM_BETA1,
+    turn_tokens: int = TURN_TOKENS,
 ) -> list[str]:
     """The CPU overrides, the vLLM server's (with the run's precision and batch), the agent loop's plugin, a
     seeded rollout, the per-turn budget and verl's per-step trajectory dumps."""
@@ -279,7 +291,7 @@ def search_overrides(
         ("actor_rollout_ref.rollout.max_num_seqs", settings.train_batch_size * SAMPLES),
         ("actor_rollout_ref.rollout.max_num_batched_tokens", 8192),
         ("actor_rollout_ref.rollout.seed", seed),
-        (f"+{SEARCHRL_KWARGS}.turn_max_tokens", TURN_TOKENS),
+        (f"+{SEARCHRL_KWARGS}.turn_max_tokens", turn_tokens),
         ("trainer.rollout_data_dir", str(rollout_dir)),
         ("reward.custom_reward_function.path", REWARD_PATH),
         ("reward.custom_reward_function.name", "compute_score"),
@@ -349,6 +361,7 @@ def run_learn_search(
     close_answer: bool = False,
     format_term: str = "searched",
     adam_beta1: float = ADAM_BETA1,
+    turn_tokens: int = TURN_TOKENS,
 ) -> LearnSearchRun:
     """The whole run (module docstring); the verdict is on the returned run."""
     from searchrl.trainer.proofs.train_cpu_vllm import Leftovers
@@ -366,6 +379,8 @@ def run_learn_search(
         raise ConfigError(f"--format-term {format_term!r}: one of {', '.join(FORMAT_TERMS)}")
     if not 0 <= adam_beta1 < 1:
         raise ConfigError(f"--adam-beta1 {adam_beta1}: at least 0 and below 1 (verl's default is 0.9)")
+    if not 8 <= turn_tokens <= 256:
+        raise ConfigError(f"--turn-tokens {turn_tokens}: between 8 and 256 (default {TURN_TOKENS})")
     run = LearnSearchRun(
         out_dir,
         model_dir,
@@ -373,6 +388,7 @@ def run_learn_search(
         close_answer=close_answer,
         format_term=format_term,
         adam_beta1=adam_beta1,
+        turn_tokens=turn_tokens,
     )
     leftovers = Leftovers.start()
     try:
@@ -443,11 +459,11 @@ def _run(  # noqa: PLR0913  (run_learn_search's keywords, passed through once)
         prompt_len = prompt_tokens(run.model_dir, [q.question for q in run.questions.train])
         settings = search_settings(
             out, run.model_dir, url, experiment=EXPERIMENT, steps=steps, prompts=prompts, lr=lr, seed=seed,
-            prompt_tokens=prompt_len,
+            prompt_tokens=prompt_len, turn_tokens=run.turn_tokens,
         )  # fmt: skip
         check_retrieval(settings)
         _phase(run, "questions", started)
-        rules = Rules(MAX_TURNS, TOPK, PASSAGE_CHARS, TURN_TOKENS, RESPONSE_TOKENS)
+        rules = Rules(MAX_TURNS, TOPK, PASSAGE_CHARS, run.turn_tokens, response_tokens(run.turn_tokens))
         sets = {"held": held_qa, "dev": dev_qa_path()}
         started = time.monotonic()
         _evaluate(run, BASE, run.model_dir, url, sets, rules, leftovers, search_off=True)
@@ -518,6 +534,7 @@ def _train(
         run.close_answer,
         run.format_term,
         run.adam_beta1,
+        run.turn_tokens,
     )
     env = vllm_cpu_env(leftovers.scratch)
     if sabotage is not None:

@@ -511,10 +511,11 @@ def test_the_runs_agent_loop_keys_compose_in_the_searchrl_block(tmp_path, compos
     assert list(config.actor_rollout_ref.actor.optim.betas) == [0.0, 0.999]
     assert config.actor_rollout_ref.actor.optim.weight_decay == 0.0
     verl_default = search_overrides(
-        settings, "float32", 0, tmp_path / "d", tmp_path / "r", 0.1, adam_beta1=0.9
+        settings, "float32", 0, tmp_path / "d", tmp_path / "r", 0.1, adam_beta1=0.9, turn_tokens=96
     )
-    optim = compose(merge_overrides(render_overrides(settings), verl_default)).actor_rollout_ref.actor.optim
-    assert list(optim.betas) == [0.9, 0.999] and optim.weight_decay == 0.01
+    composed = compose(merge_overrides(render_overrides(settings), verl_default)).actor_rollout_ref
+    assert list(composed.actor.optim.betas) == [0.9, 0.999] and composed.actor.optim.weight_decay == 0.01
+    assert turn_max_tokens(composed.rollout) == 96  # --turn-tokens (run 9: run 8's copied queries all hit 48)
     assert searchrl_engine_kwargs(rollout) == {
         "scripted_first_turn": False,
         "turn_max_tokens": TURN_TOKENS,
