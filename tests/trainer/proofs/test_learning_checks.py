@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from searchrl.errors import ConfigError
+from searchrl.errors import ConfigError, SmokeCheckError
 from searchrl.trainer.cpu import sabotage
 from searchrl.trainer.cpu.hf_log import BATCH_PATTERN, UPDATE_LINE
 from searchrl.trainer.cpu.hf_rollout import (
@@ -717,6 +717,7 @@ def test_the_record_holds_the_learned_line_s_figures_and_each_seed():
             "seed": 0,
             "mode": "sync",
             "steps": 20,
+            "rise": pytest.approx(0.3),
             "probe_initial": 0.30,
             "probe_merged": 0.60,
             "weight_change": 0.2,
@@ -724,3 +725,56 @@ def test_the_record_holds_the_learned_line_s_figures_and_each_seed():
         }
     ]
     assert figures["checks"] is None  # no sync was matched in these rows: the record says so, not zeros
+
+
+def test_a_vllm_seed_that_misses_only_the_learning_bars_gets_one_more_seed(monkeypatch, tmp_path):
+    """VLLM_SECOND_SEED: on verl's vLLM server (sampling not reproducible) a single sync seed that passed every other
+    check but missed the rise or the probe gets one more seed, judged alone on every check; the record keeps the first
+    seed's miss. On hf, in an async mode, or when another check failed, no second seed: the run fails as before."""
+    import searchrl.trainer.proofs.learn as learn
+    from searchrl.trainer.proofs.record import read_record
+
+    monkeypatch.setattr(learn, "check_steps", lambda rows, steps, bound=None: [])
+    monkeypatch.setattr(learn, "seeds_checks", lambda runs: "checks: (the stubbed runs logged none)")
+    probes = {0: 0.358, 1: 0.602}  # seed 0's probe fell (fresh clone of 2026-12-07), seed 1's rose
+    started: list[int] = []
+
+    def run_learn(files: learn.SeedFiles, *, seed: int, mode: str, **_: object) -> LearnRun:
+        started.append(seed)
+        files.root.mkdir(parents=True)
+        run = _learn_run([0.3] * WINDOW + [0.35] * 10 + [0.4] * WINDOW)
+        run.seed, run.mode, run.out_dir = seed, mode, files.root
+        run.probe_initial, run.probe_merged = 0.404, probes[seed]
+        return run
+
+    monkeypatch.setattr(learn, "run_learn", run_learn)
+    runs = learn.learn(tmp_path / "vllm", [0], mode="sync", beside_sync=False, rollout="vllm")
+    assert started == [0, 1] and [run.seed for run in runs] == [0, 1]
+    record = read_record(tmp_path / "vllm")
+    assert record["passed"] and record["figures"]["second_seed_after"].startswith("probe did not move: 0.404")
+    assert [seed["seed"] for seed in record["figures"]["seeds"]] == [0, 1]
+
+    probes[1] = 0.40  # the second seed misses too: the run fails, naming both
+    started.clear()
+    with pytest.raises(
+        SmokeCheckError, match=r"seed 0: probe did not move.*; then the learning run \(seed 1\)"
+    ):
+        learn.learn(tmp_path / "both", [0], mode="sync", beside_sync=False, rollout="vllm")
+    assert started == [0, 1] and not read_record(tmp_path / "both")["passed"]
+
+    for rollout in ("hf",):  # the hf engine's sampling is reproducible: one seed, judged alone
+        started.clear()
+        with pytest.raises(SmokeCheckError, match="probe did not move"):
+            learn.learn(tmp_path / rollout, [0], mode="sync", beside_sync=False, rollout=rollout)
+        assert started == [0]
+
+    def broken(files: learn.SeedFiles, *, seed: int, mode: str, **_: object) -> LearnRun:
+        run = run_learn(files, seed=seed, mode=mode)
+        run.weight_change = 0.0  # a check that holds on every honest run
+        return run
+
+    monkeypatch.setattr(learn, "run_learn", broken)
+    started.clear()
+    with pytest.raises(SmokeCheckError, match="merged weights equal"):
+        learn.learn(tmp_path / "broken", [0], mode="sync", beside_sync=False, rollout="vllm")
+    assert started == [0]
