@@ -110,7 +110,8 @@ STEPS = 20
 # run whose only misses are the learning bars (the paired rise, the probe) gets one more seed, judged alone on every
 # check (`second_seed`). A broken loop cannot pass that way: every sabotage stops at its own check or falls far
 # under both bars (shuffle_rewards: rise -0.034 to +0.015, probe -0.064 to +0.015; flip_advantage: -0.46, -0.38), so
-# two draws at most double a chance that is ~0, while a working loop's 1-in-6 miss becomes ~1 in 36.
+# two draws at most double a chance that is ~0, while a working loop's miss (1 run in 5) becomes ~1 in 25 (an
+# estimate, assuming the seeds' draws independent).
 VLLM_SECOND_SEED = True
 RESUME_STEP = 10  # the first invocation stops here (a checkpoint), the second resumes from it to STEPS
 PROMPTS_PER_STEP = 2  # x rollout_n 8 samples: GRPO groups of 8
