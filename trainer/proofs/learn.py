@@ -877,7 +877,9 @@ def learned_figures(runs: Sequence[LearnRun]) -> dict[str, Any]:
     }
 
 
-def learn(out: Path, seeds: Sequence[int], *, mode: str, beside_sync: bool, **common: Any) -> list[LearnRun]:
+def learn(
+    out: Path, seeds: Sequence[int], *, mode: TrainerMode, beside_sync: bool, **common: Any
+) -> list[LearnRun]:
     """`searchrl train cpu learn`: the seeds' runs (and sync's beside them), their tables and curve printed, the
     record written (`<out>/run.json`, trainer/proofs/record.py) and the verdict: SmokeCheckError with the failing
     line, or the runs that learned. Every file lands where `LearnFiles.under(out)` names it."""
