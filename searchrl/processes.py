@@ -14,8 +14,8 @@ The other direction, being stopped (`unwinding_on_sigterm`): `searchrl train` ke
 session of its own, the retrieval service, vLLM's servers) alive only while it runs. SIGTERM's default action ends
 the CLI at once, so `kill`, a CI runner's timeout or a scheduler's cancel left them running, Ray and a vLLM engine
 holding gigabytes (found on 2026-12-07: `make learn-search` killed with SIGTERM left verl, Ray's raylet and the BM25
-service behind). Inside `unwinding_on_sigterm`, SIGTERM raises `Terminated` instead, so every `with` and `finally`
-on the way out stops what it started, as Ctrl-C's KeyboardInterrupt does.
+service behind). Inside `unwinding_on_sigterm`, SIGTERM raises KeyboardInterrupt instead, exactly as Ctrl-C does, so
+every `with` and `finally` on the way out stops what it started (`terminated_by` tells the two apart).
 
 Bottom layer: standard library only, imports nothing from retrieval/, trainer/, infer/, cli/ or deploy/.
 """
@@ -30,27 +30,32 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-
-class Terminated(BaseException):  # noqa: N818  (a signal, like KeyboardInterrupt, not an error)
-    """SIGTERM arrived inside `unwinding_on_sigterm`. A BaseException, so `except Exception` does not swallow it."""
+_RECEIVED: list[signal.Signals] = []  # the signals `unwinding_on_sigterm` turned into KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def unwinding_on_sigterm() -> Iterator[None]:
-    """While inside, SIGTERM raises `Terminated` in the main thread (module docstring); the previous handler is put
-    back on the way out. Off the main thread (where Python allows no handler) it changes nothing."""
+    """While inside, SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does (module docstring), and
+    `terminated_by` says it was SIGTERM; the previous handler is put back on the way out. Off the main thread (where
+    Python allows no handler) it changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def terminate(signum: int, frame: object) -> None:
-        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+        _RECEIVED.append(signal.Signals(signum))
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def terminated_by() -> signal.Signals | None:
+    """The signal `unwinding_on_sigterm` turned into the KeyboardInterrupt being handled; None for a real Ctrl-C."""
+    return _RECEIVED[-1] if _RECEIVED else None
 
 
 def _leads_group(pid: int) -> bool:
@@ -92,4 +97,4 @@ def stop_process(
     return proc.wait()
 
 
-__all__ = ["stop_process"]
+__all__ = ["stop_process", "terminated_by", "unwinding_on_sigterm"]

@@ -14,14 +14,13 @@ import argparse
 import contextlib
 import importlib
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Sequence
 
 from searchrl import __version__
 from searchrl.errors import SearchRLError
-from searchrl.processes import Terminated, unwinding_on_sigterm
+from searchrl.processes import terminated_by, unwinding_on_sigterm
 
 # Area modules, in help order. A module that fails to import (missing extra) still lets the others work.
 AREAS = ["serve", "index", "health", "train", "sky", "eval", "model", "bench", "reliability", "smoke"]
@@ -69,10 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)  # noqa: T201
         return exc.exit_code
     except KeyboardInterrupt:
-        return 130
-    except Terminated as exc:
-        print(f"error: {exc}; what the run started was stopped", file=sys.stderr)  # noqa: T201
-        return 128 + signal.SIGTERM
+        stopped = terminated_by()
+        if stopped is None:
+            return 130
+        print(f"error: stopped by {stopped.name}; what the run started was stopped", file=sys.stderr)  # noqa: T201
+        return 128 + stopped
     return int(rc or 0)
 
 
