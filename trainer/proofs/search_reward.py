@@ -69,13 +69,12 @@ def query_overlap(solution_str: str, question: str) -> float:
     """The share of the question's content words that the episode's first parsed search call's queries hold.
 
     0 when no call parses or its arguments hold no query (the tool answered an error, nothing was searched)."""
-    wanted = content_words(question)
     for call in parse_tool_calls(solution_str).calls:
         try:
             queries = queries_from_arguments(call.arguments)
         except ValueError:
             return 0.0
-        return len(wanted & content_words(" ".join(queries))) / len(wanted) if wanted else 0.0
+        return word_share(question, " ".join(queries))
     return 0.0
 
 
@@ -88,7 +87,11 @@ def written_query_overlap(solution_str: str, question: str) -> float:
     start = solution_str.find(SEARCH_OPENING)
     if start < 0:
         return 0.0
-    query = solution_str[start + len(SEARCH_OPENING) :].split('"', 1)[0]
+    return word_share(question, solution_str[start + len(SEARCH_OPENING) :].split('"', 1)[0])
+
+
+def word_share(question: str, query: str) -> float:
+    """The share of the question's content words that `query` holds (0 for a question without any)."""
     wanted = content_words(question)
     return len(wanted & content_words(query)) / len(wanted) if wanted else 0.0
 
@@ -126,12 +129,12 @@ def compute_score(
             raise ValueError(
                 f"format_term {format_term!r} needs extra_info['question'] (trainer/data.py writes it)"
             )
-        written = written_query_overlap(solution_str, question)
-        term = {
-            "query+f1": (query_overlap(solution_str, question) + f1) / 2,
-            "query+searched+f1": (written + searched + f1) / 3,
-            "written+f1": (written * (1 + searched) / 2 + f1) / 2,
-        }[format_term]
+        if format_term == "query+f1":
+            term = (query_overlap(solution_str, question) + f1) / 2
+        elif format_term == "query+searched+f1":
+            term = (written_query_overlap(solution_str, question) + searched + f1) / 3
+        else:  # written+f1
+            term = (written_query_overlap(solution_str, question) * (1 + searched) / 2 + f1) / 2
     bonus = format_weight * term
     total = em + bonus
     share = bonus / total if total else 0.0
@@ -144,5 +147,6 @@ __all__ = [
     "content_words",
     "query_overlap",
     "retrieved",
+    "word_share",
     "written_query_overlap",
 ]
