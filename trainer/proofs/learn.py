@@ -900,9 +900,8 @@ def learn(
     print(f"\n{seeds_table(runs)}\nreward curve: {mode_files.reward_curve}")  # noqa: T201
     verdicts = {name: seeds_verdict(mode_runs) for name, mode_runs in by_mode.items()}
     if missed:  # judged on the second seed alone, every check; the record keeps the first seed's misses
-        verdicts[mode] = (
-            seeds_verdict(runs[1:]) and f"seed {runs[0].seed}: {missed}; then {seeds_verdict(runs[1:])}"
-        )
+        second = seeds_verdict(runs[1:])
+        verdicts[mode] = second and f"seed {runs[0].seed}: {missed}; then {second}"
     if beside_sync:
         files.modes_table.write_text(modes_table(by_mode) + "\n", encoding="utf-8")
         files.modes_curve.write_bytes(plot_modes(by_mode))

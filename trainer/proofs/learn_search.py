@@ -406,9 +406,7 @@ def run_learn_search(
             null,
             timeout_s,
         )
-    except (
-        BaseException
-    ) as exc:  # the record says why the run stopped (SIGTERM too); the CLI prints the same line
+    except BaseException as exc:  # SIGTERM too (a KeyboardInterrupt): the record says why the run stopped
         run.stopped = str(exc)
         raise
     finally:
