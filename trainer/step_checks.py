@@ -110,6 +110,11 @@ class StepRow:
     def get(self, column: str) -> float:
         return self.metrics.get(COLUMNS[column][1], math.nan)
 
+    def figures(self) -> dict[str, float | int | str]:
+        """The row under the step table's column names (COLUMNS), as a run's record holds it; NaN where verl
+        logged no such figure."""
+        return {"step": self.step, "run": self.run, **{key: self.get(key) for key in COLUMNS}}
+
 
 def _number(text: str) -> float:
     found = _NUMBER.search(text.replace("np.float64(", "").replace("np.int64(", ""))

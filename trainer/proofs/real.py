@@ -38,10 +38,9 @@ from searchrl.trainer.proofs.harness import (
     run_training,
     write_qa,
 )
-from searchrl.trainer.proofs.record import write_record
+from searchrl.trainer.proofs.record import recorded
 from searchrl.trainer.settings import TrainSettings
 from searchrl.trainer.step_checks import (
-    COLUMNS,
     Checks,
     ProbDiffWatch,
     StepRow,
@@ -115,12 +114,7 @@ class RealRun:
             "dtype_reason": self.dtype_reason,
             "chat_template": self.chat_template,
             "steps": [
-                {
-                    "step": row.step,
-                    "run": row.run,
-                    **{key: row.get(key) for key in COLUMNS},
-                    "timing_s": {key: row.metrics.get(key, math.nan) for key in TIMINGS},
-                }
+                {**row.figures(), "timing_s": {key: row.metrics.get(key, math.nan) for key in TIMINGS}}
                 for row in self.rows
             ],
             "checks": None if self.checked is None else asdict(self.checked),
@@ -197,12 +191,8 @@ def run_real(
     `<out>/run.json` (`RealRun.figures`) either way."""
     require_inputs(model_dir, qa_source)
     run = RealRun(fresh_out_dir(out_dir), model_dir.resolve(), chat_template=chat_template)
-    try:
+    with recorded(run.out_dir, RECORD_NAME, run.figures):
         _run_real(run, qa_source, questions, precision, timeout_s)
-    except Exception as exc:  # the record names what stopped the run; the CLI prints the same line
-        write_record(run.out_dir, RECORD_NAME, str(exc) or type(exc).__name__, run.figures())
-        raise
-    write_record(run.out_dir, RECORD_NAME, None, run.figures())
     return run
 
 

@@ -9,9 +9,10 @@ measure (NaN) is null, so the file is strict JSON any reader takes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,22 @@ def write_record(out_dir: Path, run: str, verdict: str | None, figures: Mapping[
     return path
 
 
+@contextlib.contextmanager
+def recorded(out_dir: Path, run: str, figures: Callable[[], Mapping[str, Any]]) -> Iterator[None]:
+    """Write `<out_dir>/run.json` when the block ends: passed when it returns, else the line that stopped it (a
+    SIGTERM's too), with the figures it had by then; the exception goes on."""
+    try:
+        yield
+    except BaseException as exc:
+        write_record(out_dir, run, str(exc) or type(exc).__name__, figures())
+        raise
+    write_record(out_dir, run, None, figures())
+
+
 def read_record(out_dir: Path) -> dict[str, Any]:
     """The record a run wrote in `out_dir` (FileNotFoundError when it wrote none)."""
     record: dict[str, Any] = json.loads((out_dir / RECORD).read_text(encoding="utf-8"))
     return record
 
 
-__all__ = ["PASSED", "RECORD", "read_record", "record_text", "write_record"]
+__all__ = ["PASSED", "RECORD", "read_record", "record_text", "recorded", "write_record"]

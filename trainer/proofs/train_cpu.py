@@ -77,10 +77,9 @@ from searchrl.trainer.proofs.harness import (
     tokenizer_texts,
     write_qa,
 )
-from searchrl.trainer.proofs.record import write_record
+from searchrl.trainer.proofs.record import recorded
 from searchrl.trainer.settings import TrainerMode
 from searchrl.trainer.step_checks import (
-    COLUMNS,
     Checks,
     StepCheck,
     StepRow,
@@ -122,10 +121,7 @@ class CpuRun:
         return {
             "mode": self.mode,
             "rollout": self.rollout,
-            "steps": [
-                {"step": row.step, "run": row.run, **{key: row.get(key) for key in COLUMNS}}
-                for row in self.rows
-            ],
+            "steps": [row.figures() for row in self.rows],
             "checks": None if self.checked is None else asdict(self.checked),
             "merged_step": self.merged_step,
             "eval": {key: self.eval_summary[key] for key in eval_keys if key in self.eval_summary},
@@ -223,13 +219,8 @@ def run_cpu_smoke(
             f"QA file {qa_source} does not exist: pass --qa with a JSONL of question/golden_answers"
         )
     run = CpuRun(fresh_out_dir(out_dir), mode=mode, rollout=rollout)
-    try:
-        with engine_scratch(rollout) as vllm:
-            _run_cpu_smoke(run, qa_source, questions, timeout_s, mode, vllm)
-    except Exception as exc:  # the record names what stopped the run; the CLI prints the same line
-        write_record(run.out_dir, RECORD_NAME, str(exc) or type(exc).__name__, run.figures())
-        raise
-    write_record(run.out_dir, RECORD_NAME, None, run.figures())
+    with recorded(run.out_dir, RECORD_NAME, run.figures), engine_scratch(rollout) as vllm:
+        _run_cpu_smoke(run, qa_source, questions, timeout_s, mode, vllm)
     return run
 
 
