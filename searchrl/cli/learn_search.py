@@ -71,6 +71,13 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "the answer (training and eval alike)",
     )
     p.add_argument(
+        "--close-query",
+        dest="close_query",
+        action="store_true",
+        help="declared environment: the query turn ends at the query's closing quote and the environment writes "
+        "the rest of the call, so every query the model closes runs (training and eval alike)",
+    )
+    p.add_argument(
         "--adam-beta1",
         dest="adam_beta1",
         type=float,
@@ -130,6 +137,7 @@ def _learn_search(args: argparse.Namespace) -> int:
         seed=args.seed,
         null=args.null,
         close_answer=args.close_answer,
+        close_query=args.close_query,
         format_term=args.format_term,
         timeout_s=args.timeout,
         **kwargs,

@@ -112,6 +112,7 @@ class LearnSearchRun:
     format_weight: float = FORMAT_WEIGHT
     format_term: str = "searched"  # search_reward.FORMAT_TERMS: what the format term pays for
     close_answer: bool = False  # the environment ends the answer turn at a newline or `<` and closes it
+    close_query: bool = False  # the environment ends the query turn at its closing quote and closes the call
     turn_tokens: int = TURN_TOKENS  # new tokens a model turn may write
     adam_beta1: float = ADAM_BETA1  # 0.9 is verl's default (runs 1 to 5)
     format_share: float = math.nan  # the format term's share of the run's summed reward (rollout dumps)
@@ -165,6 +166,7 @@ class LearnSearchRun:
             "format_weight": self.format_weight,
             "format_share": self.format_share,
             "close_answer": self.close_answer,
+            "close_query": self.close_query,
             "adam_beta1": self.adam_beta1,
             "turn_tokens": self.turn_tokens,
             "phases_s": self.phases,
@@ -203,7 +205,7 @@ class LearnSearchRun:
                 f"reward: Search-R1 EM + {self.format_weight:g} x [{TERM_TEXT[self.format_term]}] (declared format "
                 "term); "
                 f"the format term's share of the run's summed reward: {self.format_share:.3f}; environment closes the "
-                f"answer: {self.close_answer}; Adam beta1 {self.adam_beta1:g}; turn cap {self.turn_tokens} tokens",
+                f"answer: {self.close_answer}, the query: {self.close_query}; Adam beta1 {self.adam_beta1:g}; turn cap {self.turn_tokens} tokens",
                 self.questions.line() if self.questions else "questions: not built",
                 "",
                 "held-out questions (never trained on):",
@@ -276,13 +278,14 @@ def search_overrides(
     format_term: str = "searched",
     adam_beta1: float = ADAM_BETA1,
     turn_tokens: int = TURN_TOKENS,
+    close_query: bool = False,
 ) -> list[str]:
     """The CPU overrides, the vLLM server's (with the run's precision and batch), the agent loop's plugin, a
     seeded rollout, the per-turn budget and verl's per-step trajectory dumps."""
     from searchrl.trainer.overrides import VLLM_SYNC_KEY, hydra_value, merge_overrides
     from searchrl.trainer.proofs.harness import cpu_overrides
     from searchrl.trainer.proofs.real import precision_overrides
-    from searchrl.trainer.proofs.search_env import CLOSE_ANSWER_KEY
+    from searchrl.trainer.proofs.search_env import CLOSE_ANSWER_KEY, CLOSE_QUERY_KEY
     from searchrl.trainer.proofs.train_cpu_vllm import PLUGINS, vllm_cpu_overrides
 
     pairs: list[tuple[str, object]] = [
@@ -298,6 +301,7 @@ def search_overrides(
         ("+reward.custom_reward_function.reward_kwargs.format_weight", format_weight),
         ("+reward.custom_reward_function.reward_kwargs.format_term", format_term),
         (f"+{SEARCHRL_KWARGS}.{CLOSE_ANSWER_KEY}", close_answer),
+        (f"+{SEARCHRL_KWARGS}.{CLOSE_QUERY_KEY}", close_query),
         ("actor_rollout_ref.actor.optim.betas", [adam_beta1, 0.999]),
         ("actor_rollout_ref.actor.optim.weight_decay", 0.0 if adam_beta1 == 0 else 0.01),
     ]
@@ -362,6 +366,7 @@ def run_learn_search(
     format_term: str = "searched",
     adam_beta1: float = ADAM_BETA1,
     turn_tokens: int = TURN_TOKENS,
+    close_query: bool = False,
 ) -> LearnSearchRun:
     """The whole run (module docstring); the verdict is on the returned run."""
     from searchrl.trainer.proofs.train_cpu_vllm import Leftovers
@@ -386,6 +391,7 @@ def run_learn_search(
         model_dir,
         format_weight=format_weight,
         close_answer=close_answer,
+        close_query=close_query,
         format_term=format_term,
         adam_beta1=adam_beta1,
         turn_tokens=turn_tokens,
@@ -533,6 +539,7 @@ def _train(
         run.format_term,
         run.adam_beta1,
         run.turn_tokens,
+        run.close_query,
     )
     env = vllm_cpu_env(leftovers.scratch)
     if sabotage is not None:
@@ -598,6 +605,7 @@ def _evaluate(
         run.out_dir / "logs",
         leftovers.scratch,
         close_answer=run.close_answer,
+        close_query=run.close_query,
     ) as llm:
         jobs = [(name, qa, True) for name, qa in sets.items()] + (
             [("held", sets["held"], False)] if search_off else []

@@ -23,40 +23,36 @@ from searchrl.trainer.plugins.engine_kwargs import searchrl_engine_kwargs
 from searchrl.trainer.proofs.search_env import (
     ANSWER_CLOSING,
     ANSWER_OPENING,
-    ANSWER_STOPS,
     CLOSE_ANSWER_KEY,
+    CLOSE_QUERY_KEY,
     SEARCH_OPENING,
+    answer_stop_ids,
+    query_closing,
+    query_stop_ids,
 )
 
 AGENT_NAME = "searchrl_search_openings_agent"
 
 
 class _OpenedParser:
-    """verl's tool parser, reading `opening` ids in front of the ids it is given (module docstring)."""
+    """verl's tool parser, reading `opening` ids in front of the ids it is given (module docstring). With
+    `tokenizer` (the environment closes the query, search_env.query_closing), it reads the environment's closing of
+    the call behind them too, and keeps its ids in `closing` for the loop to append."""
 
-    def __init__(self, inner: Any, opening: list[int]) -> None:
+    def __init__(self, inner: Any, opening: list[int], tokenizer: Any = None) -> None:
         self._inner = inner
         self._opening = opening
+        self._tokenizer = tokenizer
+        self.closing: list[int] = []
 
     async def extract_tool_calls(self, ids: list[int], *args: Any, **kwargs: Any) -> Any:
-        return await self._inner.extract_tool_calls(self._opening + list(ids), *args, **kwargs)
+        if self._tokenizer is not None:
+            closing = query_closing(self._tokenizer.decode(list(ids)))
+            self.closing = self._tokenizer.encode(closing, add_special_tokens=False) if closing else []
+        return await self._inner.extract_tool_calls(self._opening + list(ids) + self.closing, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-
-_STOP_IDS: dict[int, list[int]] = {}
-
-
-def answer_stop_ids(tokenizer: Any) -> list[int]:
-    """Every token id whose text holds one of ANSWER_STOPS: the token-level form of the eval proxy's stop strings
-    (a token like `.\\n` stops the turn where the string `\\n` would)."""
-    key = id(tokenizer)
-    if key not in _STOP_IDS:
-        _STOP_IDS[key] = [
-            i for i in range(len(tokenizer)) if any(stop in tokenizer.decode([i]) for stop in ANSWER_STOPS)
-        ]
-    return _STOP_IDS[key]
 
 
 def opening_of(turns: int, last_role: str | None, searching: bool = True) -> str:
@@ -80,18 +76,31 @@ class SearchOpeningsAgentLoop(ScriptedToolAgentLoop):
         ids = self.tokenizer.encode(opening, add_special_tokens=False)
         if await self._merge_as_environment(agent_data, ids):
             return AgentState.TERMINATED
-        closing = opening == ANSWER_OPENING and bool(
-            searchrl_engine_kwargs(self.rollout_config).get(CLOSE_ANSWER_KEY)
+        declared = searchrl_engine_kwargs(self.rollout_config)
+        closing = opening == ANSWER_OPENING and bool(declared.get(CLOSE_ANSWER_KEY))
+        closing_query = opening == SEARCH_OPENING and bool(declared.get(CLOSE_QUERY_KEY))
+        stop_ids = (
+            answer_stop_ids(self.tokenizer)
+            if closing
+            else query_stop_ids(self.tokenizer)
+            if closing_query
+            else []
         )
-        if closing:
-            stops = set(sampling_params.get("stop_token_ids") or []) | set(answer_stop_ids(self.tokenizer))
+        if stop_ids:
+            stops = set(sampling_params.get("stop_token_ids") or []) | set(stop_ids)
             sampling_params = {**sampling_params, "stop_token_ids": sorted(stops)}
         parser = self.tool_parser
-        self.tool_parser = _OpenedParser(parser, ids)
+        opened = _OpenedParser(parser, ids, self.tokenizer if closing_query else None)
+        self.tool_parser = opened
         try:
             state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
         finally:
             self.tool_parser = parser
+        if state == AgentState.PROCESSING_TOOLS and opened.closing:
+            # the environment writes the rest of the call (search_env.query_closing) before the tool's response;
+            # loss mask 0
+            if await self._merge_as_environment(agent_data, opened.closing):
+                return AgentState.TERMINATED
         if closing and ANSWER_CLOSING not in self.tokenizer.decode(agent_data.response_ids):
             # the environment closes the answer (search_env.closed_answer); loss mask 0
             closing_ids = self.tokenizer.encode(ANSWER_CLOSING, add_special_tokens=False)
@@ -100,4 +109,4 @@ class SearchOpeningsAgentLoop(ScriptedToolAgentLoop):
         return state
 
 
-__all__ = ["AGENT_NAME", "SearchOpeningsAgentLoop", "answer_stop_ids", "opening_of"]
+__all__ = ["AGENT_NAME", "SearchOpeningsAgentLoop", "opening_of"]

@@ -13,7 +13,11 @@ two openings, as text the policy did not choose (loss mask 0 in training):
 
 Optionally (`close_answer`, declared by the run's `--close-answer`) the answer turn ends at the first newline or
 `<` the model writes and the environment closes the answer (`closed_answer`): the model then has to write the
-answer first, not to remember the closing tag.
+answer first, not to remember the closing tag. Likewise (`close_query`, the run's `--close-query`) the query turn
+ends at the first token that closes the query's JSON string (a `"` followed by nothing or by the start of the call's
+closing, e.g. `"`, `"]`, `."`) and the environment writes the rest of the call (`query_closing`): the policy then
+decides only the query, and every query it closes runs (run 9 learned to copy the question as its query, then 46 of
+60 held-out calls ran to the turn cap and the rest carried one brace too many, so no search ran).
 
 What the policy decides is therefore the query and the answer: whether its query retrieves the passage, and
 whether it reads the answer out of the tool response. Evaluation applies the same rule to the same rendered
@@ -27,6 +31,9 @@ parsing, search client, answer parsing, scoring and report), base and trained mo
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
+from typing import Any
 
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 TOOL_RESPONSE_END = "</tool_response>"
@@ -36,21 +43,72 @@ ANSWER_CLOSING = "</answer>"
 # and the environment closes the answer: what the model wrote before it is the answer.
 ANSWER_STOPS = ("\n", "<")
 CLOSE_ANSWER_KEY = "close_answer"  # its engine_kwargs.searchrl key (training) and proxy flag (eval)
+CLOSE_QUERY_KEY = "close_query"  # the same for `close_query`
 # the search tool's schema name as the chat template renders it in the system turn (searchrl/chat_template.py)
 _TOOLS_MARK = '"name": "search"'
 
 
-def search_call_opening() -> str:
-    """`<tool_call>\\n{"name": "search", "arguments": {"query_list": ["`: the CPU runs' scripted call up to its
-    query (the same json.dumps formatting as trainer/cpu/scripted_agent_loop.py, which imports verl)."""
+def _search_call_parts() -> tuple[str, str]:
+    """A search call's text before and after its one query, `json.dumps`-formatted as the CPU runs' scripted call
+    (trainer/cpu/scripted_agent_loop.py, which imports verl)."""
     marker = "QUERY_STARTS_HERE"
     call = (
         f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query_list': [marker]}})}\n</tool_call>"
     )
-    return call[: call.index(marker)]
+    before, after = call.split(marker)
+    return before, after
+
+
+def search_call_opening() -> str:
+    """`<tool_call>\\n{"name": "search", "arguments": {"query_list": ["`: the CPU runs' scripted call up to its
+    query."""
+    return _search_call_parts()[0]
 
 
 SEARCH_OPENING = search_call_opening()
+# what follows the query in the whole call: `"]}}\n</tool_call>`
+CALL_CLOSING = _search_call_parts()[1]
+_QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string (one after a backslash is escaped)
+
+
+def query_closing(continuation: str) -> str | None:
+    """What the environment appends to a query turn under `close_query`: the rest of CALL_CLOSING after the
+    continuation's text from its first `"`; None when the continuation has no `"` (the query was never closed) or
+    what follows the quote is not the start of CALL_CLOSING (a second query, a stray character: the model's call,
+    left as it wrote it). An escaped `\\"` is part of the query, not its end."""
+    found = _QUOTE.search(continuation)
+    if found is None:
+        return None
+    tail = continuation[found.start() :]
+    return CALL_CLOSING[len(tail) :] if CALL_CLOSING.startswith(tail) else None
+
+
+def ends_query(token_text: str) -> bool:
+    """Whether a token ends the query turn under `close_query`: it holds a `"` and what follows its first `"` is
+    the start of CALL_CLOSING (`"`, `"]`, `."`, `"]}}`); a token like `",` does not (the model goes on)."""
+    return query_closing(token_text) is not None
+
+
+_STOP_IDS: dict[tuple[int, str], list[int]] = {}
+
+
+def _ids_where(tokenizer: Any, kind: str, test: Callable[[str], bool]) -> list[int]:
+    key = (id(tokenizer), kind)
+    if key not in _STOP_IDS:
+        _STOP_IDS[key] = [i for i in range(len(tokenizer)) if test(tokenizer.decode([i]))]
+    return _STOP_IDS[key]
+
+
+def answer_stop_ids(tokenizer: Any) -> list[int]:
+    """Every token id whose text holds one of ANSWER_STOPS: the token-level form of the eval proxy's stop strings
+    (a token like `.\\n` stops the turn where the string `\\n` would)."""
+    return _ids_where(tokenizer, "answer", lambda text: any(stop in text for stop in ANSWER_STOPS))
+
+
+def query_stop_ids(tokenizer: Any) -> list[int]:
+    """Every token id that `ends_query`: the query turn's stop tokens, in training and in the eval proxy alike
+    (token ids, not stop strings, so both cut the turn after the same token)."""
+    return _ids_where(tokenizer, "query", ends_query)
 
 
 def closed_answer(continuation: str) -> str:
@@ -81,9 +139,15 @@ __all__ = [
     "ANSWER_CLOSING",
     "ANSWER_OPENING",
     "ANSWER_STOPS",
+    "answer_stop_ids",
+    "query_stop_ids",
+    "CALL_CLOSING",
     "CLOSE_ANSWER_KEY",
+    "CLOSE_QUERY_KEY",
     "SEARCH_OPENING",
     "closed_answer",
+    "ends_query",
     "opening_for",
+    "query_closing",
     "search_call_opening",
 ]

@@ -104,10 +104,18 @@ def vllm_bin() -> Path:
 
 @contextmanager
 def served_model(
-    model_dir: Path, name: str, dtype: str, logs: Path, scratch: Path, *, close_answer: bool = False
+    model_dir: Path,
+    name: str,
+    dtype: str,
+    logs: Path,
+    scratch: Path,
+    *,
+    close_answer: bool = False,
+    close_query: bool = False,
 ) -> Iterator[str]:
     """`vllm serve model_dir` plus the environment's proxy in front of it; yields the proxy's /v1 URL.
-    `close_answer`: the proxy ends the answer turn as training's environment does (search_env.closed_answer)."""
+    `close_answer`, `close_query`: the proxy ends the answer turn, the query turn, as training's environment does
+    (search_env.closed_answer, search_env.query_closing)."""
     vllm_port, proxy_port = _free_port(), _free_port()
     cores = os.cpu_count() or 1
     env = {
@@ -152,6 +160,7 @@ def served_model(
             "--port",
             str(proxy_port),
             *(["--close-answer"] if close_answer else []),
+            *(["--close-query-tokenizer", str(model_dir)] if close_query else []),
         ],  # fmt: skip
         logs / f"proxy-{name}.log",
     )

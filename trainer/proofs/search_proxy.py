@@ -21,15 +21,21 @@ from searchrl.trainer.proofs.search_env import (
     SEARCH_OPENING,
     closed_answer,
     opening_for,
+    query_closing,
 )
 
 
 def proxy_app(
-    upstream: str, close_answer: bool = False, transport: httpx.AsyncBaseTransport | None = None
+    upstream: str,
+    close_answer: bool = False,
+    transport: httpx.AsyncBaseTransport | None = None,
+    query_stops: list[int] | None = None,
 ) -> Any:
     """An OpenAI-compatible app in front of `upstream` (a vLLM server's root URL, without /v1) that applies
     `opening_for` to every `/v1/completions` prompt; every other route is forwarded as it is. `transport`: the
-    upstream's (tests pass httpx.MockTransport)."""
+    upstream's (tests pass httpx.MockTransport). `query_stops`: the model's `search_env.query_stop_ids` when the
+    environment closes the query (`close_query`): the query turn stops after the same token as in training (vLLM's
+    `stop_token_ids`, the token's text kept), and the proxy appends `query_closing`."""
     app = FastAPI()
     client = httpx.AsyncClient(
         base_url=upstream.rstrip("/"), timeout=httpx.Timeout(600.0), transport=transport
@@ -44,10 +50,16 @@ def proxy_app(
         kind = "none" if not opening else ("search" if opening == SEARCH_OPENING else "answer")
         app.state.openings[kind] += 1
         closing = close_answer and opening == ANSWER_OPENING
+        closing_query = bool(query_stops) and opening == SEARCH_OPENING
         if opening:
             body["prompt"] = prompt + opening
         if closing:
             body["stop"] = [*(body.get("stop") or []), *ANSWER_STOPS]
+        if closing_query:
+            # training's query turn has no stop string (eval's `</tool_call>` would end it before the quote)
+            body.pop("stop", None)
+            body["stop_token_ids"] = [*(body.get("stop_token_ids") or []), *(query_stops or [])]
+            body["include_stop_str_in_output"] = True
         reply = await client.post("/v1/completions", json=body)
         if reply.status_code != 200 or not opening:
             return Response(reply.content, reply.status_code, media_type="application/json")
@@ -56,6 +68,9 @@ def proxy_app(
             text = str(choice.get("text") or "")
             if closing:
                 text = closed_answer(text)
+                choice["finish_reason"], choice["stop_reason"] = "stop", None
+            if closing_query and (call_end := query_closing(text)) is not None:
+                text += call_end
                 choice["finish_reason"], choice["stop_reason"] = "stop", None
             choice["text"] = opening + text
         return JSONResponse(payload)
@@ -84,10 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--close-answer", action="store_true", help="end the answer turn as search_env says")
-    args = parser.parse_args(argv)
-    uvicorn.run(
-        proxy_app(args.upstream, args.close_answer), host=args.host, port=args.port, log_level="warning"
+    parser.add_argument(
+        "--close-query-tokenizer",
+        help="the model's tokenizer folder: close the query turn as search_env says (its stop token ids)",
     )
+    args = parser.parse_args(argv)
+    query_stops = None
+    if args.close_query_tokenizer:
+        from transformers import AutoTokenizer
+
+        from searchrl.trainer.proofs.search_env import query_stop_ids
+
+        query_stops = query_stop_ids(AutoTokenizer.from_pretrained(args.close_query_tokenizer))
+    app = proxy_app(args.upstream, args.close_answer, query_stops=query_stops)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

@@ -14,7 +14,14 @@ import pytest
 
 from searchrl.cli import main
 from searchrl.errors import ConfigError, SmokeCheckError
-from searchrl.trainer.proofs.search_env import ANSWER_OPENING, SEARCH_OPENING, closed_answer, opening_for
+from searchrl.trainer.proofs.search_env import (
+    ANSWER_OPENING,
+    CALL_CLOSING,
+    SEARCH_OPENING,
+    closed_answer,
+    opening_for,
+    query_closing,
+)
 from searchrl.trainer.proofs.search_questions import (
     MASK,
     Question,
@@ -133,6 +140,22 @@ def test_the_environment_closes_the_answer_where_the_model_breaks_the_line():
     assert closed_answer("\nZeus") == "</answer>"  # a turn that opens with a newline answers nothing
 
 
+def test_the_environment_closes_the_call_where_the_model_closes_its_query():
+    """`--close-query` (after run 9: its copied queries ran to the turn cap or carried one brace too many): the
+    environment writes what is left of `"]}}\n</tool_call>` after the model's closing quote."""
+    assert CALL_CLOSING == '"]}}\n</tool_call>'
+    assert query_closing('Scottish economist"') == "]}}\n</tool_call>"
+    assert query_closing('Scottish economist"]') == "}}\n</tool_call>"
+    assert query_closing('Adam Smith?"]}}\n</tool_call>') == ""  # the model closed it all itself
+    assert query_closing("Scottish economist") is None  # never closed: no call
+    assert query_closing('Scottish", "economist"]') is None  # a second query: left as the model wrote it
+    assert query_closing('"]}}}}') is None  # run 9's extra brace stays the model's error
+    assert query_closing('say \\"hi\\" now"') == "]}}\n</tool_call>"  # an escaped quote is part of the query
+    full = SEARCH_OPENING + 'Scottish economist"]' + query_closing('Scottish economist"]')
+    body = json.loads(full.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    assert body == {"name": "search", "arguments": {"query_list": ["Scottish economist"]}}
+
+
 def test_the_eval_proxy_opens_and_closes_turns_as_training_does():
     import httpx
     from fastapi.testclient import TestClient
@@ -160,6 +183,30 @@ def test_the_eval_proxy_opens_and_closes_turns_as_training_does():
     assert client.get("/openings").json() == {"search": 1, "answer": 1, "none": 0}
 
 
+def test_the_eval_proxy_closes_the_query_after_trainings_stop_tokens():
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from searchrl.trainer.proofs.search_proxy import proxy_app
+
+    seen: list[dict[str, object]] = []
+    texts = iter(['Scottish economist"]', "Scottish economist and more"])
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": next(texts), "finish_reason": "stop"}]})
+
+    client = TestClient(proxy_app("http://up", transport=httpx.MockTransport(upstream), query_stops=[7, 9]))
+    body = {"prompt": SYSTEM + USER + HEADER, "stop": ["</tool_call>"]}
+    closed = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert closed["text"] == SEARCH_OPENING + 'Scottish economist"]}}\n</tool_call>'
+    assert closed["finish_reason"] == "stop" and closed["stop_reason"] is None
+    assert seen[-1]["stop_token_ids"] == [7, 9] and seen[-1]["include_stop_str_in_output"] is True
+    assert "stop" not in seen[-1]  # training's query turn has no stop string
+    unclosed = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    assert unclosed == SEARCH_OPENING + "Scottish economist and more"  # no quote: no call, as in training
+
+
 def test_the_eval_serves_the_run_with_its_own_answer_rule(tmp_path, monkeypatch):
     """Run 3 trained with `--close-answer` but its eval proxy was started without it: every answer ended
     `<answer> Beijing<|im_end|>`, parsed as no answer, EM 0 by construction. The run's rule reaches the proxy."""
@@ -178,23 +225,30 @@ def test_the_eval_serves_the_run_with_its_own_answer_rule(tmp_path, monkeypatch)
             pass
         proxy = next(c for c in commands if "searchrl.trainer.proofs.search_proxy" in c)
         assert ("--close-answer" in proxy) is close
+    commands.clear()
+    with search_eval.served_model(tmp_path / "m", "m", "bfloat16", tmp_path, tmp_path, close_query=True):
+        pass
+    proxy = next(c for c in commands if "searchrl.trainer.proofs.search_proxy" in c)
+    assert proxy[proxy.index("--close-query-tokenizer") + 1] == str(tmp_path / "m")
 
     served: list[bool] = []
 
     @contextmanager
-    def fake_served(*args, close_answer=False, **kwargs):
-        served.append(close_answer)
+    def fake_served(*args, close_answer=False, close_query=False, **kwargs):
+        served.append((close_answer, close_query))
         yield "http://proxy/v1"
 
     monkeypatch.setattr(search_eval, "served_model", fake_served)
     monkeypatch.setattr(search_eval, "run_eval", lambda **kwargs: tmp_path / "r.json")
     for close in (True, False):
-        run = learn_search.LearnSearchRun(out_dir=tmp_path, model_dir=tmp_path, close_answer=close)
+        run = learn_search.LearnSearchRun(
+            out_dir=tmp_path, model_dir=tmp_path, close_answer=close, close_query=not close
+        )
         leftovers = SimpleNamespace(scratch=tmp_path)
         learn_search._evaluate(
             run, "base", tmp_path, "http://r", {"held": tmp_path}, None, leftovers, search_off=True
         )
-    assert served == [True, False]
+    assert served == [(True, False), (False, True)]
 
 
 def test_the_answer_stops_are_every_token_that_breaks_the_line_or_opens_a_tag():
@@ -204,13 +258,44 @@ def test_the_answer_stops_are_every_token_that_breaks_the_line_or_opens_a_tag():
         pytest.skip("make model-get makes the SmolLM2 folder")
     from transformers import AutoTokenizer
 
-    from searchrl.trainer.proofs.search_agent_loop import answer_stop_ids
+    from searchrl.trainer.proofs.search_env import answer_stop_ids, query_stop_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     ids = answer_stop_ids(tokenizer)
     assert tokenizer.encode("\n", add_special_tokens=False)[0] in ids
     assert all(any(s in tokenizer.decode([i]) for s in ("\n", "<")) for i in ids)
     assert tokenizer.encode(" Zeus", add_special_tokens=False)[0] not in ids
+    query = query_stop_ids(tokenizer)
+    assert {tokenizer.decode([i]) for i in query} >= {'"', '"]', '."', '?"'}
+    assert not {'",', '\\"', " Zeus"} & {tokenizer.decode([i]) for i in query}
+
+
+def test_the_training_loop_hands_the_parser_the_call_the_environment_closes():
+    """The query turn stops after `"]` (query_stop_ids); verl's own hermes parser, given the opening, the model's
+    ids and the environment's closing, reads one search call with the model's query."""
+    pytest.importorskip("verl")
+    model = REPO / "data" / "models" / "smollm2-135m"
+    if not (model / "tokenizer.json").is_file():
+        pytest.skip("make model-get makes the SmolLM2 folder")
+    import asyncio
+
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    from searchrl.trainer.proofs.search_agent_loop import _OpenedParser
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    hermes = ToolParser.get_tool_parser("hermes", tokenizer)
+    opening = tokenizer.encode(SEARCH_OPENING, add_special_tokens=False)
+    generated = tokenizer.encode('Scottish economist"]', add_special_tokens=False)
+    closing = _OpenedParser(hermes, opening, tokenizer)
+    _, calls = asyncio.run(closing.extract_tool_calls(generated, []))
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("search", {"query_list": ["Scottish economist"]})
+    ]
+    assert tokenizer.decode(closing.closing) == "}}\n</tool_call>"
+    plain = _OpenedParser(hermes, opening)  # without --close-query the model must close the call itself
+    assert asyncio.run(plain.extract_tool_calls(generated, []))[1] == [] and plain.closing == []
 
 
 def test_the_training_loop_opens_turns_by_the_same_rule():
@@ -498,11 +583,11 @@ def test_the_runs_agent_loop_keys_compose_in_the_searchrl_block(tmp_path, compos
     from searchrl.trainer.plugins.engine_kwargs import searchrl_engine_kwargs
     from searchrl.trainer.proofs.harness import cpu_settings
     from searchrl.trainer.proofs.learn_search import TURN_TOKENS, search_overrides
-    from searchrl.trainer.proofs.search_env import CLOSE_ANSWER_KEY
+    from searchrl.trainer.proofs.search_env import CLOSE_ANSWER_KEY, CLOSE_QUERY_KEY
 
     settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:9")
     extra = search_overrides(
-        settings, "float32", 0, tmp_path / "dumps", tmp_path / "ray", 0.1, close_answer=True
+        settings, "float32", 0, tmp_path / "dumps", tmp_path / "ray", 0.1, close_answer=True, close_query=True
     )
     config = compose(merge_overrides(render_overrides(settings), extra))
     rollout = config.actor_rollout_ref.rollout
@@ -520,6 +605,7 @@ def test_the_runs_agent_loop_keys_compose_in_the_searchrl_block(tmp_path, compos
         "scripted_first_turn": False,
         "turn_max_tokens": TURN_TOKENS,
         CLOSE_ANSWER_KEY: True,
+        CLOSE_QUERY_KEY: True,
     }
 
 
