@@ -42,7 +42,7 @@ from searchrl.trainer.plugins.engine_kwargs import SEARCHRL_KWARGS
 from searchrl.trainer.proofs.harness import fresh_out_dir
 from searchrl.trainer.proofs.record import write_record
 from searchrl.trainer.proofs.search_eval import Rules
-from searchrl.trainer.proofs.search_verdict import Arm, Paired, Verdict, judge, table
+from searchrl.trainer.proofs.search_verdict import Arm, Paired, Verdict, judge, paired, table
 
 if TYPE_CHECKING:
     from searchrl.trainer.proofs.search_questions import QuestionSet
@@ -121,6 +121,9 @@ class LearnSearchRun:
     null_rows: list[StepRow] = field(default_factory=list)
     results: dict[str, Path] = field(default_factory=dict)  # eval label -> result JSON
     arms: dict[str, Arm] = field(default_factory=dict)
+    # held-out arm (search on) -> per question: would its written query's top-k hold a golden answer
+    # (trainer/proofs/written_queries.py: the query's quality, whether or not its call parsed)
+    written: dict[str, list[bool]] = field(default_factory=dict)
     dev: dict[str, Arm] = field(default_factory=dict)
     verdict: Verdict | None = None
     phases: dict[str, float] = field(default_factory=dict)
@@ -149,6 +152,10 @@ class LearnSearchRun:
         verdict = self.verdict
         return {
             "held_out": arms(self.arms),
+            "written_query_would_retrieve": {
+                key: {"n": len(found), "share": sum(found) / len(found) if found else None}
+                for key, found in self.written.items()
+            },
             "dev": arms(self.dev),
             "paired": None
             if verdict is None
@@ -171,6 +178,24 @@ class LearnSearchRun:
             "turn_tokens": self.turn_tokens,
             "phases_s": self.phases,
         }
+
+    def written_lines(self) -> list[str]:
+        """The written-query measure per arm, and trained - base paired, as report lines ([] before it ran)."""
+        from searchrl.stats import wilson_ci
+
+        if not self.written:
+            return []
+        lines = [
+            f"its own first query, read to its closing quote whether or not the call parsed, would put a golden "
+            f"answer in BM25's top {TOPK} (query formulation alone):"
+        ]
+        for key, found in self.written.items():
+            low, high = wilson_ci(sum(found), len(found))
+            lines.append(f"- {key}: {sum(found)}/{len(found)} [{low:.3f}, {high:.3f}]")
+        base, trained = (self.written.get(f"{who}, held, search on") for who in (BASE, TRAINED))
+        if base and trained:
+            lines.append(f"- trained - base, paired: {paired(base, trained).text()}")
+        return lines
 
     def report(self) -> str:
         steps = [
@@ -215,6 +240,7 @@ class LearnSearchRun:
                 table(list(self.dev.values())) if self.dev else "(no eval)",
                 "",
                 *extra,
+                *self.written_lines(),
                 "",
                 *steps,
                 "",
@@ -492,6 +518,7 @@ def _run(  # noqa: PLR0913  (run_learn_search's keywords, passed through once)
                 search_off=not only_on,
             )
             _phase(run, f"{label} eval", started)
+        _written(run, url, [q.question for q in run.questions.held_out])
     started = time.monotonic()
     _verdict_and_report(run)
     _phase(run, "report", started)
@@ -616,6 +643,18 @@ def _evaluate(
                 llm_url=llm, name=f"smollm2-{label}", tokenizer=run.model_dir, retrieval_url=retrieval_url, qa=qa,
                 label=key, search=search, rules=rules, out_dir=results / name, log_path=run.out_dir / "logs" / "eval.log",
             )  # fmt: skip
+
+
+def _written(run: LearnSearchRun, retrieval_url: str, order: list[str]) -> None:
+    """The written-query measure (trainer/proofs/written_queries.py) of every held-out arm with search on, while the
+    run's service still serves."""
+    from searchrl.trainer.proofs.search_eval import load_records
+    from searchrl.trainer.proofs.written_queries import would_retrieve
+
+    for key, result in run.results.items():
+        if key.endswith(", held, search on"):
+            records = load_records(result)
+            run.written[key] = would_retrieve([records[q] for q in order], retrieval_url, TOPK)
 
 
 def _arms(run: LearnSearchRun, name: str, order: list[str]) -> dict[str, Arm]:

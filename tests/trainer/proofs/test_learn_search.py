@@ -364,6 +364,27 @@ def test_the_run_record_holds_the_held_out_table_and_the_verdict(tmp_path):
     assert figures["paired"]["retrieved"]["gained"] == 10 and figures["paired"]["em"]["diff"] == 0
     assert figures["paired"]["null"] is None and figures["format_share"] is None  # not run, not measured
     assert figures["step_reward"] == pytest.approx([0.1, 0.2]) and figures["format_term"] == "retrieved+f1"
+    assert figures["written_query_would_retrieve"] == {}  # not measured
+    assert "would put a golden answer" not in run.report()
+
+
+def test_the_report_says_what_the_written_queries_would_have_retrieved(tmp_path):
+    """Run 9: 0 of 60 trained searches ran, yet its queries would have found 57 of 60 answers; the report and
+    run.json carry that measure per arm, and trained - base paired."""
+    from searchrl.trainer.proofs.learn_search import LearnSearchRun
+    from searchrl.trainer.proofs.record import read_record, write_record
+
+    run = LearnSearchRun(out_dir=tmp_path, model_dir=tmp_path)
+    run.written = {
+        "base, held, search on": [bool(x) for x in ones(6)],
+        "trained, held, search on": [bool(x) for x in ones(57)],
+    }
+    report = run.report()
+    assert "- trained, held, search on: 57/60 [" in report and "- base, held, search on: 6/60 [" in report
+    assert "trained - base, paired: +0.850 [" in report and "(+51/-0)" in report
+    write_record(tmp_path, "learn-search", run.line(), run.figures())
+    written = read_record(tmp_path)["figures"]["written_query_would_retrieve"]
+    assert written["trained, held, search on"] == {"n": 60, "share": pytest.approx(0.95)}
 
 
 def test_a_run_stopped_before_its_verdict_records_why(tmp_path, monkeypatch):
