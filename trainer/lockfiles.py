@@ -93,22 +93,47 @@ def uv_binary() -> str:
     return found
 
 
-def compile_command(spec: LockSpec, output: Path, *, source: Path | None = None, uv: str = "uv") -> list[str]:
-    """The exact `uv pip compile` call for one lock (run it from the repo root)."""
-    cmd = [uv, "pip", "compile", "pyproject.toml", str(source or spec.source)]
-    for extra in spec.extras:
+def uv_compile(
+    uv: str,
+    sources: Sequence[str | Path],
+    output: Path,
+    *,
+    extras: Sequence[str],
+    python: str,
+    platform: str,
+    header: str,
+    options: Sequence[str] = (),
+) -> list[str]:
+    """`uv pip compile` with hashes for one interpreter and platform, the header naming `header` as the command
+    that wrote it: the call every lock of this repo is made with (the GPU stacks' below, the CPU vLLM venv's in
+    trainer/cpu/vllm_env.py). `options`: what a lock adds (an override file, a wheel folder)."""
+    cmd = [uv, "pip", "compile", *map(str, sources)]
+    for extra in extras:
         cmd += ["--extra", extra]
-    if spec.override is not None:
-        cmd += ["--override", str(spec.override)]
     cmd += [
+        *options,
         "--generate-hashes",
-        "--python-version", spec.python,
-        "--python-platform", PLATFORM,
-        "--custom-compile-command", COMPILE_COMMAND,
+        "--python-version", python,
+        "--python-platform", platform,
+        "--custom-compile-command", header,
         "--quiet",
         "-o", str(output),
     ]  # fmt: skip
     return cmd
+
+
+def compile_command(spec: LockSpec, output: Path, *, source: Path | None = None, uv: str = "uv") -> list[str]:
+    """The exact `uv pip compile` call for one lock (run it from the repo root)."""
+    return uv_compile(
+        uv,
+        ["pyproject.toml", source or spec.source],
+        output,
+        extras=spec.extras,
+        python=spec.python,
+        platform=PLATFORM,
+        header=COMPILE_COMMAND,
+        options=["--override", str(spec.override)] if spec.override is not None else [],
+    )
 
 
 def compile_lock(
@@ -181,6 +206,7 @@ __all__ = [
     "check_driver_for",
     "compile_command",
     "compile_lock",
+    "uv_compile",
     "current_lock",
     "driver_version",
     "installed_cuda",

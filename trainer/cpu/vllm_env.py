@@ -148,19 +148,18 @@ def compile_command(uv: str, *, output: Path = LOCK, wheel_dir: Path = WHEEL_DIR
 
     `--find-links` offers the relabelled wheel, the only distribution matching `vllm==0.24.0+cpu`; the lock pins
     its sha256 like any other wheel (it is deterministic, see the module docstring)."""
-    cmd = [uv, "pip", "compile", "pyproject.toml", str(LOCK_SOURCE)]
-    for extra in EXTRAS:
-        cmd += ["--extra", extra]
-    cmd += [
-        "--find-links", str(wheel_dir),
-        "--generate-hashes",
-        "--python-version", PYTHON,
-        "--python-platform", PLATFORM,
-        "--custom-compile-command", COMPILE_COMMAND,
-        "--quiet",
-        "-o", str(output),
-    ]  # fmt: skip
-    return cmd
+    from searchrl.trainer.lockfiles import uv_compile
+
+    return uv_compile(
+        uv,
+        ["pyproject.toml", LOCK_SOURCE],
+        output,
+        extras=EXTRAS,
+        python=PYTHON,
+        platform=PLATFORM,
+        header=COMPILE_COMMAND,
+        options=["--find-links", str(wheel_dir)],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
