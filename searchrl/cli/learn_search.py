@@ -33,9 +33,9 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="Search-R1 JSONL the questions come from, or `bundled` (default: the installed Wikipedia summaries, "
         "written to data/corpora/ on first use)",
     )
-    p.add_argument("--steps", type=int, help="GRPO steps (default 10)")
+    p.add_argument("--steps", type=int, help="GRPO steps (default 8)")
     p.add_argument("--prompts", type=int, help="questions a step, 8 samples each (default 4)")
-    p.add_argument("--lr", type=float, help="learning rate (default 5e-5)")
+    p.add_argument("--lr", type=float, help="learning rate (default 1e-4)")
     p.add_argument("--train-questions", dest="train_questions", type=int, help="default 240")
     p.add_argument("--held-out", dest="held_out", type=int, help="held-out questions (default 60)")
     p.add_argument(
@@ -55,27 +55,26 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "query+searched+f1",
             "written+f1",
         ),  # search_reward.FORMAT_TERMS (a test holds them equal)
-        default="searched",
         help="what the format term pays for: searched (its own search call ran), retrieved (a passage its own "
         "search returned holds a golden answer), retrieved+f1 (half that, half the answer's token F1) or query+f1 "
         "(half the share of the question's content words in its first query, half the answer's token F1) or "
         "query+searched+f1 (a third each: those words in the query it wrote, a call that ran, the answer's F1) or "
         "written+f1 (half those words in the query it wrote, in full if the call ran, half if not; half the F1) "
-        "(default %(default)s)",
+        "(default written+f1)",
     )
     p.add_argument(
         "--close-answer",
         dest="close_answer",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="declared environment: the answer turn ends at the first newline or `<` and the environment closes "
-        "the answer (training and eval alike)",
+        "the answer (training and eval alike; default on)",
     )
     p.add_argument(
         "--close-query",
         dest="close_query",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         help="declared environment: the query turn ends at the query's closing quote and the environment writes "
-        "the rest of the call, so every query the model closes runs (training and eval alike)",
+        "the rest of the call, so every query the model closes runs (training and eval alike; default on)",
     )
     p.add_argument(
         "--adam-beta1",
@@ -88,7 +87,7 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--turn-tokens",
         dest="turn_tokens",
         type=int,
-        help="new tokens a model turn (the query, the answer) may write (default 48; run 8's copied queries all hit 48)",
+        help="new tokens a model turn (the query, the answer) may write (default 96; run 8's copied queries all hit 48)",
     )
     p.add_argument("--precision", default="auto", help="auto | fp32 | bf16 (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="rollout seed (default %(default)s)")
@@ -126,6 +125,9 @@ def _learn_search(args: argparse.Namespace) -> int:
             "format_weight",
             "adam_beta1",
             "turn_tokens",
+            "close_answer",
+            "close_query",
+            "format_term",
         )
         if getattr(args, key, None) is not None
     }
@@ -136,9 +138,6 @@ def _learn_search(args: argparse.Namespace) -> int:
         precision=args.precision,
         seed=args.seed,
         null=args.null,
-        close_answer=args.close_answer,
-        close_query=args.close_query,
-        format_term=args.format_term,
         timeout_s=args.timeout,
         **kwargs,
     )

@@ -56,21 +56,27 @@ EXPERIMENT = "learn-search"
 NULL_EXPERIMENT = "learn-search-null"
 SAMPLES = 8  # GRPO group size
 PROMPTS = 4  # questions a step
-STEPS = 10
-LR = 5e-5
-TURN_TOKENS = 48  # new tokens a model turn may write: a query, or an answer
+# The defaults are run 10's recipe (docs/cpu-proofs.md): each came from a run that failed without it.
+STEPS = 8
+LR = 1e-4
+TURN_TOKENS = 96  # new tokens a model turn may write, a query or an answer (48 cut run 8's copied queries)
+FORMAT_TERM = "written+f1"  # search_reward.FORMAT_TERMS (run 8 onwards; runs 2 to 7 tried the others)
+CLOSE_ANSWER = True  # the environment ends the answer at its first line (run 3 onwards)
+CLOSE_QUERY = True  # the environment ends the query at its closing quote (run 10: run 9 broke its calls)
 TRAIN_QUESTIONS = 240  # data prep keeps five sixths for training (trainer/data.py held_out)
 HELD_OUT = 60
 TOPK = 3
 PASSAGE_CHARS = 200
 MAX_TURNS = 1  # one search, then the answer (Search-R1 counts tool turns)
-RESPONSE_TOKENS = 512  # both openings, the query, 3 passages (~280 tokens), the answer
+RESPONSE_TOKENS = (
+    512  # both openings, the query, 3 passages (~280 tokens), the answer, at a 48-token turn cap
+)
 
 
 def response_tokens(turn_tokens: int) -> int:
-    """The trajectory's token budget for a turn cap (`--turn-tokens`): RESPONSE_TOKENS at TURN_TOKENS, and room for
-    both model turns (query and answer) to grow with the cap."""
-    return RESPONSE_TOKENS + 2 * max(0, turn_tokens - TURN_TOKENS)
+    """The trajectory's token budget for a turn cap (`--turn-tokens`): RESPONSE_TOKENS at a 48-token cap, and room
+    for both model turns (query and answer) to grow with the cap (608 at the default 96)."""
+    return RESPONSE_TOKENS + 2 * max(0, turn_tokens - 48)
 
 
 KV_CACHE_BYTES = 2**30  # SmolLM2-135M in bf16: ~23 KB a token (30 layers x K,V x 3 heads x 64), ~46k tokens
@@ -110,9 +116,13 @@ class LearnSearchRun:
     dtype: str = "float32"
     dtype_reason: str = ""
     format_weight: float = FORMAT_WEIGHT
-    format_term: str = "searched"  # search_reward.FORMAT_TERMS: what the format term pays for
-    close_answer: bool = False  # the environment ends the answer turn at a newline or `<` and closes it
-    close_query: bool = False  # the environment ends the query turn at its closing quote and closes the call
+    format_term: str = FORMAT_TERM  # search_reward.FORMAT_TERMS: what the format term pays for
+    close_answer: bool = (
+        CLOSE_ANSWER  # the environment ends the answer turn at a newline or `<` and closes it
+    )
+    close_query: bool = (
+        CLOSE_QUERY  # the environment ends the query turn at its closing quote and closes the call
+    )
     turn_tokens: int = TURN_TOKENS  # new tokens a model turn may write
     adam_beta1: float = ADAM_BETA1  # 0.9 is verl's default (runs 1 to 5)
     format_share: float = math.nan  # the format term's share of the run's summed reward (rollout dumps)
@@ -300,11 +310,11 @@ def search_overrides(
     rollout_dir: Path,
     ray_temp: Path,
     format_weight: float,
-    close_answer: bool = False,
-    format_term: str = "searched",
+    close_answer: bool = CLOSE_ANSWER,
+    format_term: str = FORMAT_TERM,
     adam_beta1: float = ADAM_BETA1,
     turn_tokens: int = TURN_TOKENS,
-    close_query: bool = False,
+    close_query: bool = CLOSE_QUERY,
 ) -> list[str]:
     """The CPU overrides, the vLLM server's (with the run's precision and batch), the agent loop's plugin, a
     seeded rollout, the per-turn budget and verl's per-step trajectory dumps."""
@@ -388,11 +398,11 @@ def run_learn_search(
     null: bool = False,
     timeout_s: float = 3600.0,
     format_weight: float = FORMAT_WEIGHT,
-    close_answer: bool = False,
-    format_term: str = "searched",
+    close_answer: bool = CLOSE_ANSWER,
+    format_term: str = FORMAT_TERM,
     adam_beta1: float = ADAM_BETA1,
     turn_tokens: int = TURN_TOKENS,
-    close_query: bool = False,
+    close_query: bool = CLOSE_QUERY,
 ) -> LearnSearchRun:
     """The whole run (module docstring); the verdict is on the returned run."""
     from searchrl.trainer.proofs.train_cpu_vllm import Leftovers
@@ -782,6 +792,7 @@ __all__ = [
     "EXPERIMENT",
     "HELD_OUT",
     "LR",
+    "FORMAT_TERM",
     "PROMPTS",
     "STEPS",
     "TRAIN_QUESTIONS",

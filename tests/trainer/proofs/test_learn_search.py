@@ -504,6 +504,43 @@ def test_the_cli_refuses_bad_input_with_one_line(
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
+def test_the_cli_leaves_the_recipe_to_the_library_and_can_turn_each_rule_off(tmp_path: Path, monkeypatch):
+    """`make learn-search` with no flags runs the documented recipe (learn_search's FORMAT_TERM, STEPS, LR,
+    TURN_TOKENS, CLOSE_ANSWER, CLOSE_QUERY: the CLI passes only what the user gave); `--no-close-query` reaches it."""
+    import inspect
+    from types import SimpleNamespace
+
+    from searchrl.trainer.proofs import learn_search
+
+    defaults = inspect.signature(learn_search.run_learn_search).parameters
+    given: list[dict[str, object]] = []
+
+    def fake(out, model, **kwargs):
+        given.append(kwargs)
+        return SimpleNamespace(report=lambda: "r", out_dir=tmp_path, verdict=None)
+
+    monkeypatch.setattr(learn_search, "run_learn_search", fake)
+    model = tmp_path / "m"
+    model.mkdir()
+    base = ["train", "learn-search", "--out", str(tmp_path / "o"), "--model", str(model)]
+    assert main(base) == 2
+    assert main([*base, "--no-close-query", "--close-answer", "--format-term", "searched"]) == 2
+    recipe = {"format_term", "steps", "lr", "turn_tokens", "close_answer", "close_query"}
+    assert not recipe & set(given[0])
+    assert {k: given[1][k] for k in recipe & set(given[1])} == {
+        "close_query": False,
+        "close_answer": True,
+        "format_term": "searched",
+    }
+    assert defaults["format_term"].default == learn_search.FORMAT_TERM == "written+f1"
+    assert defaults["close_query"].default is defaults["close_answer"].default is True
+    assert (defaults["steps"].default, defaults["lr"].default, defaults["turn_tokens"].default) == (
+        8,
+        1e-4,
+        96,
+    )
+
+
 def test_the_make_target_runs_the_verb_from_the_vllm_venv():
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     assert "learn-search:" in makefile
