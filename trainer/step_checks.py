@@ -188,12 +188,23 @@ def check_steps(
         if searching and not calls > 0:
             problems.append(f"step {row.step}: no search call")
         problems += sync_and_mask_problems(row, max_prob_diff)
-        if row.get("search_failures") != 0:
-            problems.append(f"step {row.step}: {row.get('search_failures'):.0f} failed searches")
+        failed = service_failures(row)
+        if failed != 0:
+            problems.append(f"step {row.step}: {failed:.0f} failed searches")
         for name in ("reward", "policy_loss", "grad_norm", "response_length"):
             if not math.isfinite(row.get(name)):
                 problems.append(f"step {row.step}: {COLUMNS[name][0]} is {row.get(name)}")
     return problems
+
+
+def service_failures(row: StepRow) -> float:
+    """The step's failed searches less those its policy caused (searchrl.prompt.POLICY_FAILURES: a call whose
+    arguments are not a query list, an empty query): a run is broken by the service failing, not by a model that
+    wrote a bad call (run 10 of make learn-search stopped on one such call at step 7 of 8, before its eval)."""
+    from searchrl.prompt import POLICY_FAILURES
+
+    policy = sum(row.metrics.get(f"{COLUMNS['search_failures'][1]}/{kind}", 0.0) for kind in POLICY_FAILURES)
+    return row.get("search_failures") - policy
 
 
 def sync_and_mask_problems(row: StepRow, max_prob_diff: float = SYNC_MAX_PROB_DIFF) -> list[str]:
@@ -502,6 +513,7 @@ def gpu_step_problems(row: StepRow, watch: ProbDiffWatch | None = None) -> tuple
 
 
 __all__ = [
+    "service_failures",
     "ALL_CALLS",
     "STALENESS_WORST_MAX",
     "SYNC_MATCH_LINE",

@@ -44,6 +44,10 @@ def test_check_steps_names_every_miss():
     problems = "; ".join(check_steps([no_search, failed], 3))
     assert "expected 1..3" in problems and "step 1: no search call" in problems
     assert "step 2: 2 failed searches" in problems and "grad norm is nan" in problems
+    # a call the policy wrote badly is the policy's, measured, not a broken run; the service's failures stay fatal
+    policy = {**good.metrics, "search/failures": 3.0, "search/failures/bad_arguments": 1.0}
+    assert check_steps([StepRow(1, "1", {**policy, "search/failures": 1.0})], 1) == []
+    assert check_steps([StepRow(1, "1", policy)], 1) == ["step 1: 2 failed searches"]
     missing = StepRow(1, "1", {"search/calls": 1.0})
     assert "verl logged no" in check_steps([missing], 1)[0]
 
