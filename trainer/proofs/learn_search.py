@@ -152,7 +152,13 @@ class LearnSearchRun:
 
         def arms(group: dict[str, Arm]) -> dict[str, dict[str, float]]:
             return {
-                key: {"n": a.n, "em": a.mean(), "retrieved": a.found_share(), "searches": a.searches_mean()}
+                key: {
+                    "n": a.n,
+                    "em": a.mean(),
+                    "retrieved": a.found_share(),
+                    "searches": a.searches_mean(),
+                    "f1": a.f1_mean(),
+                }
                 for key, a in group.items()
             }
 

@@ -21,9 +21,10 @@ Searches per episode are reported beside them.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from searchrl.errors import ConfigError
@@ -40,6 +41,9 @@ class Arm:
     em: list[float]
     found: list[bool]  # answer_in_observation
     searches: list[float]
+    # the answer's token F1 (Search-R1's `f1`), reported beside EM and never judged: an answer that names the title
+    # inside a sentence (run 10's trained samples) scores EM 0 and F1 above 0
+    f1: list[float] = field(default_factory=list)
 
     @classmethod
     def from_records(cls, label: str, records: Mapping[str, Mapping[str, Any]], order: Sequence[str]) -> Arm:
@@ -55,6 +59,7 @@ class Arm:
             [float(r.get("em", 0.0)) for r in rows],
             [bool(r.get("answer_in_observation")) for r in rows],
             [float(r.get("searches", 0)) for r in rows],
+            [float(r.get("f1", 0.0)) for r in rows],
         )
 
     @property
@@ -69,6 +74,9 @@ class Arm:
 
     def searches_mean(self) -> float:
         return statistics.fmean(self.searches) if self.searches else 0.0
+
+    def f1_mean(self) -> float:
+        return statistics.fmean(self.f1) if self.f1 else math.nan
 
 
 @dataclass(frozen=True)
@@ -159,8 +167,9 @@ def table(arms: Sequence[Arm]) -> str:
     from searchrl.stats import wilson_ci
 
     lines = [
-        "| run | n | EM [95% Wilson] | answer in its own search results [95% Wilson] | searches / episode |",
-        "|---|---|---|---|---|",
+        "| run | n | EM [95% Wilson] | answer in its own search results [95% Wilson] | searches / episode | "
+        "answer F1 (mean) |",
+        "|---|---|---|---|---|---|",
     ]
     for arm in arms:
         k, f = round(sum(arm.em)), sum(arm.found)
@@ -168,7 +177,7 @@ def table(arms: Sequence[Arm]) -> str:
         f_lo, f_hi = wilson_ci(f, arm.n)
         lines.append(
             f"| {arm.label} | {arm.n} | {arm.mean():.3f} [{em_lo:.3f}, {em_hi:.3f}] | "
-            f"{arm.found_share():.3f} [{f_lo:.3f}, {f_hi:.3f}] | {arm.searches_mean():.2f} |"
+            f"{arm.found_share():.3f} [{f_lo:.3f}, {f_hi:.3f}] | {arm.searches_mean():.2f} | {arm.f1_mean():.3f} |"
         )
     return "\n".join(lines)
 
