@@ -39,6 +39,14 @@ def exact_match(prediction: str, golden: str | Iterable[str]) -> float:
     return 1.0 if any(pred == normalize_answer(g) for g in _as_list(golden)) else 0.0
 
 
+def cover_match(prediction: str, golden: str | Iterable[str]) -> float:
+    """1.0 if a normalised golden answer stands, as whole words, inside the normalised prediction (Search-R1's
+    `subem_check`, word-bounded): an answer that names the title inside a sentence. Reported beside EM, never a
+    reward here."""
+    pred = f" {normalize_answer(prediction)} "
+    return 1.0 if any(g and f" {g} " in pred for g in map(normalize_answer, _as_list(golden))) else 0.0
+
+
 def f1_score(prediction: str, golden: str | Iterable[str]) -> float:
     """Best token-level F1 between the prediction and any golden answer (SQuAD definition)."""
     pred_tokens = normalize_answer(prediction).split()
@@ -96,6 +104,7 @@ def score_response(response: str, golden: str | Iterable[str]) -> AnswerScore:
 __all__ = [
     "MAX_ANSWER_TAGS",
     "AnswerScore",
+    "cover_match",
     "exact_match",
     "extract_answer",
     "f1_score",

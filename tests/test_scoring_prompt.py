@@ -14,7 +14,14 @@ from searchrl.prompt import (
     queries_from_arguments,
     split_title,
 )
-from searchrl.scoring import exact_match, extract_answer, f1_score, normalize_answer, score_response
+from searchrl.scoring import (
+    cover_match,
+    exact_match,
+    extract_answer,
+    f1_score,
+    normalize_answer,
+    score_response,
+)
 
 CASES = [
     ("<think>x</think><answer> Ingmar Bergman </answer>", ["Ingmar Bergman", "Bergman"]),
@@ -36,6 +43,14 @@ def test_em_matches_verl(response: str, golden: list[str]) -> None:
     theirs = search_r1_like_qa_em.compute_score(response, {"target": golden})
     assert ours == pytest.approx(float(theirs))
     assert normalize_answer(golden[0]) == search_r1_like_qa_em.normalize_answer(golden[0])
+
+
+def test_cover_match_finds_the_answer_as_whole_words_inside_a_sentence() -> None:
+    assert cover_match("In mathematics, a hyperbola is a type of smooth curve", ["Hyperbola"]) == 1.0
+    assert cover_match("The subject of Sun Yat-sen was a physician", "Sun Yat-sen") == 1.0
+    assert cover_match("Denverite", ["Denver"]) == 0.0  # whole words only
+    assert cover_match("anything", [""]) == 0.0 and cover_match("", ["Zeus"]) == 0.0
+    assert exact_match("In mathematics, a hyperbola is a curve", ["Hyperbola"]) == 0.0  # EM stays strict
 
 
 def test_f1_and_format() -> None:

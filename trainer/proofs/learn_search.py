@@ -158,6 +158,7 @@ class LearnSearchRun:
                     "retrieved": a.found_share(),
                     "searches": a.searches_mean(),
                     "f1": a.f1_mean(),
+                    "covers": a.cover_share(),
                 }
                 for key, a in group.items()
             }

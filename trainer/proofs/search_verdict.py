@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from searchrl.errors import ConfigError
+from searchrl.scoring import cover_match
 
 MAX_OFF_SHARE = 0.5  # the search-off gain must be under half the search-on gain
 VERDICT_OK = "learned to search"
@@ -44,6 +45,8 @@ class Arm:
     # the answer's token F1 (Search-R1's `f1`), reported beside EM and never judged: an answer that names the title
     # inside a sentence (run 10's trained samples) scores EM 0 and F1 above 0
     f1: list[float] = field(default_factory=list)
+    # the answer holds a golden answer as whole words (searchrl.scoring.cover_match), reported the same way
+    covers: list[bool] = field(default_factory=list)
 
     @classmethod
     def from_records(cls, label: str, records: Mapping[str, Mapping[str, Any]], order: Sequence[str]) -> Arm:
@@ -60,6 +63,7 @@ class Arm:
             [bool(r.get("answer_in_observation")) for r in rows],
             [float(r.get("searches", 0)) for r in rows],
             [float(r.get("f1", 0.0)) for r in rows],
+            [bool(cover_match(str(r.get("answer") or ""), r.get("golden_answers") or [])) for r in rows],
         )
 
     @property
@@ -77,6 +81,9 @@ class Arm:
 
     def f1_mean(self) -> float:
         return statistics.fmean(self.f1) if self.f1 else math.nan
+
+    def cover_share(self) -> float:
+        return sum(self.covers) / len(self.covers) if self.covers else math.nan
 
 
 @dataclass(frozen=True)
@@ -168,8 +175,8 @@ def table(arms: Sequence[Arm]) -> str:
 
     lines = [
         "| run | n | EM [95% Wilson] | answer in its own search results [95% Wilson] | searches / episode | "
-        "answer F1 (mean) |",
-        "|---|---|---|---|---|---|",
+        "answer F1 (mean) | answer holds a golden answer |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
         k, f = round(sum(arm.em)), sum(arm.found)
@@ -177,7 +184,8 @@ def table(arms: Sequence[Arm]) -> str:
         f_lo, f_hi = wilson_ci(f, arm.n)
         lines.append(
             f"| {arm.label} | {arm.n} | {arm.mean():.3f} [{em_lo:.3f}, {em_hi:.3f}] | "
-            f"{arm.found_share():.3f} [{f_lo:.3f}, {f_hi:.3f}] | {arm.searches_mean():.2f} | {arm.f1_mean():.3f} |"
+            f"{arm.found_share():.3f} [{f_lo:.3f}, {f_hi:.3f}] | {arm.searches_mean():.2f} | {arm.f1_mean():.3f} | "
+            f"{arm.cover_share():.3f} |"
         )
     return "\n".join(lines)
 

@@ -360,6 +360,7 @@ def test_the_run_record_holds_the_held_out_table_and_the_verdict(tmp_path):
         "retrieved": pytest.approx(40 / N),
         "searches": 1.0,
         "f1": None,  # not measured by these arms: NaN, written as null
+        "covers": None,
     }
     assert figures["held_out"]["base, held, search on"]["searches"] == 0.25
     assert figures["paired"]["retrieved"]["gained"] == 10 and figures["paired"]["em"]["diff"] == 0
@@ -471,12 +472,16 @@ def test_paired_and_table_refuse_mismatched_questions_and_show_intervals():
 
 def test_arms_are_read_in_the_held_out_order_and_missing_questions_refused():
     records = {
-        "q1": {"em": 1.0, "answer_in_observation": True, "searches": 1, "f1": 1.0},
-        "q2": {"em": 0.0, "searches": 0, "f1": 0.5},  # the title inside a sentence: EM 0, F1 above 0
-    }
+        "q1": {"em": 1.0, "answer_in_observation": True, "searches": 1, "f1": 1.0, "answer": "Zeus",
+               "golden_answers": ["Zeus"]},
+        # the title inside a sentence: EM 0, F1 above 0, and it holds the answer
+        "q2": {"em": 0.0, "searches": 0, "f1": 0.5, "answer": "The Renaissance is a period",
+               "golden_answers": ["Renaissance"]},
+    }  # fmt: skip
     a = Arm.from_records("x", records, ["q2", "q1"])
     assert a.em == [0.0, 1.0] and a.found == [False, True] and a.searches_mean() == 0.5
-    assert a.f1_mean() == 0.75 and table([a]).splitlines()[-1].endswith("| 0.50 | 0.750 |")
+    assert a.f1_mean() == 0.75 and a.covers == [True, True]
+    assert table([a]).splitlines()[-1].endswith("| 0.50 | 0.750 | 1.000 |")
     with pytest.raises(ConfigError, match="no record"):
         Arm.from_records("x", records, ["q3"])
 
