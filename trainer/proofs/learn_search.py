@@ -216,7 +216,7 @@ class LearnSearchRun:
 
     def report(self) -> str:
         steps = [
-            "| run | step | mean reward (EM) | model-written searches | response length | entropy | wall s |",
+            "| run | step | mean reward (EM + format term) | model-written searches | response length | entropy | wall s |",
             "|---|---|---|---|---|---|---|",
         ]
         from searchrl.trainer.step_checks import ENTROPY
@@ -770,7 +770,7 @@ def write_samples(run: LearnSearchRun, per_step: int = 2) -> Path:
 
 
 def plot_rewards(run: LearnSearchRun, path: Path) -> Path:
-    """Per-step mean reward (EM of the step's samples) of the run, and of the shuffled-reward null if it ran."""
+    """Per-step mean reward (EM plus the declared format term, over the step's samples) of the run, and of the shuffled-reward null if it ran."""
     from searchrl.trainer.proofs.plots import pyplot, save
 
     plt = pyplot()
@@ -789,7 +789,7 @@ def plot_rewards(run: LearnSearchRun, path: Path) -> Path:
             )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"GRPO step ({PROMPTS} questions x {SAMPLES} samples, new questions each step)")
-    ax.set_ylabel("mean reward (Search-R1 EM)")
+    ax.set_ylabel("mean reward (Search-R1 EM + the declared format term)")
     ax.set_title("make learn-search: SmolLM2-135M, reverse look-ups with search (2 CPU cores)", fontsize=10)
     ax.legend(fontsize=8)
     return save(fig, path)
