@@ -83,6 +83,17 @@ def query_closing(continuation: str) -> str | None:
     return CALL_CLOSING[len(tail) :] if CALL_CLOSING.startswith(tail) else None
 
 
+def written_query(response: str) -> str | None:
+    """The query written after the first search-call opening, up to its first `"` (or the text's end) whether or
+    not the call then parsed; None when the episode has no opening (search off) or the query is empty. What the
+    reward's query terms (search_reward.py) and the report's query measure (written_queries.py) read."""
+    start = response.find(SEARCH_OPENING)
+    if start < 0:
+        return None
+    query = response[start + len(SEARCH_OPENING) :].split('"', 1)[0].strip()
+    return query or None
+
+
 def ends_query(token_text: str) -> bool:
     """Whether a token ends the query turn under `close_query`: it holds a `"` and what follows its first `"` is
     the start of CALL_CLOSING (`"`, `"]`, `."`, `"]}}`); a token like `",` does not (the model goes on)."""
@@ -149,5 +160,6 @@ __all__ = [
     "ends_query",
     "opening_for",
     "query_closing",
+    "written_query",
     "search_call_opening",
 ]

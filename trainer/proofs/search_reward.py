@@ -82,12 +82,9 @@ def written_query_overlap(solution_str: str, question: str) -> float:
     """`query_overlap` of the query the model wrote after the environment's search-call opening (trainer/proofs/
     search_env.py), read up to its closing quote (or the end of the text) whether or not the call then parsed; 0
     when the episode has no opening (search off)."""
-    from searchrl.trainer.proofs.search_env import SEARCH_OPENING
+    from searchrl.trainer.proofs.search_env import written_query
 
-    start = solution_str.find(SEARCH_OPENING)
-    if start < 0:
-        return 0.0
-    return word_share(question, solution_str[start + len(SEARCH_OPENING) :].split('"', 1)[0])
+    return word_share(question, written_query(solution_str) or "")
 
 
 def word_share(question: str, query: str) -> float:

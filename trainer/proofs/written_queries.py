@@ -16,19 +16,9 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from searchrl.trainer.proofs.search_env import SEARCH_OPENING
+from searchrl.trainer.proofs.search_env import written_query
 
 BATCH = 16  # queries per /retrieve request
-
-
-def written_query(response: str) -> str | None:
-    """The query written after the first search-call opening, up to its closing quote (or the text's end); None
-    when the episode has no opening (search off) or the query is empty."""
-    start = response.find(SEARCH_OPENING)
-    if start < 0:
-        return None
-    query = response[start + len(SEARCH_OPENING) :].split('"', 1)[0].strip()
-    return query or None
 
 
 def would_retrieve(records: Sequence[Mapping[str, Any]], retrieval_url: str, topk: int) -> list[bool]:
@@ -56,4 +46,4 @@ def would_retrieve(records: Sequence[Mapping[str, Any]], retrieval_url: str, top
     return found
 
 
-__all__ = ["BATCH", "would_retrieve", "written_query"]
+__all__ = ["BATCH", "would_retrieve"]

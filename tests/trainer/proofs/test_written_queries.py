@@ -4,8 +4,8 @@ episode without a search opening wrote no query."""
 
 from __future__ import annotations
 
-from searchrl.trainer.proofs.search_env import SEARCH_OPENING
-from searchrl.trainer.proofs.written_queries import would_retrieve, written_query
+from searchrl.trainer.proofs.search_env import SEARCH_OPENING, written_query
+from searchrl.trainer.proofs.written_queries import would_retrieve
 
 
 def test_the_written_query_is_read_to_its_closing_quote_whether_or_not_the_call_parsed():
