@@ -41,6 +41,8 @@ SAMPLER_ASYNC_NAME = "SearchReplayBufferAsync"
 # registers `searchrl_tool_agent` where verl's agent-loop workers look it up (trainer/plugins/agent_loop.py), and the
 # weight-sync check of the rollout engine (vLLM: trainer/weight_sync/vllm_sync.py; sglang: trainer/weight_sync/sglang_sync.py).
 AGENT_LOOP_PLUGIN = "searchrl.trainer.plugins.agent_loop"
+# verl's console step line ends with a marker, so one Ray forwarded in pieces is joined (trainer/patches/step_line.py)
+STEP_LINE_PLUGIN = "searchrl.trainer.patches.step_line"
 VLLM_SYNC_PLUGIN = SYNC_PLUGINS["vllm"]
 # separate_async: the old-policy clone guard (with parameter offload verl's saved pi_old is the live weights) and the
 # fix for its trainer's start-up TypeError (trainer/patches/old_policy_guard.py, trainer/patches/separate_async.py).
@@ -222,7 +224,7 @@ def render_overrides(settings: TrainSettings, train_rows: int | None = None) -> 
     # after every sync the rollout reports what it holds and the trainer compares (vLLM: the workers' fingerprints,
     # trainer/weight_sync/vllm_sync.py; sglang: a block of every tensor read back by name, trainer/weight_sync/sglang_sync.py)
     sync_plugin = SYNC_PLUGINS.get(s.rollout_name)
-    plugins = [AGENT_LOOP_PLUGIN, *([sync_plugin] if sync_plugin else [])]
+    plugins = [AGENT_LOOP_PLUGIN, STEP_LINE_PLUGIN, *([sync_plugin] if sync_plugin else [])]
     if s.trainer_mode == "separate_async":
         plugins += SEPARATE_ASYNC_PLUGINS
     pairs.append((VLLM_SYNC_KEY, ",".join(plugins)))

@@ -30,6 +30,7 @@ from typing import IO
 from searchrl.errors import SearchRLError, StepCheckError
 from searchrl.processes import stop_process
 from searchrl.trainer.step_checks import StepCheck, parse_steps
+from searchrl.trainer.step_lines import StepLines
 
 # After a failed step check (or any other end of the supervision but verl's own) verl gets SIGINT and this long to
 # exit before its whole process group is killed.
@@ -63,8 +64,9 @@ def supervise(
     """Run `command` (verl) to its end; its exit code, or TIMED_OUT when it ran past `timeout_s`.
 
     Each line of its output (stderr included) goes to `on_line` and into `log_path` (with `log_steps_only`, only
-    the step lines; appended to with `append`, else written anew). Each step line becomes a StepRow of run `label`
-    and, the log flushed, goes to `on_step`, which returns the step's problems: the first step with any stops verl
+    the step lines, whole: trainer/step_lines.py; appended to with `append`, else written anew). Each step line,
+    put back together where Ray forwarded it in pieces, becomes a StepRow of run `label` and, the log flushed, goes
+    to `on_step`, which returns the step's problems: the first step with any stops verl
     and raises `error`, one line naming the problems, the step, the invocation `label` and the log. `env` is added to
     this process's environment. Whatever else ends the supervision early (an exception in a hook, Ctrl-C) stops verl
     too: it never trains on unwatched.
@@ -93,15 +95,12 @@ def supervise(
         timer.start()
     try:
         with _open_log(log_path, append) as log:
-            for line in proc.stdout:
-                if log is not None and not log_steps_only:
-                    log.write(line)
-                if on_line is not None:
-                    on_line(line)
-                for row in parse_steps(line, label):
+
+            def check(ready: str) -> None:
+                for row in parse_steps(ready, label):
                     if log is not None:
                         if log_steps_only:
-                            log.write(line if line.endswith("\n") else line + "\n")
+                            log.write(ready + "\n")
                         log.flush()
                     problems = on_step(row) if on_step is not None else []
                     if problems:
@@ -111,6 +110,17 @@ def supervise(
                             f"{'; '.join(problems)}; verl stopped at step {row.step}"
                             + (f" ({', '.join(where)})" if where else "")
                         )
+
+            lines = StepLines()
+            for line in proc.stdout:
+                if log is not None and not log_steps_only:
+                    log.write(line)
+                if on_line is not None:
+                    on_line(line)
+                for ready in lines.feed(line):
+                    check(ready)
+            for ready in lines.flush():
+                check(ready)
         code = proc.wait()
     except BaseException:
         stop_process(proc, STOP_GRACE_S, sig=signal.SIGINT)

@@ -14,6 +14,7 @@ import pytest
 from searchrl.errors import SmokeCheckError, StepCheckError
 from searchrl.trainer import supervisor
 from searchrl.trainer.step_checks import StepRow
+from searchrl.trainer.step_lines import LINE_END
 from searchrl.trainer.supervisor import TIMED_OUT, supervise
 from tests.test_processes import _alive
 
@@ -37,7 +38,7 @@ def _verl(*lines: str) -> list[str]:
 
 
 def _step(n: int, in_loss: float = 0.0) -> str:
-    return f"(TaskRunnerV1 pid=7) step:{n} - search/calls:4.0 - loss/observation_tokens_in_loss:{in_loss}"
+    return f"(TaskRunnerV1 pid=7) step:{n} - search/calls:4.0 - loss/observation_tokens_in_loss:{in_loss}{LINE_END}"
 
 
 def _in_loss(row: StepRow) -> list[str]:

@@ -46,7 +46,7 @@ from verl.plugin.platform import PlatformRegistry
 from verl.plugin.platform.platform_base import PlatformBase
 
 from searchrl.trainer.cpu import sabotage
-from searchrl.trainer.patches import old_policy_guard, separate_async
+from searchrl.trainer.patches import old_policy_guard, separate_async, step_line
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +253,7 @@ _register_agent_loop()
 # idempotent; importing them installed them already: named here so the imports are not unused
 old_policy_guard.install()
 separate_async.install()
+step_line.install()
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
     _patch_for_cpu()
 if sabotage.active(sabotage.FLIP_ADVANTAGE):

@@ -36,7 +36,6 @@ from searchrl.trainer.step_checks import (
     StepCheck,
     StepRow,
     checks_made,
-    parse_steps,
     step_summary,
     sync_and_mask_problems,
     sync_matches,
@@ -355,10 +354,18 @@ def run_training(
     plan = prepare_launch(settings, extra_overrides=extra, check_device=False)
     if plan.state is not None and plan.state.step is not None:
         log.info("%s: resuming from the checkpoint of step %d", label, plan.state.step)
-    code, text = run_main_ppo(plan.command, log_path, timeout_s, on_step, label, extra_env)
+    rows: list[
+        StepRow
+    ] = []  # as the supervisor assembled them (trainer/step_lines.py), not re-read from the log
+
+    def collect(row: StepRow) -> list[str]:
+        rows.append(row)
+        return on_step(row) if on_step is not None else []
+
+    code, text = run_main_ppo(plan.command, log_path, timeout_s, collect, label, extra_env)
     if code != 0:
         raise SmokeCheckError(f"{label}: verl exited {code}: {first_error(text)} (log: {log_path})")
-    return parse_steps(text, label), text
+    return rows, text
 
 
 def run_eval(merged: Path, url: str, qa: Path, out_dir: Path, settings: TrainSettings) -> dict[str, Any]:

@@ -94,7 +94,7 @@ def test_verls_worker_restores_the_old_policy_with_the_guard(sharded) -> None:
     worker.clear_cpu_model(1)
 
 
-def test_every_process_of_a_cpu_run_installs_the_guard_and_the_logger_fix() -> None:
+def test_every_process_of_a_cpu_run_installs_the_guard_the_logger_fix_and_the_step_line_end() -> None:
     """verl imports VERL_USE_EXTERNAL_MODULES at `import verl`, in the driver and every Ray worker."""
     from searchrl.trainer.cpu.plugin import ENV
 
@@ -104,8 +104,11 @@ def test_every_process_of_a_cpu_run_installs_the_guard_and_the_logger_fix() -> N
         "print(getattr(fsdp_utils.fsdp2_sharded_save_to_cpu, '_searchrl_clones_aliases', False))\n"
         "import logging\n"
         "print(getattr(logging.getLogger('verl.trainer.ppo.v1.trainer_separate_async'), '_searchrl_drops_flush', False))\n"
+        "from verl.utils.logger import aggregate_logger\n"
+        "print(getattr(aggregate_logger.concat_dict_to_str, '_searchrl_line_end', False))\n"
     )
     env = {**os.environ, **ENV}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["True", "True"]  # the old-policy guard, the separate_async logger fix
+    # the old-policy guard, the separate_async logger fix, the step line's end (trainer/patches/step_line.py)
+    assert out.stdout.split()[-3:] == ["True", "True", "True"]

@@ -15,8 +15,10 @@ from searchrl.trainer.cpu.scripted_agent_loop import question_of, scripted_tool_
 from searchrl.trainer.overrides import merge_overrides
 from searchrl.trainer.proofs.train_cpu import first_error
 from searchrl.trainer.step_checks import COLUMNS, StepRow, check_steps, parse_steps, step_table
+from searchrl.trainer.step_lines import LINE_END
 
-# One step line as verl's console logger prints it inside the TaskRunner actor (trimmed).
+# One step line as verl's console logger prints it inside the TaskRunner actor (trimmed), with the end our patch
+# gives it (trainer/patches/step_line.py).
 STEP_LINE = (
     "\x1b[36m(TaskRunnerV1 pid=6421)\x1b[0m step:2 - search/trajectories:4.0 - search/calls:4.0 - "
     "search/model_calls:0.0 - search/scripted_calls:4.0 - "
@@ -24,6 +26,7 @@ STEP_LINE = (
     "critic/advantages/max:0.0 - training/rollout_probs_diff_max:1.2e-09 - loss/observation_tokens:300.0 - "
     "loss/observation_tokens_in_loss:0.0 - loss/mask_outside_generated:0.0 - loss/mask_missing_in_generated:0.0 - "
     "loss/unrecorded_trajectories:0.0 - response_length/mean:375.0 - timing_s/step:7.0 - num_turns/mean:np.float64(4.0)"
+    + LINE_END
 )
 
 

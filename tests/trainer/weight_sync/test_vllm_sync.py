@@ -391,6 +391,7 @@ def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_i
     from searchrl.trainer.overrides import (
         AGENT_LOOP_PLUGIN,
         SGLANG_SYNC_PLUGIN,
+        STEP_LINE_PLUGIN,
         VLLM_SYNC_KEY,
         VLLM_SYNC_PLUGIN,
         merge_overrides,
@@ -401,12 +402,12 @@ def test_a_gpu_run_imports_the_plugin_in_every_ray_process_and_a_cpu_run_keeps_i
 
     assert VLLM_SYNC_PLUGIN == vllm_sync.__name__
     gpu = render_overrides(TrainSettings(data_dir=tmp_path))
-    assert f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{VLLM_SYNC_PLUGIN}'" in gpu
+    assert f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{STEP_LINE_PLUGIN},{VLLM_SYNC_PLUGIN}'" in gpu
     sglang = render_overrides(
         TrainSettings(data_dir=tmp_path, rollout_name="sglang", model_name="meta-llama/Llama-3.2-3B-Instruct")
     )
     assert [o for o in sglang if o.startswith(VLLM_SYNC_KEY)] == [
-        f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{SGLANG_SYNC_PLUGIN}'"
+        f"{VLLM_SYNC_KEY}='{AGENT_LOOP_PLUGIN},{STEP_LINE_PLUGIN},{SGLANG_SYNC_PLUGIN}'"
     ]
     cpu = [o for o in merge_overrides(gpu, cpu_overrides()) if o.startswith(VLLM_SYNC_KEY)]
     assert cpu == [f"{VLLM_SYNC_KEY}={ENV['VERL_USE_EXTERNAL_MODULES']}"]
@@ -426,6 +427,7 @@ def test_the_plugin_reaches_the_runtime_env_verls_main_ppo_gives_ray(compose, tm
     runtime_env = OmegaConf.merge(defaults, config.ray_kwargs.ray_init.runtime_env)
     assert runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",") == [
         "searchrl.trainer.plugins.agent_loop",
+        "searchrl.trainer.patches.step_line",
         vllm_sync.__name__,
     ]
     assert set(defaults["env_vars"]) < set(runtime_env.env_vars)  # verl's own variables kept
