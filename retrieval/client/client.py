@@ -17,7 +17,11 @@ Failure policy, built so one bad replica never stalls a training run:
   bucket caps hedges at `hedge_budget` (10%) extra requests, with a burst of 10. A primary outrun by its hedge
   counts as a fault against its URL's breaker, and when a breaker opens, every call still waiting on that URL
   hedges at once, outside the budget (so does a half-open probe): a frozen replica (SIGSTOP) costs its in-flight
-  calls about one hedge delay, not `timeout_s`. `hedge_budget=0` turns hedging off.
+  calls about one hedge delay, not `timeout_s`. A half-open probe outrun by its hedge is not cancelled: the call
+  takes the hedge's answer and the probe runs on to its own end (within `timeout_s`), whose answer closes the
+  breaker or reopens it. Counting the outrun instead reopened a restarted replica's breaker at each of its first,
+  slower answers, the cool-down doubling to 30 s each time (the SIGKILL bench, tests/bench/test_reliability.py).
+  `hedge_budget=0` turns hedging off.
 - **Deadlines:** `connect_timeout_s` for the TCP connect, `timeout_s` per attempt (reading the answer), waiting
   for one of our own `max_connections` slots is bounded separately by `pool_timeout_s` (kind "pool"), and the
   whole call, retries included, by `deadline_s`.
@@ -33,6 +37,7 @@ counters (sent, ok, failed by kind, breaker state) that the verl tool and eval r
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -128,6 +133,8 @@ class RetrievalClient(AsyncClosing):
         self.hedges = 0  # duplicate requests sent (budgeted, probes and breaker failovers)
         self.hedges_won = 0  # ... that answered first
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}  # URL -> calls to wake if its breaker opens
+        # half-open probes left to finish after their call took a hedge's answer (`_probe_ended`)
+        self._probes: set[asyncio.Task[list[list[Hit]]]] = set()
         self._transport = Transport(
             api_key=api_key or None,
             tls=tls,
@@ -175,10 +182,26 @@ class RetrievalClient(AsyncClosing):
             self._opened(url, exc.kind)
 
     def _record_outrun(self, url: str) -> None:
-        """A hedge sent later answered first: the URL is slow or hung, a fault for its breaker."""
+        """A hedge sent later answered first: the URL is slow or hung, a fault for its breaker; but a half-open
+        probe's verdict is its own answer (`_probe_ended`), not this race."""
         self._stats[url].outrun += 1
-        if self.breakers[url].record_failure("outrun"):
+        if self.breakers[url].state != "half_open" and self.breakers[url].record_failure("outrun"):
             self._opened(url, "its hedges answered first")
+
+    def _probe_ended(self, url: str, task: asyncio.Task[list[list[Hit]]]) -> None:
+        """Done-callback of a half-open probe the call no longer waits for: its answer is the breaker's verdict."""
+        self._probes.discard(task)
+        breaker = self.breakers[url]
+        exc = None if task.cancelled() else task.exception()
+        if task.cancelled() or not isinstance(exc, RetrievalUnavailableError | None):
+            breaker.release_probe()  # no verdict (the client closed, or an error that is not the URL's)
+        elif exc is None:
+            self._stats[url].ok += 1
+            breaker.record_success()
+        else:
+            self._record_failure(url, exc)
+            if not isinstance(exc, RetryableRetrievalError):
+                breaker.release_probe()
 
     def _opened(self, url: str, why: str) -> None:
         log.warning(
@@ -300,6 +323,11 @@ class RetrievalClient(AsyncClosing):
                     last = exc
         finally:
             for task, url in racing.items():
+                if self.breakers[url].state == "half_open" and not task.done():
+                    # the probe runs on: its own answer, not the race it lost, closes or reopens the breaker
+                    self._probes.add(task)
+                    task.add_done_callback(functools.partial(self._probe_ended, url))
+                    continue
                 task.cancel()
                 task.add_done_callback(_consume)
                 if self.breakers[url].state == "half_open":
@@ -385,6 +413,10 @@ class RetrievalClient(AsyncClosing):
         )
 
     async def aclose(self) -> None:
+        for probe in list(self._probes):
+            probe.cancel()
+        if self._probes:
+            await asyncio.wait(self._probes)
         await self._transport.aclose()
 
 

@@ -276,6 +276,47 @@ def test_breaker_probes_and_closes_when_the_replica_returns(
     assert run(go()) == ("open", "closed")
 
 
+@pytest.mark.parametrize(("status", "after"), [(200, "closed"), (500, "open")])
+def test_a_probe_outrun_by_its_hedge_runs_on_and_its_own_answer_is_the_verdict(
+    upstream: tuple[Script, str], script: Script, status: int, after: str
+) -> None:
+    """A replica back from a restart answers its first requests slower than the hedge delay: its half-open probe
+    loses the race. The call takes the hedge's answer at once; the probe runs on, and its own answer closes the
+    breaker (200) or reopens it (500). Counting the lost race as the probe's failure reopened the breaker at each
+    probe, doubling the cool-down to 30 s: the SIGKILL bench's replica stayed out 60 s after it was back."""
+    _, good = upstream
+    port = free_port()
+    back = f"http://127.0.0.1:{port}"
+    slow = Script()
+    slow.steps.append((status, GOOD if status == 200 else {"detail": "boom"}, {}, 0.6))
+
+    async def go() -> tuple[list[float], list[str], dict[str, Any]]:
+        async with RetrievalClient(
+            [back, good], breaker_reset_s=0.2, hedge_min_s=0.05, hedge_max_s=0.05, max_retries=0
+        ) as client:
+            await client.search(["q"], 1)  # refused: the breaker opens at once
+            assert client.stats()["urls"][back]["breaker"] == "open"
+            with serve_in_thread(slow.app(), port=port):
+                await asyncio.sleep(0.3)  # past the cool-down: the next call to pick `back` is its probe
+                elapsed, states = [], []
+                for _ in range(6):
+                    started = time.monotonic()
+                    await client.search(["q"], 1)
+                    elapsed.append(time.monotonic() - started)
+                    if slow.requests:
+                        break
+                states.append(client.stats()["urls"][back]["breaker"])
+                await asyncio.sleep(1.0)  # the probe's own answer arrives
+                states.append(client.stats()["urls"][back]["breaker"])
+                return elapsed, states, client.stats()
+
+    elapsed, states, stats = run(go())
+    assert max(elapsed) < 0.5  # the hedge's answer, not the slow probe's
+    assert states == ["half_open", after]
+    assert stats["urls"][back]["outrun"] == 1 and stats["urls"][back]["outstanding"] == 0
+    assert stats["urls"][back]["ok"] == (1 if status == 200 else 0)
+
+
 def test_retry_after_past_the_deadline_gives_up_at_once(upstream: tuple[Script, str], script: Script) -> None:
     _, url = upstream
     script.steps.append((503, {"detail": "queue full"}, {"Retry-After": "30"}, 0.0))
