@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from searchrl.trainer.step_lines import LINE_END
-
+# trainer/step_lines.py's LINE_END, the reader's (a Ray-room module imports nothing from the CLI's; the test that
+# prints through verl's patched logger holds the two equal: tests/trainer/test_step_lines.py)
+LINE_END = " - searchrl/line_end:1"
 _PATCHED = "_searchrl_line_end"
 
 
