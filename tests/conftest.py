@@ -67,6 +67,7 @@ OPT_IN = {
     "vllm_run": "make test-vllm",
     "separate_async": "make test-separate-async",
     "learn_search": "pytest -m learn_search tests/trainer/e2e/test_learn_search.py, ~30 min",
+    "quality": "make test-quality",
 }
 
 

@@ -67,8 +67,9 @@ def live_dense_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from searchrl.retrieval.settings import RetrievalSettings
     from tests.live import serve_in_thread
 
+    # autotune off: the report is under test, not the encoder's tuning (tests/retrieval/encoders/)
     settings = RetrievalSettings(
-        backend="dense", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("dense")
+        backend="dense", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("dense"), autotune=False
     )
     with serve_in_thread(create_app(settings)) as url:
         yield url

@@ -38,8 +38,10 @@ def _run(coro):  # noqa: ANN001, ANN202 - tiny helper
 
 @pytest.fixture(scope="module")
 def dense_settings(tmp_path_factory: pytest.TempPathFactory) -> RetrievalSettings:
+    # autotune off: these tests are about the backend, not the encoder's tuning (tests/retrieval/encoders/), which
+    # took most of this module's time beside make test's verl runs
     return RetrievalSettings(
-        backend="dense", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("data")
+        backend="dense", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("data"), autotune=False
     )
 
 

@@ -60,8 +60,10 @@ def recall_at_k(backend_name: str, k: int = K) -> tuple[float, float]:
 
 # The first dense run encodes 10,033 passages: 949 s measured on this (busy) 2-core machine, past the
 # suite's 900 s default timeout.
+# bm25 builds in seconds and runs in make test; dense is opt-in with the hybrid recall test (make test-quality,
+# tests/retrieval/backends/test_hybrid.py says why)
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("backend_name", ["bm25", "dense"])
+@pytest.mark.parametrize("backend_name", ["bm25", pytest.param("dense", marks=pytest.mark.quality)])
 def test_recall_at_3_on_dev_qa(backend_name: str) -> None:
     recall, hit_rate = recall_at_k(backend_name)
     print(f"\n{backend_name}: recall@{K} = {recall:.3f} (any supporting title in top {K}: {hit_rate:.3f})")
