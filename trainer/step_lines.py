@@ -35,11 +35,16 @@ def _ended(text: str) -> bool:
 class StepLines:
     """Feed each output line; get back the lines to hand on, step lines whole where their pieces came.
 
-    `marked=False` (a verl without the patch): every line is handed on at once, as it came.
+    `marked=False`: every line is handed on at once, as it came. A run turns it off by itself when its first step
+    line turns out to carry no end (a verl without the patch): that line is handed on when its actor's next line
+    does not end it, `unmarked` becomes True, and from then on nothing is held. Until a step line has ended, a
+    held line is joined only with a piece that ends it, so an unpatched verl's next line is never glued on.
     """
 
     def __init__(self, *, marked: bool = True) -> None:
         self.marked = marked
+        self.unmarked = False  # the run's step lines turned out to carry no end
+        self._seen_end = False  # a step line with the end arrived: the run is patched
         # actor prefix -> (its prefix as printed, the held line's text after it, pieces appended)
         self._held: dict[str, tuple[str, str, int]] = {}
 
@@ -56,20 +61,30 @@ class StepLines:
         held = self._held.pop(actor, None)
         if held is not None:
             held_printed, joined, pieces = held
-            if _STEP.search(body) or not (_STEP.search(joined) or _STEP.search(joined + body)):
-                if not _STEP_START.match(joined + body):
-                    # a new step line began, or the held start was not one: the held line is handed on as it is
-                    ready.append(held_printed + joined)
-                    held = None
-            if held is not None:
-                joined += body
-                if _ended(joined) or pieces + 1 >= MAX_PIECES:
-                    return [held_printed + joined]
-                self._held[actor] = (held_printed, joined, pieces + 1)
-                return []
+            if _STEP.search(body):
+                ready.append(held_printed + joined)  # a new step line began: the held one never ended
+                if not self._seen_end and not _ended(body):
+                    self.marked, self.unmarked = False, True  # no step line of this run has an end
+                    return [*ready, text]
+            else:
+                candidate = joined + body
+                if _ended(candidate):
+                    self._seen_end = True
+                    return [held_printed + candidate]
+                if self._seen_end and (_STEP.search(candidate) or _STEP_START.match(candidate)):
+                    if pieces + 1 >= MAX_PIECES:
+                        return [held_printed + candidate]
+                    self._held[actor] = (held_printed, candidate, pieces + 1)
+                    return []
+                ready.append(held_printed + joined)  # handed on as it is: no end came
+                if not self._seen_end:
+                    self.marked, self.unmarked = False, True
+                    return [*ready, text]
         if (_STEP.search(body) and not _ended(body)) or _STEP_START.match(body):
             self._held[actor] = (printed, body, 0)
             return ready
+        if _STEP.search(body):
+            self._seen_end = True
         return [*ready, text]
 
     def flush(self) -> list[str]:

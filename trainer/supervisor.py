@@ -19,6 +19,7 @@ first, so that Python's atexit runs `ray.shutdown` for the Ray it started.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -31,6 +32,8 @@ from searchrl.errors import SearchRLError, StepCheckError
 from searchrl.processes import stop_process
 from searchrl.trainer.step_checks import StepCheck, parse_steps
 from searchrl.trainer.step_lines import StepLines
+
+log_ = logging.getLogger(__name__)  # `log` below is the run's log file
 
 # After a failed step check (or any other end of the supervision but verl's own) verl gets SIGINT and this long to
 # exit before its whole process group is killed.
@@ -117,8 +120,15 @@ def supervise(
                     log.write(line)
                 if on_line is not None:
                     on_line(line)
+                was_marked = lines.marked
                 for ready in lines.feed(line):
                     check(ready)
+                if was_marked and lines.unmarked:
+                    log_.warning(
+                        "verl's step lines carry no end marker (trainer/patches/step_line.py is not in "
+                        "VERL_USE_EXTERNAL_MODULES): each is read as it arrives, so one Ray forwards in pieces "
+                        "is read cut"
+                    )
             for ready in lines.flush():
                 check(ready)
         code = proc.wait()

@@ -60,7 +60,8 @@ def test_a_step_line_cut_anywhere_is_whole_again_with_another_actors_line_betwee
 def test_a_line_cut_in_three_and_an_actor_on_another_node() -> None:
     prefix = "(TaskRunnerV1 pid=12, ip=10.0.0.7) "
     pieces = [BODY[:40], BODY[40:41], BODY[41:]]
-    assert _fed([prefix + piece for piece in pieces]) == [prefix + BODY]
+    step15 = prefix + BODY.replace("step:16", "step:15")  # a patched run: its step lines end
+    assert _fed([step15, *(prefix + piece for piece in pieces)]) == [step15, prefix + BODY]
 
 
 def test_a_cut_line_that_never_ends_is_handed_on_as_it_is_and_the_check_names_what_is_missing() -> None:
@@ -74,19 +75,23 @@ def test_a_cut_line_that_never_ends_is_handed_on_as_it_is_and_the_check_names_wh
     (ready,) = _fed([RUNNER + BODY[:cut]])
     (row,) = parse_steps(ready, "1")
     assert "step 16: verl logged no response_length/mean, timing_s/step" in check_steps([row], 16)
-    # pieces that never bring the end: handed on after MAX_PIECES, never held for ever
-    assert _fed([RUNNER + BODY[:cut], *[RUNNER + "x"] * MAX_PIECES]) == [
-        RUNNER + BODY[:cut] + "x" * MAX_PIECES
-    ]
+    # in a patched run (a step line has ended), pieces that never bring the end: handed on after MAX_PIECES
+    pieces = [RUNNER + "x"] * MAX_PIECES
+    assert _fed([RUNNER + BODY, RUNNER + BODY[:cut], *pieces])[1:] == [RUNNER + BODY[:cut] + "x" * MAX_PIECES]
 
 
-def test_a_verl_without_the_patch_is_read_line_by_line() -> None:
+def test_a_verl_without_the_patch_turns_the_joining_off_after_its_first_step_line() -> None:
+    """An unpatched verl's first step line is held until its actor's next line, which does not end it: both are
+    handed on as they came (nothing glued on), `unmarked` is set, and no later line waits."""
     unmarked = BODY.removesuffix(LINE_END)
+    later = RUNNER + unmarked.replace("step:16", "step:17")
     assert _fed([RUNNER + unmarked, OTHER], marked=False) == [RUNNER + unmarked, OTHER]
-    # marked mode holds an unmarked line only until its actor's next line, never for ever
-    assert _fed([RUNNER + unmarked, RUNNER + "INFO something else"]) == [
-        RUNNER + unmarked + "INFO something else"
-    ]
+    for after in (RUNNER + "Training Progress: 5%", later):
+        assembler = StepLines()
+        assert assembler.feed(RUNNER + unmarked + "\n") == []
+        assert assembler.feed(after + "\n") == [RUNNER + unmarked, after]
+        assert assembler.unmarked and not assembler.marked
+        assert assembler.feed(later + "\n") == [later]  # at once
 
 
 def test_verls_console_logger_ends_its_step_line_with_the_marker_once_patched() -> None:
