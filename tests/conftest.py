@@ -66,6 +66,7 @@ OPT_IN = {
     "learn_hf": "make test-learn-hf",
     "vllm_run": "make test-vllm",
     "separate_async": "make test-separate-async",
+    "colocate_async": "make test-colocate-async",
     "learn_search": "pytest -m learn_search tests/trainer/e2e/test_learn_search.py, ~30 min",
     "quality": "make test-quality",
 }

@@ -65,6 +65,9 @@ def _passed_async_run(proc: subprocess.CompletedProcess[str], out: Path) -> tupl
 
 @pytest.mark.slow
 @pytest.mark.live
+# opt-in since 2026-12-07 (make test-colocate-async): a run on our hf engine beside make test's vLLM runs took ~10 of
+# its minutes' shared cores, and make test must stay within its budget; issue 52 says the hf runs leave first
+@pytest.mark.colocate_async
 @pytest.mark.cli_run("train-cpu colocate_async")
 def test_colocate_async_trains_across_updates_with_every_version_checked_and_resumes(train_cpu_runs):
     """The whole CPU run in verl's colocate_async mode: 2 steps, a checkpoint with transfer_queue/, a resume to
