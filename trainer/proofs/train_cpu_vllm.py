@@ -54,6 +54,7 @@ from searchrl.errors import ConfigError
 from searchrl.trainer.engines import CPU_ENGINES
 from searchrl.trainer.overrides import (
     AGENT_LOOP_PLUGIN,
+    STEP_LINE_PLUGIN,
     VLLM_SYNC_KEY,
     VLLM_SYNC_PLUGIN,
     hydra_value,
@@ -67,7 +68,7 @@ ROLLOUTS = CPU_ENGINES  # trainer/engines.py
 SHIMS = "searchrl.trainer.cpu.vllm_shims"
 CPU_PLUGIN = "searchrl.trainer.cpu.plugin"
 # Every Ray process imports these (verl/__init__.py): the CPU platform, the GPU run's own plugins, the CPU shims.
-PLUGINS = (CPU_PLUGIN, AGENT_LOOP_PLUGIN, VLLM_SYNC_PLUGIN, SHIMS)
+PLUGINS = (CPU_PLUGIN, AGENT_LOOP_PLUGIN, STEP_LINE_PLUGIN, VLLM_SYNC_PLUGIN, SHIMS)
 KV_CACHE_BYTES = (
     64 * 2**20
 )  # the tiny model's step needs ~11 MiB (16 sequences x 1,408 tokens x 2 layers x K,V x 128 B)
