@@ -51,7 +51,7 @@ from searchrl.trainer.weight_sync.match_line import (
 
 # verl prints its rollout dump's "Dumped generations to <dir>/<N>.jsonl" without a newline, so the console
 # logger's step line can follow it on the same line (seen in make learn-search, 2026-12-07)
-_STEP_LINE = re.compile(r"(?:^|\s|\.jsonl)step:(\d+) - (.*)$")
+STEP_LINE = re.compile(r"(?:^|\s|\.jsonl)step:(\d+) - (.*)$")
 _NUMBER = re.compile(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf", re.IGNORECASE)
 
 # column: (header, verl metric key, format)
@@ -125,7 +125,7 @@ def parse_steps(log_text: str, run: str) -> list[StepRow]:
     """Every `step:N - ...` line of a verl console log, as rows."""
     rows = []
     for line in log_text.splitlines():
-        match = _STEP_LINE.search(line)
+        match = STEP_LINE.search(line)
         if not match:
             continue
         metrics = {}
@@ -539,6 +539,7 @@ __all__ = [
     "StepCheck",
     "StepRow",
     "check_steps",
+    "STEP_LINE",
     "parse_steps",
     "step_summary",
     "step_table",

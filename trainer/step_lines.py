@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import re
 
+from searchrl.trainer.step_checks import STEP_LINE
+
 LINE_END_KEY = "searchrl/line_end"
 LINE_END = f" - {LINE_END_KEY}:1"
 # Ray's prefix on a forwarded line, `(Name pid=N[, ip=...]) `, with or without its ANSI colour
 _PREFIX = re.compile(r"^((?:\x1b\[[0-9;]*m)?\([^()\n]*pid=\d+[^()\n]*\)(?:\x1b\[[0-9;]*m)? ?)")
-# the same test as step_checks' reader: a `step:N - ` anywhere after a start, a space or a dump's `.jsonl`
-_STEP = re.compile(r"(?:^|\s|\.jsonl)step:\d+ - ")
+# a step line is what step_checks' reader reads as one
+_STEP = STEP_LINE
 # a piece cut before its `step:N - ` was whole: `s`, `st`, ..., `step:16 -`
 _STEP_START = re.compile(r"^s(?:t(?:e(?:p(?::(?:\d+(?: (?:- ?)?)?)?)?)?)?)?$")
 # a held line takes at most this many pieces after it (a cut in two is what Ray does; more is a safety margin)
