@@ -89,6 +89,13 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=int,
         help="new tokens a model turn (the query, the answer) may write (default 96; run 8's copied queries all hit 48)",
     )
+    p.add_argument(
+        "--answer-tokens",
+        dest="answer_tokens",
+        type=int,
+        help="declared environment: new tokens the answer turn may write (default: the turn cap; run 11's answers "
+        "held the title inside a sentence), with --close-answer",
+    )
     p.add_argument("--precision", default="auto", help="auto | fp32 | bf16 (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="rollout seed (default %(default)s)")
     p.add_argument(
@@ -125,6 +132,7 @@ def _learn_search(args: argparse.Namespace) -> int:
             "format_weight",
             "adam_beta1",
             "turn_tokens",
+            "answer_tokens",
             "close_answer",
             "close_query",
             "format_term",

@@ -9,6 +9,7 @@ runs add with hydra's `+` prefix (`+{SEARCHRL_KWARGS}.<key>=...`). Who reads whi
     scripted_opening      the same loop (`make learn-cpu-real --stage query`)
     close_answer          make learn-search's agent loop (trainer/proofs/search_agent_loop.py)
     close_query           the same loop
+    answer_max_tokens     the same loop (`make learn-search --answer-tokens`)
 
 An engine's own keys stay in that engine's block, read by the engine. The reader lives here, on the production side,
 so the agent loop a GPU run imports reads its keys without importing the CPU rooms, and the CPU agent loops read

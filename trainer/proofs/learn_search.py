@@ -124,6 +124,7 @@ class LearnSearchRun:
         CLOSE_QUERY  # the environment ends the query turn at its closing quote and closes the call
     )
     turn_tokens: int = TURN_TOKENS  # new tokens a model turn may write
+    answer_tokens: int | None = None  # new tokens the answer turn may write (None: the turn cap)
     adam_beta1: float = ADAM_BETA1  # 0.9 is verl's default (runs 1 to 5)
     format_share: float = math.nan  # the format term's share of the run's summed reward (rollout dumps)
     questions: QuestionSet | None = None
@@ -193,6 +194,7 @@ class LearnSearchRun:
             "close_query": self.close_query,
             "adam_beta1": self.adam_beta1,
             "turn_tokens": self.turn_tokens,
+            "answer_tokens": self.answer_tokens,
             "phases_s": self.phases,
         }
 
@@ -247,7 +249,8 @@ class LearnSearchRun:
                 f"reward: Search-R1 EM + {self.format_weight:g} x [{TERM_TEXT[self.format_term]}] (declared format "
                 "term); "
                 f"the format term's share of the run's summed reward: {self.format_share:.3f}; environment closes the "
-                f"answer: {self.close_answer}, the query: {self.close_query}; Adam beta1 {self.adam_beta1:g}; turn cap {self.turn_tokens} tokens",
+                f"answer: {self.close_answer}, the query: {self.close_query}; Adam beta1 {self.adam_beta1:g}; turn cap {self.turn_tokens} tokens"
+                + (f", the answer's {self.answer_tokens}" if self.answer_tokens else ""),
                 self.questions.line() if self.questions else "questions: not built",
                 "",
                 "held-out questions (never trained on):",
@@ -322,13 +325,14 @@ def search_overrides(
     adam_beta1: float = ADAM_BETA1,
     turn_tokens: int = TURN_TOKENS,
     close_query: bool = CLOSE_QUERY,
+    answer_tokens: int | None = None,
 ) -> list[str]:
     """The CPU overrides, the vLLM server's (with the run's precision and batch), the agent loop's plugin, a
     seeded rollout, the per-turn budget and verl's per-step trajectory dumps."""
     from searchrl.trainer.overrides import VLLM_SYNC_KEY, hydra_value, merge_overrides
     from searchrl.trainer.proofs.harness import cpu_overrides
     from searchrl.trainer.proofs.real import precision_overrides
-    from searchrl.trainer.proofs.search_env import CLOSE_ANSWER_KEY, CLOSE_QUERY_KEY
+    from searchrl.trainer.proofs.search_env import ANSWER_TOKENS_KEY, CLOSE_ANSWER_KEY, CLOSE_QUERY_KEY
     from searchrl.trainer.proofs.train_cpu_vllm import PLUGINS, vllm_cpu_overrides
 
     pairs: list[tuple[str, object]] = [
@@ -347,6 +351,7 @@ def search_overrides(
         (f"+{SEARCHRL_KWARGS}.{CLOSE_QUERY_KEY}", close_query),
         ("actor_rollout_ref.actor.optim.betas", [adam_beta1, 0.999]),
         ("actor_rollout_ref.actor.optim.weight_decay", 0.0 if adam_beta1 == 0 else 0.01),
+        *([(f"+{SEARCHRL_KWARGS}.{ANSWER_TOKENS_KEY}", answer_tokens)] if answer_tokens else []),
     ]
     base = merge_overrides(cpu_overrides(scripted_first_turn=False), precision_overrides(dtype))
     base = merge_overrides(base, vllm_cpu_overrides(settings, ray_temp, KV_CACHE_BYTES))
@@ -410,6 +415,7 @@ def run_learn_search(
     adam_beta1: float = ADAM_BETA1,
     turn_tokens: int = TURN_TOKENS,
     close_query: bool = CLOSE_QUERY,
+    answer_tokens: int | None = None,
 ) -> LearnSearchRun:
     """The whole run (module docstring); the verdict is on the returned run."""
     from searchrl.trainer.proofs.train_cpu_vllm import Leftovers
@@ -429,6 +435,11 @@ def run_learn_search(
         raise ConfigError(f"--adam-beta1 {adam_beta1}: at least 0 and below 1 (verl's default is 0.9)")
     if not 8 <= turn_tokens <= 256:
         raise ConfigError(f"--turn-tokens {turn_tokens}: between 8 and 256 (default {TURN_TOKENS})")
+    if answer_tokens is not None and not (close_answer and 1 <= answer_tokens <= turn_tokens):
+        raise ConfigError(
+            f"--answer-tokens {answer_tokens}: between 1 and --turn-tokens ({turn_tokens}), with --close-answer (the "
+            "environment closes the cut answer)"
+        )
     run = LearnSearchRun(
         out_dir,
         model_dir,
@@ -438,6 +449,7 @@ def run_learn_search(
         format_term=format_term,
         adam_beta1=adam_beta1,
         turn_tokens=turn_tokens,
+        answer_tokens=answer_tokens,
     )
     leftovers = Leftovers.start()
     try:
@@ -584,6 +596,7 @@ def _train(
         run.adam_beta1,
         run.turn_tokens,
         run.close_query,
+        run.answer_tokens,
     )
     env = vllm_cpu_env(leftovers.scratch)
     if sabotage is not None:
@@ -650,6 +663,7 @@ def _evaluate(
         leftovers.scratch,
         close_answer=run.close_answer,
         close_query=run.close_query,
+        answer_tokens=run.answer_tokens,
     ) as llm:
         jobs = [(name, qa, True) for name, qa in sets.items()] + (
             [("held", sets["held"], False)] if search_off else []

@@ -23,9 +23,11 @@ from searchrl.trainer.plugins.engine_kwargs import searchrl_engine_kwargs
 from searchrl.trainer.proofs.search_env import (
     ANSWER_CLOSING,
     ANSWER_OPENING,
+    ANSWER_TOKENS_KEY,
     CLOSE_ANSWER_KEY,
     CLOSE_QUERY_KEY,
     SEARCH_OPENING,
+    answer_budget,
     answer_stop_ids,
     query_closing,
     query_stop_ids,
@@ -86,6 +88,8 @@ class SearchOpeningsAgentLoop(ScriptedToolAgentLoop):
             if closing_query
             else []
         )
+        if opening == ANSWER_OPENING:
+            sampling_params = answer_budget(sampling_params, declared.get(ANSWER_TOKENS_KEY))
         if stop_ids:
             stops = set(sampling_params.get("stop_token_ids") or []) | set(stop_ids)
             sampling_params = {**sampling_params, "stop_token_ids": sorted(stops)}

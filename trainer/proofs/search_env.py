@@ -13,7 +13,8 @@ two openings, as text the policy did not choose (loss mask 0 in training):
 
 Optionally (`close_answer`, declared by the run's `--close-answer`) the answer turn ends at the first newline or
 `<` the model writes and the environment closes the answer (`closed_answer`): the model then has to write the
-answer first, not to remember the closing tag. Likewise (`close_query`, the run's `--close-query`) the query turn
+answer first, not to remember the closing tag. With `answer_tokens` (the run's `--answer-tokens`) the answer turn
+may write at most that many tokens (run 11's answers held the title inside the passage's first sentence). Likewise (`close_query`, the run's `--close-query`) the query turn
 ends at the first token that closes the query's JSON string (a `"` followed by nothing or by the start of the call's
 closing, e.g. `"`, `"]`, `."`) and the environment writes the rest of the call (`query_closing`): the policy then
 decides only the query, and every query it closes runs (run 9 learned to copy the question as its query, then 46 of
@@ -44,6 +45,10 @@ ANSWER_CLOSING = "</answer>"
 ANSWER_STOPS = ("\n", "<")
 CLOSE_ANSWER_KEY = "close_answer"  # its engine_kwargs.searchrl key (training) and proxy flag (eval)
 CLOSE_QUERY_KEY = "close_query"  # the same for `close_query`
+# With `answer_tokens` (the run's `--answer-tokens`), the answer turn may write at most that many new tokens, the
+# query turn still the turn cap: a cut answer is closed as a broken line is (`closed_answer`)
+# its engine_kwargs.searchrl key (training); the eval proxy takes --answer-tokens
+ANSWER_TOKENS_KEY = "answer_max_tokens"
 # the search tool's schema name as the chat template renders it in the system turn (searchrl/chat_template.py)
 _TOOLS_MARK = '"name": "search"'
 
@@ -131,6 +136,15 @@ def closed_answer(continuation: str) -> str:
     return continuation[:cut] + ANSWER_CLOSING
 
 
+def answer_budget(params: dict[str, Any], answer_tokens: int | None) -> dict[str, Any]:
+    """`params` (sampling parameters, a completion request's body) with `max_tokens` at most `answer_tokens` for an
+    answer turn; unchanged without a cap. Training's agent loop and the eval proxy both apply it, so an answer is cut
+    after the same number of tokens in both."""
+    if not answer_tokens:
+        return params
+    return {**params, "max_tokens": min(int(params.get("max_tokens") or answer_tokens), answer_tokens)}
+
+
 def opening_for(prompt: str) -> str:
     """The opening the environment writes where the rendered `prompt` ends (module docstring); "" for none.
 
@@ -150,6 +164,8 @@ __all__ = [
     "ANSWER_CLOSING",
     "ANSWER_OPENING",
     "ANSWER_STOPS",
+    "ANSWER_TOKENS_KEY",
+    "answer_budget",
     "answer_stop_ids",
     "query_stop_ids",
     "CALL_CLOSING",

@@ -112,10 +112,12 @@ def served_model(
     *,
     close_answer: bool = False,
     close_query: bool = False,
+    answer_tokens: int | None = None,
 ) -> Iterator[str]:
     """`vllm serve model_dir` plus the environment's proxy in front of it; yields the proxy's /v1 URL.
     `close_answer`, `close_query`: the proxy ends the answer turn, the query turn, as training's environment does
-    (search_env.closed_answer, search_env.query_closing)."""
+    (search_env.closed_answer, search_env.query_closing); `answer_tokens`: the answer
+    turn's cap (search_env.answer_budget)."""
     vllm_port, proxy_port = _free_port(), _free_port()
     cores = os.cpu_count() or 1
     env = {
@@ -161,6 +163,7 @@ def served_model(
             str(proxy_port),
             *(["--close-answer"] if close_answer else []),
             *(["--close-query-tokenizer", str(model_dir)] if close_query else []),
+            *(["--answer-tokens", str(answer_tokens)] if answer_tokens else []),
         ],  # fmt: skip
         logs / f"proxy-{name}.log",
     )

@@ -19,6 +19,7 @@ from searchrl.trainer.proofs.search_env import (
     ANSWER_OPENING,
     ANSWER_STOPS,
     SEARCH_OPENING,
+    answer_budget,
     closed_answer,
     opening_for,
     query_closing,
@@ -30,12 +31,14 @@ def proxy_app(
     close_answer: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
     query_stops: list[int] | None = None,
+    answer_tokens: int | None = None,
 ) -> Any:
     """An OpenAI-compatible app in front of `upstream` (a vLLM server's root URL, without /v1) that applies
     `opening_for` to every `/v1/completions` prompt; every other route is forwarded as it is. `transport`: the
     upstream's (tests pass httpx.MockTransport). `query_stops`: the model's `search_env.query_stop_ids` when the
     environment closes the query (`close_query`): the query turn stops after the same token as in training (vLLM's
-    `stop_token_ids`, the token's text kept), and the proxy appends `query_closing`."""
+    `stop_token_ids`, the token's text kept), and the proxy appends `query_closing`. `answer_tokens`: the answer turn's
+    token cap (search_env.answer_budget), as training's."""
     app = FastAPI()
     client = httpx.AsyncClient(
         base_url=upstream.rstrip("/"), timeout=httpx.Timeout(600.0), transport=transport
@@ -53,6 +56,8 @@ def proxy_app(
         closing_query = bool(query_stops) and opening == SEARCH_OPENING
         if opening:
             body["prompt"] = prompt + opening
+        if opening == ANSWER_OPENING:
+            body = answer_budget(body, answer_tokens)
         if closing:
             body["stop"] = [*(body.get("stop") or []), *ANSWER_STOPS]
         if closing_query:
@@ -103,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         "--close-query-tokenizer",
         help="the model's tokenizer folder: close the query turn as search_env says (its stop token ids)",
     )
+    parser.add_argument(
+        "--answer-tokens", type=int, help="the answer turn's token cap (search_env.answer_budget)"
+    )
     args = parser.parse_args(argv)
     query_stops = None
     if args.close_query_tokenizer:
@@ -111,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         from searchrl.trainer.proofs.search_env import query_stop_ids
 
         query_stops = query_stop_ids(AutoTokenizer.from_pretrained(args.close_query_tokenizer))
-    app = proxy_app(args.upstream, args.close_answer, query_stops=query_stops)
+    app = proxy_app(
+        args.upstream, args.close_answer, query_stops=query_stops, answer_tokens=args.answer_tokens
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

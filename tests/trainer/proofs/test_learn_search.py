@@ -183,6 +183,77 @@ def test_the_eval_proxy_opens_and_closes_turns_as_training_does():
     assert client.get("/openings").json() == {"search": 1, "answer": 1, "none": 0}
 
 
+def test_the_answer_cap_cuts_the_answer_turn_alone_in_training_and_in_eval(tmp_path, compose, monkeypatch):
+    """`--answer-tokens` (run 11's answers held the title inside the passage's first sentence): the eval proxy caps
+    the answer turn's max_tokens and leaves the query turn's alone; the training loop reads the same cap from the
+    composed config; the run refuses a cap above the turn cap or without the environment closing the answer."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from searchrl.trainer.overrides import merge_overrides, render_overrides
+    from searchrl.trainer.plugins.engine_kwargs import searchrl_engine_kwargs
+    from searchrl.trainer.proofs import learn_search, search_eval
+    from searchrl.trainer.proofs.harness import cpu_settings
+    from searchrl.trainer.proofs.search_env import ANSWER_TOKENS_KEY, answer_budget
+    from searchrl.trainer.proofs.search_proxy import proxy_app
+
+    seen: list[dict[str, object]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": " Denver is", "finish_reason": "length"}]})
+
+    client = TestClient(
+        proxy_app("http://up", close_answer=True, transport=httpx.MockTransport(upstream), answer_tokens=4)
+    )
+    client.post("/v1/completions", json={"prompt": SYSTEM + USER + HEADER, "max_tokens": 96})
+    assert seen[-1]["max_tokens"] == 96  # the query turn keeps the turn cap
+    answer = client.post("/v1/completions", json={"prompt": USER + HEADER, "max_tokens": 96}).json()
+    assert seen[-1]["max_tokens"] == 4 and answer["choices"][0]["text"] == "<answer> Denver is</answer>"
+    assert answer_budget({"max_tokens": 2}, 4)["max_tokens"] == 2 and answer_budget({}, None) == {}
+
+    settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:9")
+    extra = learn_search.search_overrides(
+        settings, "float32", 0, tmp_path / "d", tmp_path / "r", 0.1, answer_tokens=6
+    )
+    rollout = compose(merge_overrides(render_overrides(settings), extra)).actor_rollout_ref.rollout
+    assert searchrl_engine_kwargs(rollout)[ANSWER_TOKENS_KEY] == 6
+    plain = learn_search.search_overrides(settings, "float32", 0, tmp_path / "d", tmp_path / "r", 0.1)
+    assert not any(ANSWER_TOKENS_KEY in o for o in plain)
+
+    commands: list[list[str]] = []
+    monkeypatch.setattr(search_eval, "_start", lambda cmd, *a, **k: commands.append(list(cmd)))
+    monkeypatch.setattr(search_eval, "_wait", lambda *a, **k: None)
+    monkeypatch.setattr(search_eval, "_stop", lambda proc: None)
+    with search_eval.served_model(tmp_path, "m", "bfloat16", tmp_path, tmp_path, answer_tokens=6):
+        pass
+    proxy = next(c for c in commands if "searchrl.trainer.proofs.search_proxy" in c)
+    assert proxy[proxy.index("--answer-tokens") + 1] == "6"
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    for bad in (
+        ["--answer-tokens", "97"],
+        ["--answer-tokens", "0"],
+        ["--answer-tokens", "6", "--no-close-answer"],
+    ):
+        out = tmp_path / f"o{len(bad)}{bad[1]}"
+        args = [
+            "train",
+            "learn-search",
+            "--out",
+            str(out),
+            "--model",
+            str(model),
+            "--corpus",
+            str(CORPUS),
+            *bad,
+        ]
+        assert main(args) == 2
+        assert not out.exists()
+
+
 def test_the_eval_proxy_closes_the_query_after_trainings_stop_tokens():
     import httpx
     from fastapi.testclient import TestClient
