@@ -77,43 +77,34 @@ class WebBackend(Backend):
     provider: str | None = None  # GoogleBackend names the SERP provider behind it; GET / reports it
     #: the env vars a 401/403 points the user at
     credentials_hint = ""
+    #: what the provider's HTTP 429 message says (lower case) when the daily quota is spent, not the rate limit;
+    #: "" = it never tells them apart, so every 429 is retried as a rate limit
+    daily_quota_phrase = ""
 
     def __init__(
         self,
+        settings: RetrievalSettings,
         *,
         base_url: str,
-        timeout_s: float = 10.0,
-        max_retries: int = 3,
-        backoff_base_s: float = 0.5,
-        backoff_max_s: float = 8.0,
-        rate_limit_rps: float = 5.0,
-        daily_budget: int = 100,
-        concurrency: int = 8,
         secret_params: dict[str, SecretStr] | None = None,
         secret_headers: dict[str, SecretStr] | None = None,
         clock: Callable[[], float] = time.time,
-        gl: str = "us",
-        hl: str = "en",
-        blocklist: list[str] | None = None,
-        page_mode: bool = False,
-        page_words: int = 100,
-        page_timeout_s: float = 5.0,
-        page_max_bytes: int = 2_000_000,
-        page_allow_private: bool = False,
-        request_timeout_s: float = 8.0,
     ) -> None:
+        """The limits, retries, locale, blocklist and page mode come from `settings` (its `web_*` fields and
+        `request_timeout_s`), where their defaults and bounds are declared once; `base_url` and the secrets
+        are the provider's (each subclass's `from_settings`)."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"{self.name}: base URL {base_url!r} is not an http(s) URL")
         self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
-        self.concurrency = concurrency
-        self.rate_limiter = RateLimiter(rate_limit_rps)
-        self.rate_limit_rps = rate_limit_rps
-        self.budget = DailyBudget(daily_budget, clock=clock)
+        self.timeout_s = settings.web_timeout_s
+        self.max_retries = settings.web_max_retries
+        self.backoff_base_s = settings.web_backoff_base_s
+        self.backoff_max_s = settings.web_backoff_max_s
+        self.concurrency = settings.web_concurrency
+        self.rate_limiter = RateLimiter(settings.web_rate_limit_rps)
+        self.rate_limit_rps = settings.web_rate_limit_rps
+        self.budget = DailyBudget(settings.web_daily_budget, clock=clock)
         self._secret_params = secret_params or {}
         self._secret_headers = secret_headers or {}
         self._secrets = [
@@ -123,17 +114,17 @@ class WebBackend(Backend):
         ]
         self._client: httpx.AsyncClient | None = None
         self._sem: asyncio.Semaphore | None = None
-        self.gl, self.hl = gl, hl
-        self.blocklist = [d.lower().lstrip(".") for d in (blocklist or [])]
-        self.page_mode = page_mode
-        self.page_words = page_words
+        self.gl, self.hl = settings.web_gl, settings.web_hl
+        self.blocklist = [d.lower().lstrip(".") for d in settings.web_blocklist]
+        self.page_mode = settings.web_page_mode
+        self.page_words = settings.web_page_words
         # page fetching ends within this many seconds of the request's start (the service's request deadline)
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s = settings.request_timeout_s
         # the page limits live in the fetcher only, which applies them
         self._pages = PageFetcher(
-            timeout_s=page_timeout_s,
-            max_bytes=page_max_bytes,
-            allow_private=page_allow_private,
+            timeout_s=settings.web_page_timeout_s,
+            max_bytes=settings.web_page_max_bytes,
+            allow_private=settings.web_page_allow_private,
             host_blocked=self._host_blocked,  # every redirect hop, not only the result's own URL
         )
         self._metrics: Any = None
@@ -217,7 +208,10 @@ class WebBackend(Backend):
         return results
 
     async def _search_filtered(self, query: str, topk: int, deadline: float) -> list[ScoredDocument]:
-        """Provider hits minus blocklisted sites, cut to top-k; in page mode each becomes a page passage."""
+        """Provider hits minus blocklisted sites, cut to top-k; in page mode each becomes a page passage. A blank
+        query finds nothing, without asking the provider."""
+        if not query.strip():
+            return []
         want = topk + (self.extra_results if self.blocklist else 0)
         hits = await self._search_one(query, want)
         kept = [h for h in hits if not self._blocked(h.document.id)]
@@ -250,7 +244,7 @@ class WebBackend(Backend):
 
     @abc.abstractmethod
     async def _search_one(self, query: str, topk: int) -> list[ScoredDocument]:
-        """Up to `topk` hits for one query (an empty list only when the provider found nothing)."""
+        """Up to `topk` hits for one (non-blank) query (an empty list only when the provider found nothing)."""
 
     # --- HTTP --------------------------------------------------------------------------------------------
     def _public_url(self) -> str:
@@ -358,7 +352,7 @@ class WebBackend(Backend):
         raise BackendError(f"{self.name}: upstream rejected the request: HTTP {status}: {message}{hint}")
 
     def _is_daily_quota(self, message: str) -> bool:
-        return False
+        return bool(self.daily_quota_phrase) and self.daily_quota_phrase in message.lower()
 
 
 def require_secrets(backend: str, **secrets: SecretStr | None) -> list[SecretStr]:
@@ -372,30 +366,8 @@ def require_secrets(backend: str, **secrets: SecretStr | None) -> list[SecretStr
     return [value for value in secrets.values() if value is not None]
 
 
-def common_kwargs(settings: RetrievalSettings) -> dict[str, Any]:
-    return {
-        "timeout_s": settings.web_timeout_s,
-        "max_retries": settings.web_max_retries,
-        "backoff_base_s": settings.web_backoff_base_s,
-        "backoff_max_s": settings.web_backoff_max_s,
-        "rate_limit_rps": settings.web_rate_limit_rps,
-        "daily_budget": settings.web_daily_budget,
-        "concurrency": settings.web_concurrency,
-        "gl": settings.web_gl,
-        "hl": settings.web_hl,
-        "blocklist": settings.web_blocklist,
-        "page_mode": settings.web_page_mode,
-        "page_words": settings.web_page_words,
-        "page_timeout_s": settings.web_page_timeout_s,
-        "page_max_bytes": settings.web_page_max_bytes,
-        "page_allow_private": settings.web_page_allow_private,
-        "request_timeout_s": settings.request_timeout_s,
-    }
-
-
 __all__ = [
     "WebBackend",
-    "common_kwargs",
     "make_document",
     "organic_documents",
     "rank_scored",

@@ -11,7 +11,6 @@ from pydantic import SecretStr
 from searchrl.errors import BackendError
 from searchrl.retrieval.backends.web.backend import (
     WebBackend,
-    common_kwargs,
     make_document,
     rank_scored,
     require_secrets,
@@ -39,6 +38,8 @@ class GoogleCSEBackend(WebBackend):
     name = "google-cse"
     credentials_hint = "GOOGLE_API_KEY and GOOGLE_CSE_ID"
     extra_results = 0
+    # Google says which limit was hit: "... limit 'Queries per day' ..." vs "... per minute ...".
+    daily_quota_phrase = "per day"
 
     async def start(self) -> None:
         log.warning(
@@ -48,27 +49,23 @@ class GoogleCSEBackend(WebBackend):
         )
         await super().start()
 
-    def __init__(self, *, api_key: SecretStr, cse_id: SecretStr, **kwargs: Any) -> None:
+    def __init__(
+        self, settings: RetrievalSettings, *, api_key: SecretStr, cse_id: SecretStr, **kwargs: Any
+    ) -> None:
         self._cse_id_hash = hashlib.sha256(cse_id.get_secret_value().encode()).hexdigest()[:12]
-        super().__init__(secret_params={"key": api_key, "cx": cse_id}, **kwargs)
+        super().__init__(settings, secret_params={"key": api_key, "cx": cse_id}, **kwargs)
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> GoogleCSEBackend:
         key, cx = require_secrets(
             "google-cse", GOOGLE_API_KEY=settings.google_api_key, GOOGLE_CSE_ID=settings.google_cse_id
         )
-        return cls(api_key=key, cse_id=cx, base_url=settings.google_base_url, **common_kwargs(settings))
+        return cls(settings, api_key=key, cse_id=cx, base_url=settings.google_base_url)
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "engine": f"sha256:{self._cse_id_hash}"}
 
-    def _is_daily_quota(self, message: str) -> bool:
-        # Google says which limit was hit: "... limit 'Queries per day' ..." vs "... per minute ...".
-        return "per day" in message.lower()
-
     async def _search_one(self, query: str, topk: int) -> list[ScoredDocument]:
-        if not query.strip():
-            return []
         want = min(topk, GOOGLE_MAX_RESULTS - 1)
         docs: list[Document] = []
         start = 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from searchrl.errors import BackendError
-from searchrl.retrieval.backends.web.backend import WebBackend, common_kwargs, make_document, rank_scored
+from searchrl.retrieval.backends.web.backend import WebBackend, make_document, rank_scored
 from searchrl.retrieval.schemas import Document, ScoredDocument
 from searchrl.retrieval.settings import RetrievalSettings
 
@@ -21,11 +21,9 @@ class SearxngBackend(WebBackend):
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> SearxngBackend:
-        return cls(base_url=settings.searxng_base_url, **common_kwargs(settings))
+        return cls(settings, base_url=settings.searxng_base_url)
 
     async def _search_one(self, query: str, topk: int) -> list[ScoredDocument]:
-        if not query.strip():
-            return []
         docs: list[Document] = []
         seen: set[str] = set()
         for page in range(1, SEARXNG_MAX_PAGES + 1):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from searchrl.errors import BackendError
 from searchrl.retrieval.backends.web.backend import (
     WebBackend,
-    common_kwargs,
     organic_documents,
     rank_scored,
     require_secrets,
@@ -26,20 +25,14 @@ class SerpApiBackend(WebBackend):
 
     name = "serpapi"
     credentials_hint = "SERPAPI_API_KEY"
+    daily_quota_phrase = "run out of searches"
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> SerpApiBackend:
         (key,) = require_secrets("serpapi", SERPAPI_API_KEY=settings.serpapi_api_key)
-        return cls(
-            base_url=settings.serpapi_base_url, secret_params={"api_key": key}, **common_kwargs(settings)
-        )
-
-    def _is_daily_quota(self, message: str) -> bool:
-        return "run out of searches" in message.lower()
+        return cls(settings, base_url=settings.serpapi_base_url, secret_params={"api_key": key})
 
     async def _search_one(self, query: str, topk: int) -> list[ScoredDocument]:
-        if not query.strip():
-            return []
         params = {
             "engine": "google",
             "q": query,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from searchrl.errors import BackendError
 from searchrl.retrieval.backends.web.backend import (
     WebBackend,
-    common_kwargs,
     organic_documents,
     rank_scored,
     require_secrets,
@@ -21,22 +20,14 @@ class SerperBackend(WebBackend):
 
     name = "serper"
     credentials_hint = "SERPER_API_KEY"
+    daily_quota_phrase = "credits"
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> SerperBackend:
         (key,) = require_secrets("serper", SERPER_API_KEY=settings.serper_api_key)
-        return cls(
-            base_url=settings.serper_base_url,
-            secret_headers={"X-API-KEY": key},
-            **common_kwargs(settings),
-        )
-
-    def _is_daily_quota(self, message: str) -> bool:
-        return "credits" in message.lower()
+        return cls(settings, base_url=settings.serper_base_url, secret_headers={"X-API-KEY": key})
 
     async def _search_one(self, query: str, topk: int) -> list[ScoredDocument]:
-        if not query.strip():
-            return []
         num = min(topk, SERPER_MAX_NUM)
         body = await self._request(
             "POST", self.base_url, json={"q": query, "num": num, "gl": self.gl, "hl": self.hl}
