@@ -22,14 +22,36 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SearchBudget:
+    """The worst-case request count (and cost) of `runs` evaluations over `questions` questions: the inputs
+    are the fields, `requests` and `cost` follow from them."""
+
     questions: int  # per run
-    runs: int  # evaluation runs that search this backend (e.g. base and trained)
-    requests: int  # upper bound on upstream requests: pre-flight, health queries and retries included
-    price_per_1k: float  # currency units per 1,000 requests
-    cost: float  # requests x price, upper bound
-    queries_per_call: int = 1
-    health_queries: int = 0
-    retry_share: float = 0.0
+    runs: int = 1  # evaluation runs that search this backend (e.g. base and trained)
+    max_turns: int = 4  # searching turns per question
+    max_parallel_calls: int = 1  # tool calls per turn
+    queries_per_call: int = 1  # queries in one call's query_list, each one upstream request
+    price_per_1k: float = 1.0  # currency units per 1,000 requests
+    health_queries: int = 0  # the deployment's own health queries (real searches)
+    retry_share: float = 0.0  # room for the retries the service counts against its budget
+
+    def __post_init__(self) -> None:
+        counts = (self.questions, self.runs, self.max_turns, self.max_parallel_calls, self.queries_per_call)
+        if min(counts) < 1 or self.price_per_1k < 0:
+            raise ValueError("questions, runs, turns, calls and queries must be >= 1 and the price >= 0")
+        if self.health_queries < 0 or self.retry_share < 0:
+            raise ValueError("health queries and the retry share must be >= 0")
+
+    @property
+    def requests(self) -> int:
+        """Upper bound on upstream requests: pre-flight, health queries and retries included."""
+        per_question = self.max_turns * self.max_parallel_calls * self.queries_per_call
+        searches = self.runs * (self.questions * per_question + 1) + self.health_queries
+        return math.ceil(searches * (1 + self.retry_share))
+
+    @property
+    def cost(self) -> float:
+        """requests x price, upper bound, rounded up to the cent."""
+        return math.ceil(self.requests * self.price_per_1k / 1000 * 100) / 100
 
     def describe(self) -> str:
         return (
@@ -40,29 +62,8 @@ class SearchBudget:
         )
 
 
-def plan_search_budget(
-    questions: int,
-    *,
-    runs: int = 1,
-    max_turns: int = 4,
-    max_parallel_calls: int = 1,
-    queries_per_call: int = 1,
-    price_per_1k: float = 1.0,
-    health_queries: int = 0,
-    retry_share: float = 0.0,
-) -> SearchBudget:
-    """The worst-case request count (and cost) of `runs` evaluations over `questions` questions."""
-    if min(questions, runs, max_turns, max_parallel_calls, queries_per_call) < 1 or price_per_1k < 0:
-        raise ValueError("questions, runs, turns, calls and queries must be >= 1 and the price >= 0")
-    if health_queries < 0 or retry_share < 0:
-        raise ValueError("health queries and the retry share must be >= 0")
-    per_question = max_turns * max_parallel_calls * queries_per_call
-    searches = runs * (questions * per_question + 1) + health_queries
-    requests = math.ceil(searches * (1 + retry_share))
-    cost = math.ceil(requests * price_per_1k / 1000 * 100) / 100
-    return SearchBudget(
-        questions, runs, requests, price_per_1k, cost, queries_per_call, health_queries, retry_share
-    )
+# the planner's name: a SearchBudget is planned by giving its inputs (a ValueError names a bad one)
+plan_search_budget = SearchBudget
 
 
 __all__ = ["SearchBudget", "plan_search_budget"]
