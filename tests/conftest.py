@@ -215,14 +215,9 @@ AUTH_TOKEN = "test-retrieval-token-3d7e"
 @pytest.fixture(scope="session")
 def authed_bm25_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The same service, started with RETRIEVAL_API_KEY = AUTH_TOKEN (requests without it get 401)."""
-    from searchrl.retrieval.serving.app import create_app
-    from searchrl.retrieval.settings import RetrievalSettings
-    from tests.live import serve_in_thread
+    from tests.live import serve_tiny_service
 
-    settings = RetrievalSettings(
-        backend="bm25", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("data"), api_key=AUTH_TOKEN
-    )
-    with serve_in_thread(create_app(settings)) as url:
+    with serve_tiny_service(tmp_path_factory.mktemp("data"), backend="bm25", api_key=AUTH_TOKEN) as url:
         yield url
 
 

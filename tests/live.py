@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -51,6 +52,19 @@ def serve_in_thread(
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def serve_tiny_service(data_dir: Path, **fields: Any) -> Iterator[str]:
+    """The retrieval service over the 20-passage fixture corpus, its indexes in `data_dir` and the rest of its
+    RetrievalSettings from `fields` (backend, api_key, ...), served as `serve_in_thread` does; yields its URL."""
+    from searchrl.retrieval.serving.app import create_app
+    from searchrl.retrieval.settings import RetrievalSettings
+    from tests.conftest import TINY_CORPUS
+
+    settings = RetrievalSettings(corpus=str(TINY_CORPUS), data_dir=data_dir, **fields)
+    with serve_in_thread(create_app(settings)) as url:
+        yield url
 
 
 def healthy_app() -> FastAPI:

@@ -14,7 +14,7 @@ from searchrl.errors import ConfigError, DataError
 from searchrl.infer.report import disagreements
 from searchrl.infer.runs import load_runs, parse_backends, parse_models, parse_tools
 from searchrl.stats import wilson_ci
-from tests.conftest import TINY_CORPUS, TINY_QA
+from tests.conftest import TINY_QA
 from tests.infer.conftest import serve_scripts
 from tests.infer.test_agent import TRAINED
 
@@ -63,15 +63,10 @@ class _SummaryTable(HTMLParser):
 
 @pytest.fixture(scope="module")
 def live_dense_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from searchrl.retrieval.serving.app import create_app
-    from searchrl.retrieval.settings import RetrievalSettings
-    from tests.live import serve_in_thread
+    from tests.live import serve_tiny_service
 
     # autotune off: the report is under test, not the encoder's tuning (tests/retrieval/encoders/)
-    settings = RetrievalSettings(
-        backend="dense", corpus=str(TINY_CORPUS), data_dir=tmp_path_factory.mktemp("dense"), autotune=False
-    )
-    with serve_in_thread(create_app(settings)) as url:
+    with serve_tiny_service(tmp_path_factory.mktemp("dense"), backend="dense", autotune=False) as url:
         yield url
 
 
