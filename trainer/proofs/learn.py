@@ -672,10 +672,9 @@ def plot_rewards(runs: Sequence[LearnRun]) -> bytes:
     """The reward curve, as PNG. Two panels. Left: each question's paired rise (its mean reward over the last
     epoch minus the first), the mean over the seeds that trained on it, with the seeds' min-max band. Right: the
     per-step mean reward of each seed, and the seeds' mean with a min-max band where several ran."""
-    from searchrl.trainer.proofs.plots import png, pyplot
+    from searchrl.trainer.proofs.plots import png, pyplot, step_axis
 
     plt = pyplot()
-    from matplotlib.ticker import MaxNLocator
 
     fig, (left, ax) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
     rises: dict[str, list[float]] = {}
@@ -734,8 +733,7 @@ def plot_rewards(runs: Sequence[LearnRun]) -> bytes:
         )
     for edge in (epoch + 0.5, width - epoch + 0.5):
         ax.axvline(edge, ls="--", color="tab:blue", lw=0.8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(f"GRPO step (dashed: the first and last epochs, {epoch} steps each)")
+    step_axis(ax, f"GRPO step (dashed: the first and last epochs, {epoch} steps each)")
     ax.set_ylabel("mean reward of the step's 16 samples")
     ax.set_title("per step (each step holds other questions)", fontsize=9)
     ax.legend(fontsize=7)
@@ -747,10 +745,9 @@ def plot_modes(by_mode: Mapping[str, Sequence[LearnRun]]) -> bytes:
     """The modes side by side on the same seeds (`--beside-sync`), as PNG. Left: per step, each mode's mean reward
     over its seeds with their min-max band. Right: each mode's paired rise per seed (its first group or epoch of
     each question against its last), the seeds' mean as a bar: the figure the verdict judges."""
-    from searchrl.trainer.proofs.plots import png, pyplot
+    from searchrl.trainer.proofs.plots import png, pyplot, step_axis
 
     plt = pyplot()
-    from matplotlib.ticker import MaxNLocator
 
     fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.6, 1]})
     colors = {"sync": "tab:blue", "colocate_async": "tab:green", "separate_async": "tab:orange"}
@@ -774,8 +771,7 @@ def plot_modes(by_mode: Mapping[str, Sequence[LearnRun]]) -> bytes:
         for run, rise in zip(runs, rises, strict=True):
             right.annotate(f" {run.seed}", (i, rise), fontsize=7, va="center")
     ax.axvline(RESUME_STEP + 0.5, ls=":", color="grey", label="resume")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("GRPO step")
+    step_axis(ax, "GRPO step")
     ax.set_ylabel("mean reward of the step's 16 samples")
     ax.set_title("per step, seeds' mean and min-max band (each step holds other questions)", fontsize=9)
     ax.legend(fontsize=7)

@@ -314,21 +314,11 @@ def search_settings(
 
 
 def search_overrides(
-    settings: TrainSettings,
-    dtype: str,
-    seed: int,
-    rollout_dir: Path,
-    ray_temp: Path,
-    format_weight: float,
-    close_answer: bool = CLOSE_ANSWER,
-    format_term: str = FORMAT_TERM,
-    adam_beta1: float = ADAM_BETA1,
-    turn_tokens: int = TURN_TOKENS,
-    close_query: bool = CLOSE_QUERY,
-    answer_tokens: int | None = None,
+    settings: TrainSettings, run: LearnSearchRun, seed: int, rollout_dir: Path, ray_temp: Path
 ) -> list[str]:
     """The CPU overrides, the vLLM server's (with the run's precision and batch), the agent loop's plugin, a
-    seeded rollout, the per-turn budget and verl's per-step trajectory dumps."""
+    seeded rollout, the per-turn budget and verl's per-step trajectory dumps; the reward, environment and
+    optimiser knobs are `run`'s (format weight and term, closed turns, turn and answer caps, Adam's beta1)."""
     from searchrl.trainer.overrides import VLLM_SYNC_KEY, hydra_value, merge_overrides
     from searchrl.trainer.proofs.harness import cpu_overrides
     from searchrl.trainer.proofs.real import precision_overrides
@@ -337,23 +327,23 @@ def search_overrides(
 
     pairs: list[tuple[str, object]] = [
         (VLLM_SYNC_KEY, ",".join([*PLUGINS, AGENT_MODULE])),
-        ("actor_rollout_ref.rollout.dtype", dtype),
+        ("actor_rollout_ref.rollout.dtype", run.dtype),
         ("actor_rollout_ref.rollout.max_num_seqs", settings.train_batch_size * SAMPLES),
         ("actor_rollout_ref.rollout.max_num_batched_tokens", 8192),
         ("actor_rollout_ref.rollout.seed", seed),
-        (f"+{SEARCHRL_KWARGS}.turn_max_tokens", turn_tokens),
+        (f"+{SEARCHRL_KWARGS}.turn_max_tokens", run.turn_tokens),
         ("trainer.rollout_data_dir", str(rollout_dir)),
         ("reward.custom_reward_function.path", REWARD_PATH),
         ("reward.custom_reward_function.name", "compute_score"),
-        ("+reward.custom_reward_function.reward_kwargs.format_weight", format_weight),
-        ("+reward.custom_reward_function.reward_kwargs.format_term", format_term),
-        (f"+{SEARCHRL_KWARGS}.{CLOSE_ANSWER_KEY}", close_answer),
-        (f"+{SEARCHRL_KWARGS}.{CLOSE_QUERY_KEY}", close_query),
-        ("actor_rollout_ref.actor.optim.betas", [adam_beta1, 0.999]),
-        ("actor_rollout_ref.actor.optim.weight_decay", 0.0 if adam_beta1 == 0 else 0.01),
-        *([(f"+{SEARCHRL_KWARGS}.{ANSWER_TOKENS_KEY}", answer_tokens)] if answer_tokens else []),
+        ("+reward.custom_reward_function.reward_kwargs.format_weight", run.format_weight),
+        ("+reward.custom_reward_function.reward_kwargs.format_term", run.format_term),
+        (f"+{SEARCHRL_KWARGS}.{CLOSE_ANSWER_KEY}", run.close_answer),
+        (f"+{SEARCHRL_KWARGS}.{CLOSE_QUERY_KEY}", run.close_query),
+        ("actor_rollout_ref.actor.optim.betas", [run.adam_beta1, 0.999]),
+        ("actor_rollout_ref.actor.optim.weight_decay", 0.0 if run.adam_beta1 == 0 else 0.01),
+        *([(f"+{SEARCHRL_KWARGS}.{ANSWER_TOKENS_KEY}", run.answer_tokens)] if run.answer_tokens else []),
     ]
-    base = merge_overrides(cpu_overrides(scripted_first_turn=False), precision_overrides(dtype))
+    base = merge_overrides(cpu_overrides(scripted_first_turn=False), precision_overrides(run.dtype))
     base = merge_overrides(base, vllm_cpu_overrides(settings, ray_temp, KV_CACHE_BYTES))
     return merge_overrides(base, [f"{key}={hydra_value(value)}" for key, value in pairs])
 
@@ -584,20 +574,7 @@ def _train(
 
     name = settings.experiment_name
     rollout_dir = run.out_dir / f"{ROLLOUTS}-{name}"
-    overrides = search_overrides(
-        settings,
-        run.dtype,
-        seed,
-        rollout_dir,
-        leftovers.ray_temp_dir,
-        run.format_weight,
-        run.close_answer,
-        run.format_term,
-        run.adam_beta1,
-        run.turn_tokens,
-        run.close_query,
-        run.answer_tokens,
-    )
+    overrides = search_overrides(settings, run, seed, rollout_dir, leftovers.ray_temp_dir)
     env = vllm_cpu_env(leftovers.scratch)
     if sabotage is not None:
         env[sabotages.ENV] = sabotage
@@ -785,10 +762,9 @@ def write_samples(run: LearnSearchRun, per_step: int = 2) -> Path:
 
 def plot_rewards(run: LearnSearchRun, path: Path) -> Path:
     """Per-step mean reward (EM plus the declared format term, over the step's samples) of the run, and of the shuffled-reward null if it ran."""
-    from searchrl.trainer.proofs.plots import pyplot, save
+    from searchrl.trainer.proofs.plots import pyplot, save, step_axis
 
     plt = pyplot()
-    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, rows, style in ((TRAINED, run.rows, "-"), (NULL, run.null_rows, "--")):
@@ -801,8 +777,7 @@ def plot_rewards(run: LearnSearchRun, path: Path) -> Path:
                 marker="o",
                 label=f"{label} (mean {statistics.fmean(rewards):.3f})",
             )
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(f"GRPO step ({PROMPTS} questions x {SAMPLES} samples, new questions each step)")
+    step_axis(ax, f"GRPO step ({PROMPTS} questions x {SAMPLES} samples, new questions each step)")
     ax.set_ylabel("mean reward (Search-R1 EM + the declared format term)")
     ax.set_title("make learn-search: SmolLM2-135M, reverse look-ups with search (2 CPU cores)", fontsize=10)
     ax.legend(fontsize=8)

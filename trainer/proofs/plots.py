@@ -24,6 +24,15 @@ def pyplot() -> Any:
     return plt
 
 
+def step_axis(ax: Any, label: str) -> None:
+    """Label `ax`'s x axis, the runs' GRPO steps, and tick it at whole steps only (matplotlib's own ticks fall
+    between steps on a short run)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(label)
+
+
 def png(fig: Any) -> bytes:
     """Lay `fig` out, render it as PNG and free it: the bytes a run writes into its own file (the run names its
     files; this module never sees a path)."""
@@ -45,4 +54,4 @@ def save(fig: Any, path: Path) -> Path:
     return path
 
 
-__all__ = ["DPI", "png", "pyplot", "save"]
+__all__ = ["DPI", "png", "pyplot", "save", "step_axis"]

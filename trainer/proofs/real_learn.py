@@ -561,10 +561,9 @@ def probe(
 def plot_curve(run: RealLearnRun, path: Path) -> Path:
     """Reward and invented tool-response tokens a trajectory per step (pilots thin, the run thick), the gate's
     mean and the epoch means with the null band."""
-    from searchrl.trainer.proofs.plots import pyplot, save
+    from searchrl.trainer.proofs.plots import pyplot, save, step_axis
 
     plt = pyplot()
-    from matplotlib.ticker import MaxNLocator
 
     def lower(row: StepRow) -> float:
         # stage 1: what it must stop doing; stage 2 (no invented tokens to count): the length of what it writes
@@ -602,8 +601,7 @@ def plot_curve(run: RealLearnRun, path: Path) -> Path:
         if run.stage == "own-turn"
         else "response length (tokens)"
     )
-    bottom.set_xlabel("GRPO step (1 question x 8 samples)")
-    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    step_axis(bottom, "GRPO step (1 question x 8 samples)")
     what = (
         "own turn after a real search" if run.stage == "own-turn" else "query closing a scripted call opening"
     )

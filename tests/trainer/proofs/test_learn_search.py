@@ -213,12 +213,12 @@ def test_the_answer_cap_cuts_the_answer_turn_alone_in_training_and_in_eval(tmp_p
     assert answer_budget({"max_tokens": 2}, 4)["max_tokens"] == 2 and answer_budget({}, None) == {}
 
     settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:9")
-    extra = learn_search.search_overrides(
-        settings, "float32", 0, tmp_path / "d", tmp_path / "r", 0.1, answer_tokens=6
-    )
+    capped = learn_search.LearnSearchRun(tmp_path, tmp_path, format_weight=0.1, answer_tokens=6)
+    extra = learn_search.search_overrides(settings, capped, 0, tmp_path / "d", tmp_path / "r")
     rollout = compose(merge_overrides(render_overrides(settings), extra)).actor_rollout_ref.rollout
     assert searchrl_engine_kwargs(rollout)[ANSWER_TOKENS_KEY] == 6
-    plain = learn_search.search_overrides(settings, "float32", 0, tmp_path / "d", tmp_path / "r", 0.1)
+    uncapped = learn_search.LearnSearchRun(tmp_path, tmp_path, format_weight=0.1)
+    plain = learn_search.search_overrides(settings, uncapped, 0, tmp_path / "d", tmp_path / "r")
     assert not any(ANSWER_TOKENS_KEY in o for o in plain)
 
     commands: list[list[str]] = []
@@ -718,22 +718,20 @@ def test_the_runs_agent_loop_keys_compose_in_the_searchrl_block(tmp_path, compos
     from searchrl.trainer.plugins.agent_loop import turn_max_tokens
     from searchrl.trainer.plugins.engine_kwargs import searchrl_engine_kwargs
     from searchrl.trainer.proofs.harness import cpu_settings
-    from searchrl.trainer.proofs.learn_search import TURN_TOKENS, search_overrides
+    from searchrl.trainer.proofs.learn_search import TURN_TOKENS, LearnSearchRun, search_overrides
     from searchrl.trainer.proofs.search_env import CLOSE_ANSWER_KEY, CLOSE_QUERY_KEY
 
     settings = cpu_settings(tmp_path, tmp_path / "model", "http://127.0.0.1:9")
-    extra = search_overrides(
-        settings, "float32", 0, tmp_path / "dumps", tmp_path / "ray", 0.1, close_answer=True, close_query=True
-    )
+    closing = LearnSearchRun(tmp_path, tmp_path, format_weight=0.1, close_answer=True, close_query=True)
+    extra = search_overrides(settings, closing, 0, tmp_path / "dumps", tmp_path / "ray")
     config = compose(merge_overrides(render_overrides(settings), extra))
     rollout = config.actor_rollout_ref.rollout
     assert turn_max_tokens(rollout) == TURN_TOKENS
     # Adam without momentum and without decay (ADAM_BETA1): a step with no gradient moves nothing
     assert list(config.actor_rollout_ref.actor.optim.betas) == [0.0, 0.999]
     assert config.actor_rollout_ref.actor.optim.weight_decay == 0.0
-    verl_default = search_overrides(
-        settings, "float32", 0, tmp_path / "d", tmp_path / "r", 0.1, adam_beta1=0.9, turn_tokens=96
-    )
+    momentum = LearnSearchRun(tmp_path, tmp_path, format_weight=0.1, adam_beta1=0.9, turn_tokens=96)
+    verl_default = search_overrides(settings, momentum, 0, tmp_path / "d", tmp_path / "r")
     composed = compose(merge_overrides(render_overrides(settings), verl_default)).actor_rollout_ref
     assert list(composed.actor.optim.betas) == [0.9, 0.999] and composed.actor.optim.weight_decay == 0.01
     assert turn_max_tokens(composed.rollout) == 96  # --turn-tokens (run 9: run 8's copied queries all hit 48)
