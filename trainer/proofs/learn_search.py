@@ -125,6 +125,9 @@ class LearnSearchRun:
     )
     turn_tokens: int = TURN_TOKENS  # new tokens a model turn may write
     answer_tokens: int | None = None  # new tokens the answer turn may write (None: the turn cap)
+    # held-out EM of a policy that answers with its passage's first sentence, cut as the environment cuts it
+    # (search_questions.copied_openings): what the answer cap alone gives a perfect copier
+    copier_em: float = math.nan
     adam_beta1: float = ADAM_BETA1  # 0.9 is verl's default (runs 1 to 5)
     format_share: float = math.nan  # the format term's share of the run's summed reward (rollout dumps)
     questions: QuestionSet | None = None
@@ -195,6 +198,7 @@ class LearnSearchRun:
             "adam_beta1": self.adam_beta1,
             "turn_tokens": self.turn_tokens,
             "answer_tokens": self.answer_tokens,
+            "copier_em": self.copier_em,
             "phases_s": self.phases,
         }
 
@@ -250,7 +254,8 @@ class LearnSearchRun:
                 "term); "
                 f"the format term's share of the run's summed reward: {self.format_share:.3f}; environment closes the "
                 f"answer: {self.close_answer}, the query: {self.close_query}; Adam beta1 {self.adam_beta1:g}; turn cap {self.turn_tokens} tokens"
-                + (f", the answer's {self.answer_tokens}" if self.answer_tokens else ""),
+                + (f", the answer's {self.answer_tokens}" if self.answer_tokens else "")
+                + f"; held-out EM of a copier of its passage's first sentence under these caps: {self.copier_em:.3f}",
                 self.questions.line() if self.questions else "questions: not built",
                 "",
                 "held-out questions (never trained on):",
@@ -505,6 +510,7 @@ def _run(  # noqa: PLR0913  (run_learn_search's keywords, passed through once)
         held_qa = write_qa(out / "questions" / "held_out.jsonl", run.questions.held_out)
         write_qa(out / "questions" / "train.jsonl", run.questions.train)
         log.info("%s", run.questions.line())
+        run.copier_em = copier_em(run, corpus)
         prompt_len = prompt_tokens(run.model_dir, [q.question for q in run.questions.train])
         settings = search_settings(
             out, run.model_dir, url, experiment=EXPERIMENT, steps=steps, prompts=prompts, lr=lr, seed=seed,
@@ -541,6 +547,20 @@ def _run(  # noqa: PLR0913  (run_learn_search's keywords, passed through once)
     started = time.monotonic()
     _verdict_and_report(run)
     _phase(run, "report", started)
+
+
+def copier_em(run: LearnSearchRun, corpus: Path) -> float:
+    """`LearnSearchRun.copier_em` on the run's held-out questions, with the run's tokenizer and answer cap."""
+    from searchrl.scoring import exact_match
+    from searchrl.trainer.proofs.real_gate import load_tokenizer
+    from searchrl.trainer.proofs.search_questions import copied_openings
+
+    held = run.questions.held_out if run.questions else []
+    if not held:
+        return math.nan
+    cap = run.answer_tokens or run.turn_tokens
+    answers = copied_openings(corpus, held, load_tokenizer(run.model_dir, "searchrl"), cap)
+    return sum(exact_match(a, [q.answer]) for a, q in zip(answers, held, strict=True)) / len(held)
 
 
 def _wait_retrieval(url: str, timeout_s: float = 300.0) -> None:

@@ -32,6 +32,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from searchrl.errors import ConfigError
 from searchrl.scoring import normalize_answer
@@ -192,6 +193,31 @@ def build_questions(corpus: Path, url: str, *, train: int, held_out: int, chunk:
     )
 
 
+def copied_openings(
+    corpus: Path, questions: Sequence[Question], tokenizer: Any, max_tokens: int
+) -> list[str]:
+    """What a policy that answers with its passage's first sentence, word for word, would answer under an answer
+    cap of `max_tokens` (the declared environment's `--answer-tokens`): the sentence's first `max_tokens` tokens
+    (after a space, as after `<answer>`), cut at the first newline or `<` as the environment cuts. Their EM is what
+    the cut alone gives a perfect copier, the context a rise in EM under the cap is read against."""
+    wanted = {q.passage_id for q in questions}
+    texts: dict[str, str] = {}
+    with corpus.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                row = json.loads(line)
+                if str(row["id"]) in wanted:
+                    texts[str(row["id"])] = str(row["contents"])
+    from searchrl.prompt import split_title
+
+    answers = []
+    for q in questions:
+        sentence = first_sentence(split_title(texts[q.passage_id])[1])
+        ids = tokenizer.encode(" " + sentence, add_special_tokens=False)[:max_tokens]
+        answers.append(re.split(r"[\n<]", tokenizer.decode(ids), maxsplit=1)[0])
+    return answers
+
+
 def write_qa(path: Path, questions: Iterable[Question]) -> Path:
     """A QA JSONL file of the questions (question, golden_answers, data_source, passage_id)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,6 +235,7 @@ __all__ = [
     "QuestionSet",
     "build_questions",
     "candidates",
+    "copied_openings",
     "first_sentence",
     "make_question",
     "mask_title",

@@ -111,6 +111,50 @@ def test_written_questions_are_a_qa_file_eval_reads(tmp_path: Path):
     assert row["golden_answers"] == ["Lion"] and row["question"].startswith("Which subject")
 
 
+class _WordTokenizer:
+    """One token a space-separated word (ids index a growing vocabulary): enough to count an answer cap in words."""
+
+    def __init__(self) -> None:
+        self.words: list[str] = []
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = []
+        for word in text.split(" "):
+            if word not in self.words:
+                self.words.append(word)
+            ids.append(self.words.index(word))
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.words[i] for i in ids)
+
+
+def test_a_copier_of_the_passage_opening_scores_em_only_where_the_cap_cuts_after_the_title(tmp_path: Path):
+    """`copied_openings`: the passage's first sentence cut at the answer cap (and at a newline or `<`), the answer a
+    perfect copier would give; its EM is the context for a rise in EM under `--answer-tokens`."""
+    from searchrl.scoring import exact_match
+    from searchrl.trainer.proofs.search_questions import copied_openings
+
+    corpus = tmp_path / "c.jsonl"
+    rows = [
+        {"id": "7", "contents": LION},
+        {
+            "id": "8",
+            "contents": '"Denver"\nDenver is the capital and most populous city of the U.S. state of Colorado.',
+        },
+    ]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    questions = [q for q in (make_question(r["id"], r["contents"]) for r in rows) if q is not None]
+    assert len(questions) == 2
+    tok = _WordTokenizer()
+    # " The lion ..." encodes as ["", "The", "lion", ...]: a cap of 3 keeps "The lion", which EM normalises to "lion"
+    three = copied_openings(corpus, questions, tok, 3)
+    assert three == [" The lion", " Denver is"]
+    assert copied_openings(corpus, questions, tok, 2)[1] == " Denver"
+    assert [exact_match(a, [q.answer]) for a, q in zip(three, questions, strict=True)] == [1.0, 0.0]
+    assert copied_openings(corpus, questions, tok, 96)[0].endswith("Africa and India.")
+
+
 # --- the declared environment -------------------------------------------------------------------------------------
 
 SYSTEM = '<|im_start|>system\n<tools>{"name": "search"}</tools><|im_end|>\n'
