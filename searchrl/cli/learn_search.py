@@ -93,8 +93,8 @@ def register(verbs: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--answer-tokens",
         dest="answer_tokens",
         type=int,
-        help="declared environment: new tokens the answer turn may write (default: the turn cap; run 11's answers "
-        "held the title inside a sentence), with --close-answer",
+        help="declared environment: new tokens the answer turn may write, with --close-answer (default 4; 0 = the "
+        "turn cap; run 11's answers held the title inside a sentence)",
     )
     p.add_argument("--precision", default="auto", help="auto | fp32 | bf16 (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="rollout seed (default %(default)s)")

@@ -56,13 +56,16 @@ EXPERIMENT = "learn-search"
 NULL_EXPERIMENT = "learn-search-null"
 SAMPLES = 8  # GRPO group size
 PROMPTS = 4  # questions a step
-# The defaults are run 10's recipe (docs/cpu-proofs.md): each came from a run that failed without it.
+# The defaults are run 12's recipe (docs/cpu-proofs.md): each came from a run that failed without it.
 STEPS = 8
 LR = 1e-4
 TURN_TOKENS = 96  # new tokens a model turn may write, a query or an answer (48 cut run 8's copied queries)
 FORMAT_TERM = "written+f1"  # search_reward.FORMAT_TERMS (run 8 onwards; runs 2 to 7 tried the others)
 CLOSE_ANSWER = True  # the environment ends the answer at its first line (run 3 onwards)
 CLOSE_QUERY = True  # the environment ends the query at its closing quote (run 10: run 9 broke its calls)
+# new tokens the answer turn may write, with CLOSE_ANSWER (run 12: run 11's answers held the title inside the
+# passage's first sentence, EM 0 of 60; a copier of that sentence scores 10 of 60 held-out at this cap)
+ANSWER_TOKENS = 4
 TRAIN_QUESTIONS = 240  # data prep keeps five sixths for training (trainer/data.py held_out)
 HELD_OUT = 60
 TOPK = 3
@@ -390,6 +393,19 @@ def check_args(
     check_rollout("vllm", "sync")
 
 
+def answer_cap(answer_tokens: int | None, close_answer: bool, turn_tokens: int) -> int | None:
+    """The answer turn's cap a run declares: `--answer-tokens` as given (0: none), or by default ANSWER_TOKENS when
+    the environment closes the answer and none when it does not (a cut answer left open parses as no answer)."""
+    if answer_tokens is None:
+        answer_tokens = ANSWER_TOKENS if close_answer else 0
+    if answer_tokens and not (close_answer and 1 <= answer_tokens <= turn_tokens):
+        raise ConfigError(
+            f"--answer-tokens {answer_tokens}: between 1 and --turn-tokens ({turn_tokens}), with --close-answer (the "
+            "environment closes the cut answer); 0 turns the cap off"
+        )
+    return answer_tokens or None
+
+
 def run_learn_search(
     out_dir: Path,
     model_dir: Path,
@@ -430,11 +446,7 @@ def run_learn_search(
         raise ConfigError(f"--adam-beta1 {adam_beta1}: at least 0 and below 1 (verl's default is 0.9)")
     if not 8 <= turn_tokens <= 256:
         raise ConfigError(f"--turn-tokens {turn_tokens}: between 8 and 256 (default {TURN_TOKENS})")
-    if answer_tokens is not None and not (close_answer and 1 <= answer_tokens <= turn_tokens):
-        raise ConfigError(
-            f"--answer-tokens {answer_tokens}: between 1 and --turn-tokens ({turn_tokens}), with --close-answer (the "
-            "environment closes the cut answer)"
-        )
+    answer_tokens = answer_cap(answer_tokens, close_answer, turn_tokens)
     run = LearnSearchRun(
         out_dir,
         model_dir,
@@ -731,14 +743,25 @@ def _verdict_and_report(run: LearnSearchRun) -> None:
 
 
 def format_share(rollout_dir: Path) -> float:
-    """The format term's share of the summed reward over every trajectory verl dumped (score - em over score)."""
+    """The format term's share of the summed reward over every trajectory verl dumped (score - em over score).
+
+    verl 0.9.1's dump holds `input`, `output`, `gts`, `score`, `step` and `uid`, not the reward's `em`, so the EM
+    part is scored again from `output` and `gts` by the reward's own scoring (searchrl/scoring.py
+    `score_response`, the shaped EM the reward adds). Reading a missing `em` as 0 had reported a share of 1.000 for
+    run 12, whose reward was mostly EM."""
+    from searchrl.scoring import score_response
+    from searchrl.trainer.plugins.reward import golden_answers
+
     scores = ems = 0.0
     for dump in rollout_dir.glob("*.jsonl"):
         for line in dump.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 row = json.loads(line)
                 scores += float(row.get("score") or 0.0)
-                ems += float(row.get("em") or 0.0)
+                em = row.get("em")
+                if em is None:
+                    em = score_response(str(row.get("output") or ""), golden_answers(row.get("gts"))).em
+                ems += float(em)
     return (scores - ems) / scores if scores else 0.0
 
 
@@ -805,6 +828,7 @@ def plot_rewards(run: LearnSearchRun, path: Path) -> Path:
 
 
 __all__ = [
+    "ANSWER_TOKENS",
     "EXPERIMENT",
     "HELD_OUT",
     "LR",
@@ -813,6 +837,7 @@ __all__ = [
     "STEPS",
     "TRAIN_QUESTIONS",
     "LearnSearchRun",
+    "answer_cap",
     "check_args",
     "plot_rewards",
     "prompt_tokens",

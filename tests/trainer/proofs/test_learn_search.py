@@ -155,6 +155,21 @@ def test_a_copier_of_the_passage_opening_scores_em_only_where_the_cap_cuts_after
     assert copied_openings(corpus, questions, tok, 96)[0].endswith("Africa and India.")
 
 
+def test_the_format_share_scores_em_again_where_verls_dump_leaves_it_out(tmp_path: Path):
+    """verl 0.9.1's rollout dump has no `em` column: run 12 (EM most of its reward) reported a format share of 1.000.
+    The share now scores EM from the dumped output, as the reward does."""
+    from searchrl.trainer.proofs.learn_search import format_share
+
+    rows = [
+        {"output": "<answer> Genealogy</answer>", "gts": {"target": ["Genealogy"]}, "score": 1.1},
+        {"output": "<answer> Family trees</answer>", "gts": {"target": ["Genealogy"]}, "score": 0.1},
+        {"output": "no answer", "gts": {"target": ["Genealogy"]}, "score": 0.0, "em": 0.0},
+    ]
+    (tmp_path / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert format_share(tmp_path) == pytest.approx(0.2 / 1.2)
+    assert format_share(tmp_path / "none") == 0.0
+
+
 # --- the declared environment -------------------------------------------------------------------------------------
 
 SYSTEM = '<|im_start|>system\n<tools>{"name": "search"}</tools><|im_end|>\n'
@@ -279,7 +294,7 @@ def test_the_answer_cap_cuts_the_answer_turn_alone_in_training_and_in_eval(tmp_p
     (model / "config.json").write_text("{}")
     for bad in (
         ["--answer-tokens", "97"],
-        ["--answer-tokens", "0"],
+        ["--answer-tokens", "-1"],
         ["--answer-tokens", "6", "--no-close-answer"],
     ):
         out = tmp_path / f"o{len(bad)}{bad[1]}"
@@ -647,7 +662,7 @@ def test_the_cli_leaves_the_recipe_to_the_library_and_can_turn_each_rule_off(tmp
     base = ["train", "learn-search", "--out", str(tmp_path / "o"), "--model", str(model)]
     assert main(base) == 2
     assert main([*base, "--no-close-query", "--close-answer", "--format-term", "searched"]) == 2
-    recipe = {"format_term", "steps", "lr", "turn_tokens", "close_answer", "close_query"}
+    recipe = {"format_term", "steps", "lr", "turn_tokens", "close_answer", "close_query", "answer_tokens"}
     assert not recipe & set(given[0])
     assert {k: given[1][k] for k in recipe & set(given[1])} == {
         "close_query": False,
@@ -661,6 +676,10 @@ def test_the_cli_leaves_the_recipe_to_the_library_and_can_turn_each_rule_off(tmp
         1e-4,
         96,
     )
+    # the answer cap (run 12) is the recipe's with the environment closing the answer, none without it
+    assert defaults["answer_tokens"].default is None and learn_search.ANSWER_TOKENS == 4
+    assert learn_search.answer_cap(None, True, 96) == 4 and learn_search.answer_cap(None, False, 96) is None
+    assert learn_search.answer_cap(0, True, 96) is None and learn_search.answer_cap(8, True, 96) == 8
 
 
 def test_the_make_target_runs_the_verb_from_the_vllm_venv():
